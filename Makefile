@@ -1,0 +1,40 @@
+# Thin wrappers: each target creates/uses .venv and installs the project first.
+# An already installed torch (CPU or CUDA build) is kept: pip leaves a satisfied
+# requirement alone. To choose one explicitly: make test TORCH="torch==2.13.0".
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.ampflow-installed
+TORCH ?=
+DEMO_CELLS ?= 120
+CORES ?= all
+
+.PHONY: install demo test lint bench clean-demo
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	@if [ -n "$(TORCH)" ]; then $(BIN)/python -m pip install -q "$(TORCH)"; fi
+	$(BIN)/python -m pip install -q -e ".[test]"
+	@touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ampflow demo-data resources/demo --cells $(DEMO_CELLS) --seed 0
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local --cores $(CORES)
+
+test: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
+
+lint: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --lint
+	$(BIN)/snakefmt --check workflow/
+
+bench: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_prepare.py
+
+clean-demo:
+	rm -rf results/demo resources/demo logs/demo

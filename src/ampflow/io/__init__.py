@@ -1,0 +1,1 @@
+"""Readers and writers for the formats users bring: pairs, RNA matrices, annotations, sheets."""

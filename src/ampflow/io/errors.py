@@ -1,0 +1,55 @@
+"""One exception family for bad user input, shown without a traceback by the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """Bad user input: says which file, line or key, and which value.
+
+    Parameters
+    ----------
+    message
+        What is wrong, in words a user can act on.
+    path
+        The file the problem is in.
+    line
+        1-based line number in ``path`` (if the problem is on a line).
+    key
+        Config key, column or record name (if the problem is a key).
+    value
+        The offending value.
+    """
+
+    def __init__(self, message, *, path=None, line=None, key=None, value=None):
+        self.message = message
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.key = key
+        self.value = value
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = ""
+        if self.path is not None:
+            where = self.path
+            if self.line is not None:
+                where += f":{self.line}"
+        parts = [f"{where}: " if where else ""]
+        if self.key is not None:
+            parts.append(f"{self.key}: ")
+        parts.append(self.message)
+        if self.value is not None:
+            parts.append(f" (value: {self.value!r})")
+        return "".join(parts)
+
+
+def require_file(path, what: str = "input file") -> Path:
+    """Return ``path`` as a Path, or raise InputError if it is not a readable file."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{what} does not exist", path=p)
+    if p.is_dir():
+        raise InputError(f"{what} is a directory, expected a file", path=p)
+    return p

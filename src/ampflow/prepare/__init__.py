@@ -1,0 +1,1 @@
+"""From validated inputs to model-ready files: binning, strata matrices, guidance graph."""

@@ -1,0 +1,141 @@
+"""Guidance graph: genes + anchors as nodes; promoter, contact and self-loop edges.
+
+Stored as two columnar tables (``nodes.parquet``, ``edges.parquet``) in one folder.
+Every edge has a weight in (0, 1] and a sign of +1 or -1, and appears in both
+directions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pandas as pd
+
+from ..io.annotation import promoters
+from ..io.atomic import atomic_path
+from ..io.errors import InputError
+
+log = logging.getLogger(__name__)
+
+
+def build_nodes(rna_var: pd.DataFrame, hic_var: pd.DataFrame) -> pd.DataFrame:
+    """Genes first (in rna.h5ad order), then anchors (stratum-0 features, anchor order)."""
+    anchors = hic_var[hic_var["stratum"] == 0].sort_values("anchor")
+    genes = pd.DataFrame(
+        {
+            "name": rna_var.index.astype(str),
+            "kind": "gene",
+            "chrom": rna_var["chrom"].astype(str).to_numpy(),
+            "start": rna_var["start"].to_numpy(np.int64),
+            "end": rna_var["end"].to_numpy(np.int64),
+            "strand": rna_var["strand"].astype(str).to_numpy(),
+        }
+    )
+    bins = pd.DataFrame(
+        {
+            "name": anchors.index.astype(str),
+            "kind": "anchor",
+            "chrom": anchors["chrom"].astype(str).to_numpy(),
+            "start": anchors["start"].to_numpy(np.int64),
+            "end": anchors["end"].to_numpy(np.int64),
+            "strand": ".",
+        }
+    )
+    nodes = pd.concat([genes, bins], ignore_index=True)
+    nodes.index.name = "node_id"
+    return nodes
+
+
+def gene_bin_edges(nodes: pd.DataFrame, resolution: int, upstream: int, chromsizes: dict[str, int]) -> np.ndarray:
+    """(gene, anchor) pairs where the gene's promoter overlaps the anchor bin."""
+    genes = nodes[nodes["kind"] == "gene"]
+    anchors = nodes[nodes["kind"] == "anchor"]
+    anchor_at = {(c, s // resolution): i for i, c, s in zip(anchors.index, anchors["chrom"], anchors["start"])}
+    prom = promoters(genes, upstream, chromsizes)
+    pairs = []
+    for gi, c, lo, hi in zip(genes.index, prom["chrom"], prom["start"], prom["end"]):
+        for b in range(int(lo) // resolution, (int(hi) - 1) // resolution + 1):
+            ai = anchor_at.get((c, b))
+            if ai is not None:
+                pairs.append((gi, ai))
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+
+
+def contact_edges(mcool: str, resolution: int, nodes: pd.DataFrame, quantile: float) -> tuple[np.ndarray, np.ndarray]:
+    """Cis anchor pairs whose pseudobulk contact value is at or above ``quantile``.
+
+    Uses balanced values where the pseudobulk was balanced, raw counts otherwise.
+    Weights are value / max, so in (0, 1].
+    """
+    import cooler
+
+    clr = cooler.Cooler(f"{mcool}::resolutions/{resolution}")
+    bins = clr.bins()[:]
+    use_balance = "weight" in bins.columns and bins["weight"].notna().any()
+    px = clr.pixels()[:]
+    value = px["count"].to_numpy(np.float64)
+    if use_balance:
+        w = bins["weight"].to_numpy()
+        value = value * w[px["bin1_id"].to_numpy()] * w[px["bin2_id"].to_numpy()]
+    chrom = bins["chrom"].astype(str).to_numpy()
+    b1, b2 = px["bin1_id"].to_numpy(), px["bin2_id"].to_numpy()
+    sel = (b1 != b2) & (chrom[b1] == chrom[b2]) & np.isfinite(value) & (value > 0)
+    b1, b2, value = b1[sel], b2[sel], value[sel]
+    anchors = nodes[nodes["kind"] == "anchor"]
+    key = pd.Series(anchors.index.to_numpy(), index=pd.MultiIndex.from_arrays([anchors["chrom"], anchors["start"]]))
+    starts = bins["start"].to_numpy()
+    n1 = key.reindex(pd.MultiIndex.from_arrays([chrom[b1], starts[b1]])).to_numpy()
+    n2 = key.reindex(pd.MultiIndex.from_arrays([chrom[b2], starts[b2]])).to_numpy()
+    ok = ~(pd.isna(n1) | pd.isna(n2))
+    n1, n2, value = n1[ok].astype(np.int64), n2[ok].astype(np.int64), value[ok]
+    if len(value) == 0:
+        return np.empty((0, 2), dtype=np.int64), np.empty(0)
+    cut = np.quantile(value, quantile)
+    top = value >= cut
+    return np.stack([n1[top], n2[top]], axis=1), value[top] / value[top].max()
+
+
+def build_graph(rna_var, hic_var, mcool, resolution, chromsizes, upstream=2000, quantile=0.9) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Nodes and edges tables (edges: source, target, weight, sign, kind)."""
+    if not 0 <= quantile < 1:
+        raise InputError("must be within [0, 1)", key="graph.contact_quantile", value=quantile)
+    nodes = build_nodes(rna_var, hic_var)
+    gb = gene_bin_edges(nodes, resolution, upstream, chromsizes)
+    bb, bw = contact_edges(mcool, resolution, nodes, quantile)
+    n = len(nodes)
+    parts = [
+        (gb, np.ones(len(gb)), "gene_bin"),
+        (gb[:, ::-1], np.ones(len(gb)), "gene_bin"),
+        (bb, bw, "bin_bin"),
+        (bb[:, ::-1], bw, "bin_bin"),
+        (np.stack([np.arange(n), np.arange(n)], axis=1), np.ones(n), "self"),
+    ]
+    edges = pd.concat(
+        [
+            pd.DataFrame({"source": e[:, 0], "target": e[:, 1], "weight": w.astype(np.float32), "sign": np.int8(1), "kind": kind})
+            for e, w, kind in parts
+        ],
+        ignore_index=True,
+    )
+    edges["kind"] = edges["kind"].astype("category")
+    log.info(
+        "graph: %d nodes (%d genes, %d anchors); edges: %d gene-bin, %d bin-bin, %d self (both directions)",
+        n,
+        int((nodes["kind"] == "gene").sum()),
+        int((nodes["kind"] == "anchor").sum()),
+        2 * len(gb),
+        2 * len(bb),
+        n,
+    )
+    return nodes, edges
+
+
+def write_graph(path, nodes: pd.DataFrame, edges: pd.DataFrame, meta: dict) -> None:
+    """Write the graph folder atomically (nodes.parquet, edges.parquet, graph.json)."""
+    with atomic_path(path) as tmp:
+        tmp.mkdir()
+        nodes.reset_index().to_parquet(tmp / "nodes.parquet", index=False)
+        edges.to_parquet(tmp / "edges.parquet", index=False)
+        (tmp / "graph.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,46 @@
+"""Periodic progress lines (count, rate, ETA) for long loops, written through logging."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+
+class Progress:
+    """Log ``done/total``, rate and ETA at most every ``every`` seconds (and at the end).
+
+    Parameters
+    ----------
+    total
+        Number of items expected.
+    what
+        Noun for the items, e.g. ``"cells"``.
+    logger
+        Where the lines go (the rule's ``log:`` file via the CLI's handler).
+    """
+
+    def __init__(self, total: int, what: str, logger: logging.Logger, every: float = 5.0, verb: str = "done"):
+        self.total = total
+        self.what = what
+        self.logger = logger
+        self.every = every
+        self.verb = verb
+        self.done = 0
+        self.start = time.monotonic()
+        self._last = self.start
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if now - self._last >= self.every or self.done >= self.total:
+            self._last = now
+            self.logger.info(self.line(now))
+
+    def line(self, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.done / elapsed
+        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        eta = f"{left:.0f}s" if left != float("inf") else "?"
+        return f"{self.verb} {self.done}/{self.total} {self.what} ({pct:.1f}%), {rate:.1f} {self.what}/s, ETA {eta}"
