@@ -1,0 +1,44 @@
+"""Shared fixtures: repo paths, the shared real-data folder, a small demo dataset."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path | None:
+    env = os.environ.get("AMPFLOW_SHARED_DATA")
+    for cand in ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]:
+        if cand.is_dir():
+            return cand
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    d = shared_data_dir()
+    if d is None:
+        pytest.skip("shared real-data folder not present")
+    return d
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> Path:
+    """A 16-cell demo dataset, written once per test session."""
+    from ampflow.demo import write_demo
+
+    out = tmp_path_factory.mktemp("demo") / "resources" / "demo"
+    write_demo(out, n_cells=16, seed=0)
+    return out
+
+
+def workflow_copy(dest: Path) -> Path:
+    """Copy what `snakemake` needs (workflow/, config/, profiles/, envs/) into ``dest``."""
+    for name in ("workflow", "config", "profiles", "envs"):
+        shutil.copytree(REPO / name, dest / name, dirs_exist_ok=True)
+    return dest

@@ -1,0 +1,137 @@
+"""The prepare workflow end to end on a tiny demo dataset, in a temp folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anndata as ad
+import cooler
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import workflow_copy
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+
+
+def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(
+        [str(BIN / "snakemake"), "--cores", "2", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """Demo of 16 cells; the first run sees only 14 of them (the sheet grows later)."""
+    from ampflow.demo import write_demo
+
+    root = workflow_copy(tmp_path_factory.mktemp("wf"))
+    write_demo(root / "resources" / "demo", n_cells=16, seed=3)
+    sheet = pd.read_csv(root / "resources/demo/cells.tsv", sep="\t")
+    sheet.to_csv(root / "resources/demo/cells.full.tsv", sep="\t", index=False)
+    sheet.iloc[:14].to_csv(root / "resources/demo/cells.tsv", sep="\t", index=False)
+    r = snakemake(root, "--profile", "profiles/local")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root
+
+
+def test_every_output_written(run_dir):
+    res = run_dir / "results" / "demo"
+    for rel in [
+        "qc/cells.tsv",
+        "binned/500kb.scool",
+        "binned/1mb.scool",
+        "binned/pseudobulk.mcool",
+        "data/500kb_s10/hic.h5ad",
+        "data/500kb_s10/rna.h5ad",
+        "data/500kb_s10/graph/nodes.parquet",
+        "data/500kb_s10/graph/edges.parquet",
+        "data/1mb_s5/hic.h5ad",
+        "amp/devices.json",
+    ]:
+        assert (res / rel).exists(), rel
+    # nothing temporary left under the results
+    assert not [p for p in res.rglob(".tmp-*")]
+    qc = pd.read_csv(res / "qc/cells.tsv", sep="\t", index_col="cell_id")
+    for col in ["total", "cis", "trans", "dropped_unknown_chrom", "rna_umis", "rna_genes", "matched", "pass", "reason"]:
+        assert col in qc.columns
+    # the demo's imperfect cells are reported, not dropped silently
+    assert qc.loc["cell0001", "pass"] == False  # noqa: E712 - too few contacts
+    assert "contacts" in qc.loc["cell0001", "reason"]
+    assert not qc.loc["orphan0001", "in_pairs"] and qc.loc["orphan0001", "in_rna"]
+    assert set(cooler.fileops.list_coolers(str(res / "binned/pseudobulk.mcool"))) == {
+        "/resolutions/500000",
+        "/resolutions/1000000",
+    }
+
+
+def test_strata_round_trip(run_dir):
+    """Σ features of stratum k per cell == that cell's cis contacts at bin distance k."""
+    res = run_dir / "results" / "demo"
+    for cfg, label, n_strata in (("500kb_s10", "500kb", 10), ("1mb_s5", "1mb", 5)):
+        hic = ad.read_h5ad(res / f"data/{cfg}/hic.h5ad")
+        meta = hic.uns["ampflow"]
+        assert meta["modality"] == "hic" and meta["prob_model"] == "HiCZINB" and meta["n_strata"] == n_strata
+        strata = hic.var["stratum"].to_numpy()
+        assert (np.diff(strata) >= 0).all(), "features must be stratum-major"
+        assert meta["n_anchors"] == int((strata == 0).sum())
+        kept = set(zip(hic.var["anchor"], strata))
+        scool = str(res / f"binned/{label}.scool")
+        X = hic.layers["counts"].tocsr()
+        for i, cell in enumerate(hic.obs_names):
+            clr = cooler.Cooler(f"{scool}::/cells/{cell}")
+            chrom = clr.bins()["chrom"][:].astype(str).to_numpy()
+            px = clr.pixels()[:]
+            b1, b2, n = px["bin1_id"].to_numpy(), px["bin2_id"].to_numpy(), px["count"].to_numpy()
+            k = b2 - b1
+            cis = (chrom[b1] == chrom[b2]) & (k < n_strata)
+            row = X[i].toarray().ravel()
+            for s in range(n_strata):
+                sel = cis & (k == s)
+                # restricted to kept features (anchor index == bin id: all chromosomes kept)
+                expect = sum(int(c) for a, c in zip(b1[sel], n[sel]) if (a, s) in kept)
+                assert row[strata == s].sum() == expect, (cell, s)
+
+
+def test_feature_names_encode_strata(run_dir):
+    hic = ad.read_h5ad(run_dir / "results/demo/data/500kb_s10/hic.h5ad", backed="r")
+    for name, k in zip(hic.var_names[:: max(1, hic.n_vars // 50)], hic.var["stratum"][:: max(1, hic.n_vars // 50)]):
+        parts = name.split(":")[1].split("-")
+        assert (len(parts) == 2 and k == 0) or (len(parts) == 3 and int(parts[2]) == k)
+
+
+def test_paired_files_share_cells(run_dir):
+    d = run_dir / "results/demo/data/500kb_s10"
+    rna = ad.read_h5ad(d / "rna.h5ad", backed="r")
+    hic = ad.read_h5ad(d / "hic.h5ad", backed="r")
+    assert list(rna.obs_names) == list(hic.obs_names)
+    assert rna.uns["ampflow"]["prob_model"] == "NB"
+    assert rna.uns["ampflow"]["rounding"]["fractional_entries"] > 0
+    nodes = pd.read_parquet(d / "graph/nodes.parquet")
+    edges = pd.read_parquet(d / "graph/edges.parquet")
+    assert (nodes["kind"] == "gene").sum() == rna.n_vars
+    assert (nodes["kind"] == "anchor").sum() == hic.uns["ampflow"]["n_anchors"]
+    assert ((edges["weight"] > 0) & (edges["weight"] <= 1)).all()
+    assert set(edges["sign"].unique()) <= {-1, 1}
+    fwd = set(zip(edges["source"], edges["target"]))
+    assert all((t, s) in fwd for s, t in fwd), "every edge in both directions"
+    assert set(edges["kind"]) == {"gene_bin", "bin_bin", "self"}
+
+
+def test_nothing_to_do_then_only_new_cells_binned(run_dir):
+    r = snakemake(run_dir, "--profile", "profiles/local", "-n")
+    assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr
+    (run_dir / "resources/demo/cells.full.tsv").replace(run_dir / "resources/demo/cells.tsv")
+    r = snakemake(run_dir, "--profile", "profiles/local")
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (run_dir / "logs/demo/bin_cells.log").read_text()
+    assert "2 cell(s) binned now, 14 reused from cache" in log
+    hic = ad.read_h5ad(run_dir / "results/demo/data/500kb_s10/hic.h5ad", backed="r")
+    assert "cell0015" in hic.obs_names or "cell0014" in hic.obs_names
