@@ -1,7 +1,8 @@
 # Config and cell-sheet validation, derived names, and input functions.
-import pandas as pd
 from snakemake.utils import validate
 
+from ampflow.io.genome import resolution_label
+from ampflow.io.sheet import read_sheet
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -11,31 +12,18 @@ LOGS = f"logs/{DATASET}"
 INPUTS = config["inputs"]
 
 
-def read_cell_sheet(path):
-    """The cell sheet, validated by schema here and by ampflow (files, duplicates)."""
-    sheet = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    validate(sheet, "../schemas/cells.schema.yaml")
-    dup = sheet["cell_id"][sheet["cell_id"].duplicated()]
-    if len(dup):
-        raise ValueError(f"{path}: duplicate cell_id {dup.iloc[0]!r}")
-    return sheet.set_index("cell_id", drop=False)
-
-
-CELLS = read_cell_sheet(INPUTS["cells"])
-
-
-def resolution_label(bp):
-    if bp % 1_000_000 == 0:
-        return f"{bp // 1_000_000}mb"
-    if bp % 1000 == 0:
-        return f"{bp // 1000}kb"
-    return f"{bp}bp"
+# duplicates, malformed ids and missing pairs files are reported with their line;
+# Snakemake itself would only say that an input is missing
+CELLS = read_sheet(INPUTS["cells"])
+validate(CELLS, "../schemas/cells.schema.yaml")
 
 
 TRAIN_CONFIGS = {
     f"{resolution_label(c['resolution'])}_s{c['strata']}": c for c in config["configs"]
 }
-RESOLUTIONS = {resolution_label(c["resolution"]): c["resolution"] for c in config["configs"]}
+RESOLUTIONS = {
+    resolution_label(c["resolution"]): c["resolution"] for c in config["configs"]
+}
 
 
 wildcard_constraints:

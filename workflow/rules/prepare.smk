@@ -9,20 +9,20 @@ rule bin_cells:
     output:
         scool=[f"{RESULTS}/binned/{res}.scool" for res in RESOLUTIONS],
         stats=f"{RESULTS}/qc/contacts.tsv",
+    log:
+        f"{LOGS}/bin_cells.log",
+    conda:
+        "../../envs/prepare.yaml"
+    threads: config["threads"]
+    resources:
+        mem_mb=lambda wc, threads: 2000 + 1500 * threads,
+        runtime=120,
     params:
         resolutions=" ".join(str(bp) for bp in RESOLUTIONS.values()),
         # per-cell cache outside the declared outputs: survives failures, so a
         # re-run (or a grown sheet) bins only new or changed cells
         cache=f"{RESULTS}/binned/.cache",
         naming=naming_args(),
-    log:
-        f"{LOGS}/bin_cells.log",
-    threads: config["threads"]
-    resources:
-        mem_mb=lambda wc, threads: 2000 + 1500 * threads,
-        runtime=120,
-    conda:
-        "../../envs/prepare.yaml"
     shell:
         "ampflow bin-cells --sheet {input.sheet} --chromsizes {input.chromsizes}"
         " --resolutions {params.resolutions} --out-scool {output.scool}"
@@ -36,15 +36,15 @@ rule load_rna:
     output:
         counts=f"{RESULTS}/rna/counts.h5ad",
         stats=f"{RESULTS}/qc/rna.tsv",
-    params:
-        rounding=config["rna"]["rounding"],
     log:
         f"{LOGS}/load_rna.log",
+    conda:
+        "../../envs/prepare.yaml"
     resources:
         mem_mb=8000,
         runtime=60,
-    conda:
-        "../../envs/prepare.yaml"
+    params:
+        rounding=config["rna"]["rounding"],
     shell:
         "ampflow load-rna {input} --out {output.counts} --stats {output.stats}"
         " --rounding {params.rounding} > {log} 2>&1"
@@ -57,14 +57,14 @@ rule qc_cells:
         rna=rules.load_rna.output.stats,
     output:
         f"{RESULTS}/qc/cells.tsv",
-    params:
-        qc=" ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in sorted(config["qc"].items())
-        ),
     log:
         f"{LOGS}/qc_cells.log",
     conda:
         "../../envs/prepare.yaml"
+    params:
+        qc=" ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in sorted(config["qc"].items())
+        ),
     shell:
         "ampflow qc-cells --sheet {input.sheet} --contacts {input.contacts}"
         " --rna-stats {input.rna} {params.qc} --out {output} > {log} 2>&1"
@@ -76,18 +76,18 @@ rule pseudobulk:
         qc=rules.qc_cells.output[0],
     output:
         f"{RESULTS}/binned/pseudobulk.mcool",
+    log:
+        f"{LOGS}/pseudobulk.log",
+    conda:
+        "../../envs/prepare.yaml"
+    resources:
+        mem_mb=8000,
+        runtime=60,
     params:
         scools=" ".join(
             f"{bp}={RESULTS}/binned/{res}.scool" for res, bp in RESOLUTIONS.items()
         ),
         balance="" if config["pseudobulk"]["balance"] else "--no-balance",
-    log:
-        f"{LOGS}/pseudobulk.log",
-    resources:
-        mem_mb=8000,
-        runtime=60,
-    conda:
-        "../../envs/prepare.yaml"
     shell:
         "ampflow pseudobulk --scool {params.scools} --qc {input.qc}"
         " {params.balance} --out {output} > {log} 2>&1"
@@ -100,18 +100,18 @@ rule strata:
         chromsizes=INPUTS["chromsizes"],
     output:
         f"{RESULTS}/data/{{cfg}}/hic.h5ad",
+    log:
+        f"{LOGS}/strata.{{cfg}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    resources:
+        mem_mb=8000,
+        runtime=60,
     params:
         strata=lambda wc: TRAIN_CONFIGS[wc.cfg]["strata"],
         chroms=chromosomes_arg(),
         min_cells=config["hic"]["min_cells"],
         min_count=config["hic"]["min_count"],
-    log:
-        f"{LOGS}/strata.{{cfg}}.log",
-    resources:
-        mem_mb=8000,
-        runtime=60,
-    conda:
-        "../../envs/prepare.yaml"
     shell:
         "ampflow strata --scool {input.scool} --qc {input.qc}"
         " --chromsizes {input.chromsizes} {params.chroms} --strata {params.strata}"
@@ -127,16 +127,16 @@ rule rna_data:
         chromsizes=INPUTS["chromsizes"],
     output:
         f"{RESULTS}/data/{{cfg}}/rna.h5ad",
-    params:
-        n_top=config["rna"]["n_top_genes"],
-        naming=naming_args(),
     log:
         f"{LOGS}/rna_data.{{cfg}}.log",
+    conda:
+        "../../envs/prepare.yaml"
     resources:
         mem_mb=8000,
         runtime=60,
-    conda:
-        "../../envs/prepare.yaml"
+    params:
+        n_top=config["rna"]["n_top_genes"],
+        naming=naming_args(),
     shell:
         "ampflow rna-data --counts {input.counts} --qc {input.qc}"
         " --genes {input.genes} --chromsizes {input.chromsizes}"
@@ -151,17 +151,17 @@ rule graph:
         chromsizes=INPUTS["chromsizes"],
     output:
         directory(f"{RESULTS}/data/{{cfg}}/graph"),
+    log:
+        f"{LOGS}/graph.{{cfg}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    resources:
+        mem_mb=8000,
+        runtime=30,
     params:
         chroms=chromosomes_arg(),
         upstream=config["graph"]["promoter_upstream"],
         quantile=config["graph"]["contact_quantile"],
-    log:
-        f"{LOGS}/graph.{{cfg}}.log",
-    resources:
-        mem_mb=8000,
-        runtime=30,
-    conda:
-        "../../envs/prepare.yaml"
     shell:
         "ampflow graph --rna {input.rna} --hic {input.hic} --mcool {input.mcool}"
         " --chromsizes {input.chromsizes} {params.chroms}"
@@ -174,10 +174,10 @@ rule devices:
         f"{RESULTS}/amp/devices.json",
     log:
         f"{LOGS}/devices.log",
+    conda:
+        "../../envs/prepare.yaml"
     resources:
         gpu=config["train"]["gpus"],
         runtime=10,
-    conda:
-        "../../envs/prepare.yaml"
     shell:
         "ampflow devices --out {output} > {log} 2>&1"
