@@ -67,9 +67,23 @@ def test_every_output_written(run_dir):
     assert "contacts" in qc.loc["cell0001", "reason"]
     assert not qc.loc["orphan0001", "in_pairs"] and qc.loc["orphan0001", "in_rna"]
     assert set(cooler.fileops.list_coolers(str(res / "binned/pseudobulk.mcool"))) == {
-        "/resolutions/500000",
-        "/resolutions/1000000",
+        f"/resolutions/{r}" for r in (500000, 1000000, 2000000, 5000000)
     }
+
+
+def test_pseudobulk_levels_equal_summed_cells(run_dir):
+    """Aggregated zoom levels equal the cells' own binning at that resolution."""
+    res = run_dir / "results" / "demo"
+    qc = pd.read_csv(res / "qc/cells.tsv", sep="\t", index_col="cell_id")
+    passing = [c for c, ok in qc["pass"].items() if ok]
+    mcool = str(res / "binned/pseudobulk.mcool")
+    for r, label in ((500000, "500kb"), (1000000, "1mb")):
+        total = None
+        for cell in passing:
+            px = cooler.Cooler(f"{res}/binned/{label}.scool::/cells/{cell}").pixels()[:].set_index(["bin1_id", "bin2_id"])
+            total = px["count"] if total is None else total.add(px["count"], fill_value=0)
+        got = cooler.Cooler(f"{mcool}::resolutions/{r}").pixels()[:].set_index(["bin1_id", "bin2_id"])["count"]
+        assert got.sort_index().astype(int).equals(total.sort_index().astype(int))
 
 
 def test_strata_round_trip(run_dir):

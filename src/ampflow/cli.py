@@ -153,7 +153,7 @@ def cmd_pseudobulk(a):
     for spec in a.scool:
         res, _, path = spec.partition("=")
         scools[int(res)] = path
-    report = write_mcool(a.out, scools, cells, balance=not a.no_balance)
+    report = write_mcool(a.out, scools, cells, balance=not a.no_balance, extra=a.extra_resolutions)
     log.info("pseudobulk of %d cells: %s", len(cells), json.dumps(report))
 
 
@@ -288,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--qc", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--no-balance", action="store_true")
+    s.add_argument("--extra-resolutions", type=int, nargs="*", default=[], help="coarser zoom levels (multiples of the finest)")
     s.set_defaults(func=cmd_pseudobulk)
 
     s = sub.add_parser("strata", help="build the strata file (hic.h5ad)")

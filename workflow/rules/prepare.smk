@@ -88,9 +88,10 @@ rule pseudobulk:
             f"{bp}={RESULTS}/binned/{res}.scool" for res, bp in RESOLUTIONS.items()
         ),
         balance="" if config["pseudobulk"]["balance"] else "--no-balance",
+        extra=" ".join(map(str, config["pseudobulk"]["resolutions"])),
     shell:
         "ampflow pseudobulk --scool {params.scools} --qc {input.qc}"
-        " {params.balance} --out {output} > {log} 2>&1"
+        " {params.balance} --extra-resolutions {params.extra} --out {output} > {log} 2>&1"
 
 
 rule strata:
