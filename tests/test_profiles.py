@@ -1,0 +1,224 @@
+"""Cluster profiles: the sbatch lines that profiles/slurm-gpu produces, without a cluster.
+
+Stand-in SLURM commands (sbatch, sacct, sinfo, scontrol, sacctmgr, squeue, ...) on PATH
+record their arguments; sbatch hands out job ids and sacct reports every job as
+COMPLETED although nothing ran, so Snakemake misses the outputs and the run ends quickly
+(non-zero) once the first jobs were submitted. (With FAILED the plugin would wait another
+10 s before shutting down: only successes reset its polling interval.) Snakemake's Python
+API does not read profiles, hence the subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PROFILES = REPO / "profiles"
+
+# Recorded to <calls>/<name>.jsonl, one JSON list of arguments per call.
+STANDIN = textwrap.dedent("""\
+    #!{python}
+    import fcntl, json, os, sys
+    from pathlib import Path
+
+    name = Path(sys.argv[0]).name
+    args = sys.argv[1:]
+    calls = Path({calls!r})
+    with open(calls / (name + ".jsonl"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.write(json.dumps(args) + "\\n")
+    ids = calls / "job_ids"
+    if name == "sbatch":
+        # a job id, as `sbatch --parsable` prints it (the plugin submits from 2 threads)
+        with open(calls / "counter.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            n = 1000 + (len(ids.read_text().split()) if ids.exists() else 0)
+            with open(ids, "a") as fh:
+                fh.write(f"{{n}}\\n")
+        print(n)
+    elif name == "sacct":
+        # status query: `sacct -X --parsable2 ... --format=JobIdRaw,State --name RUN`;
+        # account guess (`-o Account%256`) and failure reasons (`-j ID.STEP`): nothing
+        if "--format=JobIdRaw,State" in args and ids.exists():
+            state = os.environ.get("FAKE_SLURM_STATE", "COMPLETED")
+            for job in ids.read_text().split():
+                print(f"{{job}}|{{state}}")
+    elif name == "sinfo":
+        print("PARTITION\\ncpu*\\ngpu")
+    elif name == "scontrol":
+        if args[:2] == ["show", "config"]:
+            print("MaxArraySize            = 1001\\nMinJobAge               = 300 sec")
+    elif name in ("sacctmgr", "sshare"):
+        print("my_account")
+    # squeue, scancel: no output
+    """)
+COMMANDS = ("sbatch", "sacct", "sinfo", "scontrol", "sacctmgr", "squeue", "sshare", "scancel")
+
+
+def fake_slurm(root: Path) -> tuple[Path, Path]:
+    """Stand-in SLURM commands in root/bin, recording into root/calls."""
+    bindir, calls = root / "bin", root / "calls"
+    bindir.mkdir()
+    calls.mkdir()
+    script = STANDIN.format(python=sys.executable, calls=str(calls))
+    for name in COMMANDS:
+        exe = bindir / name
+        exe.write_text(script)
+        exe.chmod(0o755)
+    return bindir, calls
+
+
+def recorded(calls: Path, name: str) -> list[list[str]]:
+    path = calls / f"{name}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def value(args: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in an argument list, as `-p X` or `--flag=X`."""
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def sbatch_by_rule(calls: Path) -> dict[str, list[str]]:
+    """sbatch arguments keyed by rule name (from `--comment rule_<name>[_wildcards_...]`)."""
+    out = {}
+    for args in recorded(calls, "sbatch"):
+        comment = value(args, "--comment") or ""
+        assert comment.startswith("rule_"), args
+        rule = comment[len("rule_") :].split("_wildcards_")[0]
+        out.setdefault(rule, args)
+    return out
+
+
+def flags(args: list[str]) -> list[str]:
+    """The sbatch options before the wrapped command, without their values."""
+    return [a.split("=", 1)[0] for a in args if a.startswith("-") and not a.startswith("--wrap")]
+
+
+def unquote(res: object) -> str:
+    """A profile's text resource ("'gpu'") as the plugin passes it on (gpu)."""
+    return str(res).strip("'\"")
+
+
+def clean_env(path: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    for k in ("SNAKEMAKE_PROFILE", "SNAKEMAKE_SLURM_PARTITIONS"):
+        env.pop(k, None)
+    env["PATH"] = path
+    return env
+
+
+# ----------------------------------------------------------------- fast checks
+
+
+def test_no_default_profile():
+    """profiles/default would be merged into every run (also --profile slurm-gpu)."""
+    assert not (PROFILES / "default").exists()
+    assert (PROFILES / "local" / "profile.yaml").is_file()
+
+
+def test_slurm_profile_static():
+    prof = yaml.safe_load((PROFILES / "slurm-gpu" / "profile.yaml").read_text())
+    assert prof["executor"] == "slurm"
+    assert prof["rerun-incomplete"] is True
+    assert "cores" not in prof  # would cap the threads of SLURM jobs
+    assert prof["default-resources"]["slurm_partition"]
+    for rule, res in prof["set-resources"].items():
+        # GPU rules: `tasks` would become --ntasks-per-gpu
+        assert "tasks" not in res, rule
+    assert prof["set-resources"]["devices"]["slurm_partition"]
+
+
+# ------------------------------------------------------ submission with stand-ins
+
+
+@pytest.mark.slow
+def test_slurm_gpu_sbatch_lines(tmp_path):
+    work = tmp_path / "wf"
+    work.mkdir()
+    for name in ("workflow", "config", "profiles", "envs"):
+        if (REPO / name).exists():
+            shutil.copytree(REPO / name, work / name)
+    # pin what the sbatch lines depend on: 2 threads for bin_cells, 1 GPU for devices
+    cfg_path = work / "config" / "config.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["threads"] = 2
+    cfg["train"]["gpus"] = 1
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    prof = yaml.safe_load((work / "profiles" / "slurm-gpu" / "profile.yaml").read_text())
+    gpu_res = prof["set-resources"]["devices"]
+    cpu_part = unquote(prof["default-resources"]["slurm_partition"])
+    gpu_part = unquote(gpu_res["slurm_partition"])
+    assert cpu_part != gpu_part
+    bindir, calls = fake_slurm(tmp_path)
+    path = os.pathsep.join([str(bindir), str(BIN), os.environ.get("PATH", "")])
+    env = {**clean_env(path), "FAKE_SLURM_STATE": "COMPLETED"}
+
+    subprocess.run(
+        [str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "8", "--seed", "0"],
+        cwd=work, env=env, check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    cmd = [
+        str(BIN / "snakemake"),
+        "--profile", "profiles/slurm-gpu",
+        # fast polling and no retry for the test; everything else from the profile
+        "--latency-wait", "1",
+        "--retries", "0",
+        "--seconds-between-status-checks", "1",
+        "--slurm-init-seconds-before-status-checks", "1",
+    ]  # fmt: skip
+    try:
+        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=90)
+        log = r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        log = f"(timed out)\n{e.stdout or ''}{e.stderr or ''}"
+
+    by_rule = sbatch_by_rule(calls)
+    assert {"bin_cells", "load_rna", "devices"} <= set(by_rule), log[-4000:]
+
+    # CPU rules: CPU partition, memory, runtime, cpus per task (= threads), no GPUs
+    for rule, cpus in (("bin_cells", 2), ("load_rna", 1)):
+        args = by_rule[rule]
+        assert value(args, "-p") == cpu_part, (rule, args)
+        assert int(value(args, "--mem") or 0) > 0, (rule, args)
+        assert int(value(args, "-t") or 0) > 0, (rule, args)
+        assert value(args, "--cpus-per-task") == str(cpus), (rule, args)
+        assert value(args, "--ntasks") == "1", (rule, args)
+        assert "--parsable" in args
+        assert not {"--gpus", "--gres", "--ntasks-per-gpu", "--cpus-per-gpu"} & set(flags(args)), args
+
+    # GPU rule: --gpus=N from the rule's gpu resource (or --gpus=MODEL:N with
+    # gpu_model), GPU partition, cpus per GPU, and no --ntasks-per-gpu (plugin issue #316)
+    args = by_rule["devices"]
+    assert value(args, "-p") == gpu_part, args
+    model = gpu_res.get("gpu_model")
+    assert value(args, "--gpus") == (f"{unquote(model)}:1" if model else "1"), args
+    assert value(args, "--cpus-per-gpu") == str(gpu_res["cpus_per_gpu"]), args
+    assert value(args, "--mem") == str(gpu_res["mem_mb"]), args
+    assert int(value(args, "-t") or 0) > 0, args
+    for flag in ("--ntasks-per-gpu", "--ntasks", "--cpus-per-task", "--gres"):
+        assert flag not in flags(args), (flag, args)
+
+    # without slurm_account and nothing guessed from sacct: no -A
+    for args in by_rule.values():
+        assert "-A" not in args
+        assert Path(value(args, "-D")).resolve() == work.resolve()
+    # the jobs lack their outputs, so nothing beyond the three independent rules was submitted
+    assert set(by_rule) == {"bin_cells", "load_rna", "devices"}, sorted(by_rule)
