@@ -11,7 +11,9 @@ report the first bad line with its number, reason and value.
 
 from __future__ import annotations
 
+import csv
 import gzip
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -25,6 +27,8 @@ from .textfile import is_gzip, open_text
 CHROM1_NAMES = ("chr1", "chrom1")
 CHROM2_NAMES = ("chr2", "chrom2")
 SNIFF_LINES = 5
+INT64_MAX = int(np.iinfo(np.int64).max)
+_INT = re.compile(r"\s*[+-]?[0-9]+\s*")
 
 
 @dataclass
@@ -89,11 +93,14 @@ def sniff_layout(path, namer: ChromNamer | None = None, columns=None) -> PairsLa
     path = require_file(path, "pairs file")
     header: list[str] = []
     data: list[str] = []
+    n_before_data = 0  # header and blank lines before the first data line
     try:
         with open_text(path) as fh:
             for line in fh:
-                if not data and line.startswith("#"):
-                    header.append(line.rstrip("\n"))
+                if not data and (line.startswith("#") or not line.strip()):
+                    n_before_data += 1
+                    if line.startswith("#"):
+                        header.append(line.rstrip("\n"))
                     continue
                 if line.strip():
                     data.append(line.rstrip("\n"))
@@ -124,7 +131,7 @@ def sniff_layout(path, namer: ChromNamer | None = None, columns=None) -> PairsLa
         idx = _layout_from_names(names, path)
     else:
         idx = _infer_layout([_split(d, sep) for d in data], namer, path)
-    return PairsLayout(*idx, n_header=len(header), sep=sep, columns=names, header_chromsizes=header_sizes)
+    return PairsLayout(*idx, n_header=n_before_data, sep=sep, columns=names, header_chromsizes=header_sizes)
 
 
 def _split(line: str, sep: str) -> list[str]:
@@ -205,26 +212,25 @@ def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, c
         position, a position past the chromosome end: with file, line and value.
     """
     path = require_file(path, "pairs file")
+    if keep is not None:
+        unknown = [k for k in keep if k not in chromsizes]
+        if unknown:
+            raise InputError("chromosomes to keep are not in the genome", key="chromosomes", value=unknown)
     layout = sniff_layout(path, namer, columns)
     try:
-        df = pd.read_csv(
-            path,
-            sep=layout.sep,
-            header=None,
-            skiprows=layout.n_header,
-            usecols=layout.usecols,
-            comment="#",
-            dtype={layout.chrom1: "category", layout.chrom2: "category", layout.pos1: np.int64, layout.pos2: np.int64},
-            compression="gzip" if is_gzip(path) else None,
-            engine="c",
-            na_filter=False,
-            low_memory=False,
-        )
+        df = _read_fast(path, layout, layout.n_header)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
-    except (ValueError, pd.errors.ParserError, IndexError) as e:
-        _locate_error(path, layout, namer, chromsizes)
-        raise InputError(f"cannot parse: {e}", path=path) from None
+    except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e:
+        # the slow path raises at the first bad line; if every line is fine, the fast
+        # path tripped over '#' lines between data lines: skip them and parse again
+        comment_lines = _locate_error(path, layout, namer, chromsizes)
+        if len(comment_lines) <= layout.n_header:
+            raise InputError(f"cannot parse: {e}", path=path) from None
+        try:
+            df = _read_fast(path, layout, comment_lines)
+        except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e2:
+            raise InputError(f"cannot parse: {e2}", path=path) from None
     if df.empty:
         raise InputError("no contacts: the file has only header lines", path=path)
 
@@ -262,14 +268,41 @@ def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, c
     return Contacts(c1, p1, c2, p2, stats)
 
 
-def _locate_error(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict[str, int]) -> None:
-    """Walk the file and raise InputError at the first bad line (returns if none found)."""
+def _read_fast(path, layout: PairsLayout, skiprows) -> pd.DataFrame:
+    """The four needed columns via pandas' C tokenizer (raises on any malformed value).
+
+    No ``comment="#"``: pandas would cut a line at a ``#`` anywhere in it (old Illumina
+    read ids end in ``#0/1``); header lines are skipped by ``skiprows`` instead.
+    """
+    return pd.read_csv(
+        path,
+        sep=layout.sep,
+        header=None,
+        skiprows=skiprows,
+        usecols=layout.usecols,
+        dtype={layout.chrom1: "category", layout.chrom2: "category", layout.pos1: np.int64, layout.pos2: np.int64},
+        compression="gzip" if is_gzip(path) else None,
+        engine="c",
+        na_filter=False,
+        quoting=csv.QUOTE_NONE,
+        encoding_errors="replace",
+        low_memory=False,
+    )
+
+
+def _locate_error(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict[str, int]) -> list[int]:
+    """Walk the file and raise InputError at the first bad line.
+
+    Returns the 0-based indices of the blank and ``#`` lines if no line is bad.
+    """
     need = layout.min_fields
     cache: dict[str, str] = {}
+    skipped: list[int] = []
     try:
         with open_text(path) as fh:
             for lineno, line in enumerate(fh, 1):
                 if line.startswith("#") or not line.strip():
+                    skipped.append(lineno - 1)
                     continue
                 f = _split(line.rstrip("\n"), layout.sep)
                 if len(f) < need:
@@ -278,12 +311,13 @@ def _locate_error(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict
                     )
                 for ci, pi, which in ((layout.chrom1, layout.pos1, "pos1"), (layout.chrom2, layout.pos2, "pos2")):
                     raw = f[pi]
-                    try:
-                        pos = int(raw)
-                    except ValueError:
-                        raise InputError(f"{which} is not an integer", path=path, line=lineno, value=raw) from None
+                    if not _INT.fullmatch(raw):  # stricter than int(): no '1_000'
+                        raise InputError(f"{which} is not an integer", path=path, line=lineno, value=raw)
+                    pos = int(raw)
                     if pos < 0:
                         raise InputError(f"{which} is negative", path=path, line=lineno, value=raw)
+                    if pos > INT64_MAX:
+                        raise InputError(f"{which} is too large", path=path, line=lineno, value=raw)
                     name = cache.get(f[ci])
                     if name is None:
                         name = cache[f[ci]] = namer(f[ci])
@@ -294,3 +328,4 @@ def _locate_error(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict
                         )
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
+    return skipped
