@@ -6,7 +6,9 @@ needs integers, so :func:`round_counts` rounds them and reports what changed.
 
 from __future__ import annotations
 
+import csv
 import logging
+import zlib
 from pathlib import Path
 
 import anndata as ad
@@ -15,7 +17,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .errors import InputError
-from .textfile import open_text
+from .textfile import is_gzip, open_text
 
 log = logging.getLogger(__name__)
 ROUNDING = ("half_up", "half_even", "floor", "ceil")
@@ -41,7 +43,7 @@ def read_rna(path) -> ad.AnnData:
         if "counts" in adata.layers:
             adata.X = adata.layers["counts"]
         adata.X = sp.csr_matrix(adata.X, dtype=np.float32)
-        _check_values(adata.X, p)
+        _check_values(adata, p)
     else:
         adata = _read_delimited(p)
     if adata.obs_names.has_duplicates:
@@ -64,51 +66,89 @@ def _read_mtx(p: Path) -> ad.AnnData:
     except FileNotFoundError as e:
         raise InputError(f"not a 10x MTX folder (matrix.mtx[.gz], features/genes, barcodes): {e}", path=p) from None
     adata.X = sp.csr_matrix(adata.X, dtype=np.float32)
-    _check_values(adata.X, p)
+    _check_values(adata, p)
     return adata
 
 
-def _check_values(X, p: Path) -> None:
-    data = X.data if sp.issparse(X) else np.asarray(X)
-    if data.size and (not np.isfinite(data).all() or (data < 0).any()):
-        raise InputError("counts must be finite and non-negative", path=p)
+def _check_values(adata, p: Path) -> None:
+    """Counts must be finite and non-negative; name the first bad entry's cell and gene."""
+    X = sp.csr_matrix(adata.X)
+    bad = ~np.isfinite(X.data) | (X.data < 0)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        i = int(np.searchsorted(X.indptr, k, side="right") - 1)
+        j = int(X.indices[k])
+        raise InputError(
+            "counts must be finite and non-negative",
+            path=p,
+            key=f"cell {adata.obs_names[i]}, gene {adata.var_names[j]}",
+            value=float(X.data[k]),
+        )
 
 
 def _read_delimited(p: Path) -> ad.AnnData:
     with open_text(p) as fh:
         header = fh.readline().rstrip("\n\r")
-    if not header:
-        raise InputError("RNA matrix is empty", path=p)
+        first = next((line for line in fh if line.strip()), "")
+    if not header.strip():
+        raise InputError("RNA matrix is empty (no header line)", path=p, line=1)
     sep = "\t" if "\t" in header else ","
-    cells = header.split(sep)[1:]
+    names = _fields(header, sep)
+    # R's write.table(row.names=TRUE) leaves the gene column unnamed: one field less
+    # (but a trailing separator on data lines is not that)
+    first_fields = _fields(first.rstrip("\n\r"), sep) if first else []
+    r_style = len(first_fields) == len(names) + 1 and first_fields[-1].strip() != ""
+    offset = 1 if r_style else 2
+    cells = names if offset == 1 else names[1:]
     seen: dict[str, int] = {}
     for j, c in enumerate(cells):
+        if not c.strip():
+            raise InputError(f"empty cell id in header (column {j + offset})", path=p, line=1, key="cell", value=c)
         if c in seen:
             raise InputError(
-                f"duplicate cell id in header (columns {seen[c] + 2} and {j + 2})", path=p, line=1, key="cell", value=c
+                f"duplicate cell id in header (columns {seen[c] + offset} and {j + offset})",
+                path=p,
+                line=1,
+                key="cell",
+                value=c,
             )
         seen[c] = j
+    if not cells:
+        raise InputError("header names no cell (expected 'gene<TAB>cell1<TAB>cell2...')", path=p, line=1, value=header)
     genes: list[str] = []
     blocks = []
-    line0 = 2
+    row0 = 0  # data rows (non-blank lines after the header) before this chunk
     try:
         reader = pd.read_csv(
-            p, sep=sep, header=None, skiprows=1, index_col=0, dtype={0: str}, chunksize=CHUNK_ROWS, compression="infer"
+            p,
+            sep=sep,
+            header=None,
+            skiprows=1,
+            index_col=0,
+            dtype={0: str},
+            chunksize=CHUNK_ROWS,
+            compression="gzip" if is_gzip(p) else None,
+            keep_default_na=False,  # a gene called 'NA' stays 'NA'; a count 'NA' is reported as such
+            encoding_errors="replace",
         )
         for chunk in reader:
             if chunk.shape[1] != len(cells):
+                _check_fields(p, sep, len(cells) + 1)
                 raise InputError(
                     f"expected {len(cells)} count columns (one per header cell), found {chunk.shape[1]}",
                     path=p,
-                    line=line0,
+                    line=_data_line(p, row0),
                 )
-            values = _numeric_block(chunk, p, line0, cells)
+            values = _numeric_block(chunk, p, row0, cells, sep)
             genes.extend(chunk.index.astype(str))
             blocks.append(sp.csr_matrix(values.T))  # cells x genes
-            line0 += len(chunk)
-    except (EOFError, OSError) as e:
+            row0 += len(chunk)
+    except pd.errors.EmptyDataError:
+        raise InputError("RNA matrix has a header but no genes", path=p) from None
+    except (EOFError, OSError, zlib.error) as e:
         raise InputError(f"cannot read (truncated or corrupt gzip?): {e}", path=p) from None
     except pd.errors.ParserError as e:
+        _check_fields(p, sep, len(cells) + 1)
         raise InputError(f"malformed table: {e}", path=p) from None
     if not blocks:
         raise InputError("RNA matrix has a header but no genes", path=p)
@@ -116,7 +156,47 @@ def _read_delimited(p: Path) -> ad.AnnData:
     return ad.AnnData(X=X, obs=pd.DataFrame(index=pd.Index(cells, name="cell_id")), var=pd.DataFrame(index=genes))
 
 
-def _numeric_block(chunk: pd.DataFrame, p: Path, line0: int, cells: list[str]) -> np.ndarray:
+def _fields(line: str, sep: str) -> list[str]:
+    """Split one line like pandas does (double quotes group a field)."""
+    return next(csv.reader([line], delimiter=sep))
+
+
+def _data_lines(p: Path):
+    """(line number, text) of each data line: non-blank lines after the header."""
+    with open_text(p) as fh:
+        fh.readline()
+        for lineno, line in enumerate(fh, 2):
+            if line.strip():
+                yield lineno, line.rstrip("\n\r")
+
+
+def _data_line(p: Path, row: int) -> int:
+    """File line number of the 0-based data row ``row`` (pandas skips blank lines)."""
+    for k, (lineno, _) in enumerate(_data_lines(p)):
+        if k == row:
+            return lineno
+    return row + 2
+
+
+def _check_fields(p: Path, sep: str, n: int) -> None:
+    """Raise InputError at the first data line that does not have ``n`` fields (slow path)."""
+    for lineno, line in _data_lines(p):
+        f = _fields(line, sep)
+        if len(f) != n:
+            raise InputError(
+                f"expected {n} fields (gene and one count per header cell), found {len(f)}",
+                path=p,
+                line=lineno,
+                key=f"gene {f[0]}",
+                value=line if len(line) <= 80 else line[:77] + "...",
+            )
+
+
+def _py(v):
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _numeric_block(chunk: pd.DataFrame, p: Path, row0: int, cells: list[str], sep: str) -> np.ndarray:
     try:
         values = chunk.to_numpy(dtype=np.float64)
     except (ValueError, TypeError):
@@ -125,14 +205,29 @@ def _numeric_block(chunk: pd.DataFrame, p: Path, line0: int, cells: list[str]) -
         if not bad.any():
             bad = num.isna().to_numpy()
         i, j = (int(x[0]) for x in np.nonzero(bad))
+        raw = chunk.iat[i, j]
+        if raw == "":
+            _check_fields(p, sep, len(cells) + 1)  # a short line reads as empty fields
         raise InputError(
-            "count is not a number", path=p, line=line0 + i, key=f"gene {chunk.index[i]}, cell {cells[j]}", value=chunk.iat[i, j]
+            "count is empty" if raw == "" else "count is not a number",
+            path=p,
+            line=_data_line(p, row0 + i),
+            key=f"gene {chunk.index[i]}, cell {cells[j]}",
+            value=_py(raw),
         ) from None
     bad = ~np.isfinite(values) | (values < 0)
     if bad.any():
+        if np.isnan(values).any():
+            _check_fields(p, sep, len(cells) + 1)  # a short line leaves NaN behind
         i, j = (int(x[0]) for x in np.nonzero(bad))
         what = "count is negative" if values[i, j] < 0 else "count is missing or not finite"
-        raise InputError(what, path=p, line=line0 + i, key=f"gene {chunk.index[i]}, cell {cells[j]}", value=chunk.iat[i, j])
+        raise InputError(
+            what,
+            path=p,
+            line=_data_line(p, row0 + i),
+            key=f"gene {chunk.index[i]}, cell {cells[j]}",
+            value=_py(chunk.iat[i, j]),
+        )
     return values
 
 
