@@ -9,9 +9,10 @@ import pandas as pd
 
 from .errors import InputError, require_file
 from .genome import ChromNamer
-from .textfile import open_text
+from .textfile import numbered_lines
 
 GTF_ATTR = re.compile(r'(\S+)\s+"([^"]*)"')
+NO_SYMBOL = ("", ".", "NA")
 
 
 def read_genes(path, namer: ChromNamer, chromsizes: dict[str, int]) -> pd.DataFrame:
@@ -52,24 +53,26 @@ def read_genes(path, namer: ChromNamer, chromsizes: dict[str, int]) -> pd.DataFr
 
 def _read_bed(path) -> list[tuple]:
     rows = []
-    with open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.startswith(("#", "track", "browser")) or not line.strip():
-                continue
-            f = line.rstrip("\n").split("\t")
-            if len(f) < 4:
-                raise InputError(
-                    "BED gene annotation needs at least chrom, start, end, name", path=path, line=lineno, value=line.rstrip()
-                )
-            try:
-                start, end = int(f[1]), int(f[2])
-            except ValueError:
-                raise InputError("start/end is not an integer", path=path, line=lineno, value=f[1:3]) from None
-            if start < 0 or end < start:
-                raise InputError("need 0 <= start <= end", path=path, line=lineno, value=f[1:3])
-            strand = f[5] if len(f) > 5 and f[5] in ("+", "-") else "+"
-            gene_id = f[4] if len(f) > 4 and f[4] and not _numeric(f[4]) else f[3]
-            rows.append((f[3], gene_id, f[0], start, end, strand, lineno))
+    for lineno, line in numbered_lines(path):
+        if line.startswith(("#", "track", "browser")) or not line.strip():
+            continue
+        f = line.rstrip("\n").split("\t")
+        if len(f) < 4:
+            raise InputError(
+                "BED gene annotation needs at least chrom, start, end, name", path=path, line=lineno, value=line.rstrip()
+            )
+        try:
+            start, end = int(f[1]), int(f[2])
+        except ValueError:
+            raise InputError("start/end is not an integer", path=path, line=lineno, value=f[1:3]) from None
+        if start < 0 or end < start:
+            raise InputError("need 0 <= start <= end", path=path, line=lineno, value=f[1:3])
+        strand = f[5] if len(f) > 5 and f[5] in ("+", "-") else "+"
+        gene_id = f[4] if len(f) > 4 and f[4] and not _numeric(f[4]) else f[3]
+        # a symbol of 'NA' or '.' means none (e.g. Ensembl genes without one): use the id,
+        # so that such genes are not all one gene called 'NA'
+        name = gene_id if f[3] in NO_SYMBOL else f[3]
+        rows.append((name, gene_id, f[0], start, end, strand, lineno))
     return rows
 
 
@@ -83,25 +86,27 @@ def _numeric(s: str) -> bool:
 
 def _read_gtf(path) -> list[tuple]:
     rows = []
-    with open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.startswith("#") or not line.strip():
-                continue
-            f = line.rstrip("\n").split("\t")
-            if len(f) < 9:
-                raise InputError("GTF line needs 9 tab-separated fields", path=path, line=lineno, value=line.rstrip())
-            if f[2] != "gene":
-                continue
-            attrs = dict(GTF_ATTR.findall(f[8]))
-            if not attrs and "=" in f[8]:  # GFF3 key=value;...
-                attrs = dict(kv.split("=", 1) for kv in f[8].strip(";").split(";") if "=" in kv)
-            gene_id = attrs.get("gene_id") or attrs.get("ID", "")
-            gene_name = attrs.get("gene_name") or attrs.get("Name") or gene_id
-            try:
-                start, end = int(f[3]) - 1, int(f[4])  # GTF is 1-based inclusive
-            except ValueError:
-                raise InputError("start/end is not an integer", path=path, line=lineno, value=f[3:5]) from None
-            rows.append((gene_name, gene_id.split(".")[0], f[0], start, end, f[6] if f[6] in "+-" else "+", lineno))
+    for lineno, line in numbered_lines(path):
+        if line.startswith("#") or not line.strip():
+            continue
+        f = line.rstrip("\n").split("\t")
+        if len(f) < 9:
+            raise InputError("GTF line needs 9 tab-separated fields", path=path, line=lineno, value=line.rstrip())
+        if f[2] != "gene":
+            continue
+        attrs = dict(GTF_ATTR.findall(f[8]))
+        if not attrs and "=" in f[8]:  # GFF3 key=value;...
+            attrs = dict(kv.split("=", 1) for kv in f[8].strip(";").split(";") if "=" in kv)
+        gene_id = attrs.get("gene_id") or attrs.get("ID", "")
+        gene_name = attrs.get("gene_name") or attrs.get("Name") or gene_id
+        try:
+            start, end = int(f[3]) - 1, int(f[4])  # GTF is 1-based inclusive
+        except ValueError:
+            raise InputError("start/end is not an integer", path=path, line=lineno, value=f[3:5]) from None
+        if start < 0 or end < start + 1:
+            raise InputError("GTF needs 1 <= start <= end", path=path, line=lineno, value=f[3:5])
+        strand = f[6] if f[6] in ("+", "-") else "+"
+        rows.append((gene_name, gene_id.split(".")[0], f[0], start, end, strand, lineno))
     return rows
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import InputError, require_file
-from .textfile import open_text
+from .textfile import numbered_lines
 
 CHR_PREFIX_MODES = ("auto", "keep", "add", "drop")
 
@@ -26,23 +26,22 @@ def read_chromsizes(path, chromosomes=None) -> dict[str, int]:
     """
     path = require_file(path, "chromosome sizes file")
     sizes: dict[str, int] = {}
-    with open_text(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip() or line.startswith("#"):
-                continue
-            fields = line.split()
-            if len(fields) < 2:
-                raise InputError("expected 'name size'", path=path, line=lineno, value=line.rstrip("\n"))
-            name, size = fields[0], fields[1]
-            try:
-                n = int(size)
-            except ValueError:
-                raise InputError("chromosome size is not an integer", path=path, line=lineno, value=size) from None
-            if n <= 0:
-                raise InputError("chromosome size must be positive", path=path, line=lineno, value=size)
-            if name in sizes:
-                raise InputError("chromosome listed twice", path=path, line=lineno, value=name)
-            sizes[name] = n
+    for lineno, line in numbered_lines(path):
+        if not line.strip() or line.startswith("#"):
+            continue
+        fields = line.split()
+        if len(fields) < 2:
+            raise InputError("expected 'name size'", path=path, line=lineno, value=line.rstrip("\n"))
+        name, size = fields[0], fields[1]
+        try:
+            n = int(size)
+        except ValueError:
+            raise InputError("chromosome size is not an integer", path=path, line=lineno, value=size) from None
+        if n <= 0:
+            raise InputError("chromosome size must be positive", path=path, line=lineno, value=size)
+        if name in sizes:
+            raise InputError("chromosome listed twice", path=path, line=lineno, value=name)
+        sizes[name] = n
     if not sizes:
         raise InputError("no chromosomes in file", path=path)
     if chromosomes:
