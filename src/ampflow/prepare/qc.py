@@ -22,6 +22,13 @@ class QCThresholds:
 
     def __post_init__(self):
         for k in ("min_contacts", "min_umis", "min_genes"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InputError("must be an integer", key=f"qc.{k}", value=v)
+        v = self.min_cis_fraction
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise InputError("must be a number", key="qc.min_cis_fraction", value=v)
+        for k in ("min_contacts", "min_umis", "min_genes"):
             if getattr(self, k) < 0:
                 raise InputError("must be >= 0", key=f"qc.{k}", value=getattr(self, k))
         if not 0 <= self.min_cis_fraction <= 1:
