@@ -4,9 +4,11 @@ Handles: gzip or plain; full 4DN header (``#columns:``, ``#chromosome:``/``#chro
 or no header at all (layout inferred from the first data lines); extra columns;
 ``chr1`` / ``1`` / ``mm10_chr1`` names (see :class:`~ampflow.io.genome.ChromNamer`).
 
-Parsing has a fast path (pandas' C tokenizer over four columns) and a slow path that
-runs only when the fast path finds something wrong: it walks the file line by line to
-report the first bad line with its number, reason and value.
+Parsing has three tiers: a compiled scanner that decompresses in one thread and
+tokenizes only the four needed columns in another (:mod:`.pairs_scan`); pandas' C
+tokenizer when the scanner meets a line it does not understand; and a slow path that
+walks the file line by line to report the first bad line with its number, reason and
+value.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pandas as pd
 
 from .errors import InputError, require_file
 from .genome import ChromNamer
+from .pairs_scan import scan_pairs
 from .textfile import is_gzip, open_text
 
 CHROM1_NAMES = ("chr1", "chrom1")
@@ -217,34 +220,16 @@ def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, c
         if unknown:
             raise InputError("chromosomes to keep are not in the genome", key="chromosomes", value=unknown)
     layout = sniff_layout(path, namer, columns)
-    try:
-        df = _read_fast(path, layout, layout.n_header)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
-    except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e:
-        # the slow path raises at the first bad line; if every line is fine, the fast
-        # path tripped over '#' lines between data lines: skip them and parse again
-        comment_lines = _locate_error(path, layout, namer, chromsizes)
-        if len(comment_lines) <= layout.n_header:
-            raise InputError(f"cannot parse: {e}", path=path) from None
-        try:
-            df = _read_fast(path, layout, comment_lines)
-        except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e2:
-            raise InputError(f"cannot parse: {e2}", path=path) from None
-    if df.empty:
+    c1, p1, c2, p2 = _read_columns(path, layout, namer, chromsizes)
+    if len(p1) == 0:
         raise InputError("no contacts: the file has only header lines", path=path)
-
-    c1 = namer.codes(df[layout.chrom1].to_numpy())
-    c2 = namer.codes(df[layout.chrom2].to_numpy())
-    p1 = df[layout.pos1].to_numpy()
-    p2 = df[layout.pos2].to_numpy()
     sizes = np.array(list(chromsizes.values()) + [np.iinfo(np.int64).max], dtype=np.int64)
     # code -1 indexes the sentinel, so unknown chromosomes never fail the range check
     if (p1 < 0).any() or (p2 < 0).any() or (p1 > sizes[c1]).any() or (p2 > sizes[c2]).any():
         _locate_error(path, layout, namer, chromsizes)
         raise InputError("invalid position (could not locate the line)", path=path)
 
-    total = len(df)
+    total = len(p1)
     known = (c1 >= 0) & (c2 >= 0)
     dropped_unknown = int(total - known.sum())
     if keep is not None:
@@ -266,6 +251,40 @@ def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, c
         "dropped_excluded": dropped_excluded,
     }
     return Contacts(c1, p1, c2, p2, stats)
+
+
+def _read_columns(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict[str, int]):
+    """(chrom1 codes, pos1, chrom2 codes, pos2) of every data line.
+
+    First the compiled scanner (:mod:`.pairs_scan`); if it meets a line it does not
+    understand, pandas' tokenizer; if that fails, the slow path names the line.
+    """
+    try:
+        arrays = scan_pairs(path, tuple(layout.usecols), layout.sep != "\t", is_gzip(path), namer)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
+    if arrays is not None:
+        return arrays
+    try:
+        df = _read_fast(path, layout, layout.n_header)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
+    except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e:
+        # the slow path raises at the first bad line; if every line is fine, the fast
+        # path tripped over '#' lines between data lines: skip them and parse again
+        comment_lines = _locate_error(path, layout, namer, chromsizes)
+        if len(comment_lines) <= layout.n_header:
+            raise InputError(f"cannot parse: {e}", path=path) from None
+        try:
+            df = _read_fast(path, layout, comment_lines)
+        except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e2:
+            raise InputError(f"cannot parse: {e2}", path=path) from None
+    return (
+        namer.codes(df[layout.chrom1].to_numpy()),
+        df[layout.pos1].to_numpy(),
+        namer.codes(df[layout.chrom2].to_numpy()),
+        df[layout.pos2].to_numpy(),
+    )
 
 
 def _read_fast(path, layout: PairsLayout, skiprows) -> pd.DataFrame:

@@ -1,0 +1,217 @@
+"""Fast path for pairs files: decompression in one thread, a compiled tokenizer in another.
+
+zlib and the numba kernel both release the GIL, so on two cores parsing costs little
+more than decompression alone. The kernel pulls out only the four needed columns and
+stops at the first line it does not understand; the caller then falls back to the
+general parser, which reports that line with its number and reason.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import zlib
+
+import numpy as np
+
+from .genome import ChromNamer
+
+BLOCK = 1 << 22  # compressed bytes per read
+FNV_OFFSET = 14695981039346656037
+FNV_PRIME = 1099511628211
+MAX_DIGITS = 18  # stays inside int64
+
+try:
+    from numba import njit
+except ImportError:  # pragma: no cover - numba comes with scanpy
+    njit = None
+
+
+def _kernel(buf, end, c1, p1, c2, p2, ws, h1, h2, o1, n1, o2, n2, pos1, pos2):
+    """Scan complete lines in ``buf[:end]``; return (rows, ok)."""
+    maxcol = max(max(c1, p1), max(c2, p2))
+    i = 0
+    row = 0
+    while i < end:
+        b = buf[i]
+        if b == 35:  # '#': header or comment line
+            while i < end and buf[i] != 10:
+                i += 1
+            i += 1
+            continue
+        if b == 10 or (b == 13 and i + 1 < end and buf[i + 1] == 10):  # blank line
+            i += 1 if b == 10 else 2
+            continue
+        f = 0
+        while True:
+            if ws:
+                while i < end and (buf[i] == 32 or buf[i] == 9):
+                    i += 1
+            s = i
+            if ws:
+                while i < end and buf[i] != 10 and buf[i] != 9 and buf[i] != 32:
+                    i += 1
+            else:
+                while i < end and buf[i] != 10 and buf[i] != 9:
+                    i += 1
+            e = i
+            if e > s and buf[e - 1] == 13:
+                e -= 1
+            if f == c1 or f == c2:
+                h = np.uint64(FNV_OFFSET)
+                for k in range(s, e):
+                    h = (h ^ np.uint64(buf[k])) * np.uint64(FNV_PRIME)
+                if f == c1:
+                    h1[row] = h
+                    o1[row] = s
+                    n1[row] = e - s
+                else:
+                    h2[row] = h
+                    o2[row] = s
+                    n2[row] = e - s
+            elif f == p1 or f == p2:
+                if e == s or e - s > MAX_DIGITS:
+                    return row, False
+                v = 0
+                for k in range(s, e):
+                    d = buf[k] - 48
+                    if d < 0 or d > 9:
+                        return row, False
+                    v = v * 10 + d
+                if f == p1:
+                    pos1[row] = v
+                else:
+                    pos2[row] = v
+            f += 1
+            if i >= end or buf[i] == 10:
+                break
+            i += 1
+        if f <= maxcol:
+            return row, False
+        row += 1
+        i += 1
+    return row, True
+
+
+_scan = njit(cache=True, nogil=True)(_kernel) if njit is not None else None
+
+
+def _blocks(path, gz: bool):
+    """Decompressed blocks of ``path`` (multi-member gzip as written by bgzip/cat)."""
+    with open(path, "rb") as fh:
+        if not gz:
+            while chunk := fh.read(BLOCK):
+                yield chunk
+            return
+        d = zlib.decompressobj(31)
+        while raw := fh.read(BLOCK):
+            yield d.decompress(raw)
+            while d.eof and d.unused_data:
+                rest = d.unused_data
+                d = zlib.decompressobj(31)
+                yield d.decompress(rest)
+        if not d.eof:
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+
+
+def _prefetch(gen, depth: int = 4):
+    """Run ``gen`` in a thread, ``depth`` items ahead; exceptions re-raised here."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def work():
+        try:
+            for item in gen:
+                if stop.is_set():
+                    return
+                q.put(item)
+            q.put(done)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put(e)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while t.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                t.join(0.01)
+
+
+class _Coder:
+    """Chromosome hash -> genome code, decoding each distinct token once."""
+
+    def __init__(self, namer: ChromNamer):
+        self.namer = namer
+        self.index = {c: i for i, c in enumerate(namer.genome)}
+        self.known: dict[int, int] = {}
+
+    def codes(self, buf: np.ndarray, h: np.ndarray, o: np.ndarray, n: np.ndarray) -> np.ndarray:
+        uniq, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        lut = np.empty(len(uniq), dtype=np.int32)
+        for j, (hv, fi) in enumerate(zip(uniq.tolist(), first.tolist())):
+            code = self.known.get(hv)
+            if code is None:
+                token = bytes(buf[o[fi] : o[fi] + n[fi]]).decode("utf-8", "replace")
+                code = self.known[hv] = self.index.get(self.namer(token), -1)
+            lut[j] = code
+        return lut[inv.ravel()]
+
+
+def scan_pairs(path, cols: tuple[int, int, int, int], whitespace: bool, gz: bool, namer: ChromNamer):
+    """Parse the four columns of a pairs file.
+
+    Returns ``(chrom1 codes, pos1, chrom2 codes, pos2)``, or None if numba is missing
+    or any line is not plain (too few fields, a position that is not a run of digits):
+    the caller then uses the general parser, which names the bad line.
+    """
+    if _scan is None:
+        return None
+    c1, p1, c2, p2 = cols
+    coder = _Coder(namer)
+    parts: list[tuple[np.ndarray, ...]] = []
+    carry = b""
+    blocks = _prefetch(_blocks(path, gz))
+    last = False
+    while not last:
+        block = next(blocks, None)
+        if block is None:
+            last = True
+            data = carry if carry.endswith(b"\n") or not carry else carry + b"\n"
+            cut = len(data)
+        else:
+            data = carry + block
+            cut = data.rfind(b"\n") + 1
+        carry = data[cut:]
+        if cut == 0:
+            continue
+        buf = np.frombuffer(data, dtype=np.uint8)
+        n = buf[:cut].__eq__(10).sum() + 1
+        h1, h2 = np.empty(n, np.uint64), np.empty(n, np.uint64)
+        o1, o2 = np.empty(n, np.int64), np.empty(n, np.int64)
+        n1, n2 = np.empty(n, np.int64), np.empty(n, np.int64)
+        pos1, pos2 = np.empty(n, np.int64), np.empty(n, np.int64)
+        rows, ok = _scan(buf, cut, c1, p1, c2, p2, whitespace, h1, h2, o1, n1, o2, n2, pos1, pos2)
+        if not ok:
+            blocks.close()
+            return None
+        if rows:
+            parts.append(
+                (
+                    coder.codes(buf, h1[:rows], o1[:rows], n1[:rows]),
+                    pos1[:rows].copy(),
+                    coder.codes(buf, h2[:rows], o2[:rows], n2[:rows]),
+                    pos2[:rows].copy(),
+                )
+            )
+    if not parts:
+        return (np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.int64))
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
