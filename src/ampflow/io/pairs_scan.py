@@ -214,7 +214,11 @@ def scan_pairs(path, cols: tuple[int, int, int, int], whitespace: bool, gz: bool
     table = _ChromTable(namer)
     parts: list[tuple[np.ndarray, ...]] = []
     carry = b""
-    blocks = _prefetch(_blocks(path, gz))
+    blocks = _prefetch(_blocks(path, gz), depth=8)
+    # first call loads the compiled kernel from numba's cache (~0.2 s): do it on an
+    # empty buffer while the reader thread is already inflating the first blocks
+    z8, z32, z64 = np.zeros(1, np.uint8), np.zeros(1, np.int32), np.zeros(1, np.int64)
+    _scan(z8, 0, c1, p1, c2, p2, whitespace, table.hashes, table.offsets, table.lengths, table.count, z32, z32, z64, z64)
     last = False
     while not last:
         block = next(blocks, None)

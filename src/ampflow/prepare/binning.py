@@ -9,6 +9,24 @@ from ..io.genome import bin_offsets, make_bins
 from ..io.pairs import Contacts
 
 
+def _pixel_keys(chrom1, pos1, chrom2, pos2, offsets, resolution, n):
+    """lo * n + hi for every contact, lo <= hi being the two global bin ids."""
+    out = np.empty(len(pos1), np.int64)
+    for i in range(len(pos1)):
+        a = offsets[chrom1[i]] + max(pos1[i] - 1, 0) // resolution
+        b = offsets[chrom2[i]] + max(pos2[i] - 1, 0) // resolution
+        out[i] = a * n + b if a <= b else b * n + a
+    return out
+
+
+try:
+    from numba import njit
+
+    _pixel_keys = njit(cache=True, nogil=True)(_pixel_keys)
+except ImportError:  # pragma: no cover - numba comes with scanpy; the numpy form below is the same
+    _pixel_keys = None
+
+
 def bin_contacts(contacts: Contacts, chromsizes: dict[str, int], resolution: int) -> pd.DataFrame:
     """Count contacts per bin pair.
 
@@ -22,12 +40,14 @@ def bin_contacts(contacts: Contacts, chromsizes: dict[str, int], resolution: int
     DataFrame with int64 columns ``bin1_id, bin2_id, count``.
     """
     offsets = bin_offsets(chromsizes, resolution)
-    b1 = offsets[contacts.chrom1] + np.maximum(contacts.pos1 - 1, 0) // resolution
-    b2 = offsets[contacts.chrom2] + np.maximum(contacts.pos2 - 1, 0) // resolution
-    lo = np.minimum(b1, b2)
-    hi = np.maximum(b1, b2)
     n = int(offsets[-1])
-    keys, counts = np.unique(lo * n + hi, return_counts=True)
+    if _pixel_keys is not None:
+        keys = _pixel_keys(contacts.chrom1, contacts.pos1, contacts.chrom2, contacts.pos2, offsets, resolution, n)
+    else:
+        b1 = offsets[contacts.chrom1] + np.maximum(contacts.pos1 - 1, 0) // resolution
+        b2 = offsets[contacts.chrom2] + np.maximum(contacts.pos2 - 1, 0) // resolution
+        keys = np.minimum(b1, b2) * n + np.maximum(b1, b2)
+    keys, counts = np.unique(keys, return_counts=True)
     return pd.DataFrame({"bin1_id": keys // n, "bin2_id": keys % n, "count": counts.astype(np.int64)})
 
 
