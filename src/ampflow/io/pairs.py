@@ -24,14 +24,16 @@ import pandas as pd
 
 from .errors import InputError, require_file
 from .genome import ChromNamer
-from .pairs_scan import scan_pairs
+from .pairs_scan import scan_pairs, worth_compiling
 from .textfile import is_gzip, open_text
 
 CHROM1_NAMES = ("chr1", "chrom1")
 CHROM2_NAMES = ("chr2", "chrom2")
 SNIFF_LINES = 5
 INT64_MAX = int(np.iinfo(np.int64).max)
-_INT = re.compile(r"\s*[+-]?[0-9]+\s*")
+# a position is a run of decimal digits, nothing else ('+5', '1e3', '5.0' are not):
+# the same rule in the compiled scanner, the pandas path and the slow path
+_INT = re.compile(r"[0-9]{1,18}")
 
 
 @dataclass
@@ -185,7 +187,7 @@ def _infer_layout(rows: list[list[str]], namer: ChromNamer | None, path) -> tupl
     )
 
 
-def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, columns=None) -> Contacts:
+def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, columns=None, engine="auto") -> Contacts:
     """Parse one pairs file into contacts on the genome.
 
     Parameters
@@ -201,6 +203,9 @@ def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, c
         chromosomes are dropped and counted as ``dropped_excluded``.
     columns
         Optional explicit 1-based column numbers 'chrom1,pos1,chrom2,pos2'.
+    engine
+        ``compiled`` (the scanner of :mod:`.pairs_scan`), ``pandas``, or ``auto``:
+        compiled for big files or once the kernel is loaded in this process.
 
     Returns
     -------
@@ -220,7 +225,10 @@ def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, c
         if unknown:
             raise InputError("chromosomes to keep are not in the genome", key="chromosomes", value=unknown)
     layout = sniff_layout(path, namer, columns)
-    c1, p1, c2, p2 = _read_columns(path, layout, namer, chromsizes)
+    if engine not in ("auto", "compiled", "pandas"):
+        raise ValueError(f"engine must be auto, compiled or pandas, not {engine!r}")
+    compiled = engine == "compiled" or (engine == "auto" and worth_compiling(path))
+    c1, p1, c2, p2 = _read_columns(path, layout, namer, chromsizes, compiled)
     if len(p1) == 0:
         raise InputError("no contacts: the file has only header lines", path=path)
     sizes = np.array(list(chromsizes.values()) + [np.iinfo(np.int64).max], dtype=np.int64)
@@ -253,42 +261,63 @@ def read_pairs(path, namer: ChromNamer, chromsizes: dict[str, int], keep=None, c
     return Contacts(c1, p1, c2, p2, stats)
 
 
-def _read_columns(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict[str, int]):
+def _read_columns(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict[str, int], compiled: bool):
     """(chrom1 codes, pos1, chrom2 codes, pos2) of every data line.
 
-    First the compiled scanner (:mod:`.pairs_scan`); if it meets a line it does not
-    understand, pandas' tokenizer; if that fails, the slow path names the line.
+    First the compiled scanner (:mod:`.pairs_scan`) when asked for; pandas' tokenizer
+    otherwise or when the scanner meets a line it does not understand; the slow path
+    names the first bad line whenever either finds one.
     """
+    if compiled:
+        try:
+            arrays = scan_pairs(path, tuple(layout.usecols), layout.sep != "\t", is_gzip(path), namer)
+        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+            raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
+        if arrays is not None:
+            return arrays
+        _locate_error(path, layout, namer, chromsizes)  # raises at the bad line, if any
     try:
-        arrays = scan_pairs(path, tuple(layout.usecols), layout.sep != "\t", is_gzip(path), namer)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
-    if arrays is not None:
-        return arrays
-    try:
-        df = _read_fast(path, layout, layout.n_header)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
-    except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e:
-        # the slow path raises at the first bad line; if every line is fine, the fast
-        # path tripped over '#' lines between data lines: skip them and parse again
+        return _read_pandas(path, layout, namer, layout.n_header)
+    except _Malformed as e:
+        # the slow path raises at the first bad line; if every line is fine, pandas
+        # tripped over '#' lines between data lines: skip them and parse again
         comment_lines = _locate_error(path, layout, namer, chromsizes)
         if len(comment_lines) <= layout.n_header:
             raise InputError(f"cannot parse: {e}", path=path) from None
         try:
-            df = _read_fast(path, layout, comment_lines)
-        except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e2:
+            return _read_pandas(path, layout, namer, comment_lines)
+        except _Malformed as e2:
             raise InputError(f"cannot parse: {e2}", path=path) from None
+
+
+class _Malformed(Exception):
+    """pandas could not turn the file into four clean columns."""
+
+
+def _read_pandas(path, layout: PairsLayout, namer: ChromNamer, skiprows):
+    try:
+        df = _read_fast(path, layout, skiprows)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
+    except (ValueError, pd.errors.ParserError, IndexError, OverflowError) as e:
+        raise _Malformed(str(e)) from None
+    positions = []
+    for col in (layout.pos1, layout.pos2):
+        text = df[col].to_numpy(dtype=str)
+        if not (np.char.isdigit(text) & (np.char.str_len(text) <= 18)).all():
+            raise _Malformed("a position is not a plain integer")
+        positions.append(text.astype(np.int64))
     return (
         namer.codes(df[layout.chrom1].to_numpy()),
-        df[layout.pos1].to_numpy(),
+        positions[0],
         namer.codes(df[layout.chrom2].to_numpy()),
-        df[layout.pos2].to_numpy(),
+        positions[1],
     )
 
 
 def _read_fast(path, layout: PairsLayout, skiprows) -> pd.DataFrame:
-    """The four needed columns via pandas' C tokenizer (raises on any malformed value).
+    """The four needed columns via pandas' C tokenizer, positions as text (checked by
+    the caller: pandas alone would take '1e3' or '5.0' as integers).
 
     No ``comment="#"``: pandas would cut a line at a ``#`` anywhere in it (old Illumina
     read ids end in ``#0/1``); header lines are skipped by ``skiprows`` instead.
@@ -299,7 +328,7 @@ def _read_fast(path, layout: PairsLayout, skiprows) -> pd.DataFrame:
         header=None,
         skiprows=skiprows,
         usecols=layout.usecols,
-        dtype={layout.chrom1: "category", layout.chrom2: "category", layout.pos1: np.int64, layout.pos2: np.int64},
+        dtype={layout.chrom1: "category", layout.chrom2: "category", layout.pos1: str, layout.pos2: str},
         compression="gzip" if is_gzip(path) else None,
         engine="c",
         na_filter=False,
@@ -323,20 +352,20 @@ def _locate_error(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict
                 if line.startswith("#") or not line.strip():
                     skipped.append(lineno - 1)
                     continue
-                f = _split(line.rstrip("\n"), layout.sep)
+                f = _split(line.rstrip("\r\n"), layout.sep)
                 if len(f) < need:
                     raise InputError(
                         f"too few columns: {len(f)}, need at least {need}", path=path, line=lineno, value=line.rstrip("\n")
                     )
                 for ci, pi, which in ((layout.chrom1, layout.pos1, "pos1"), (layout.chrom2, layout.pos2, "pos2")):
                     raw = f[pi]
-                    if not _INT.fullmatch(raw):  # stricter than int(): no '1_000'
+                    if not _INT.fullmatch(raw):
+                        if raw.startswith("-") and raw[1:].isdigit():
+                            raise InputError(f"{which} is negative", path=path, line=lineno, value=raw)
+                        if raw.isdigit():
+                            raise InputError(f"{which} is too large", path=path, line=lineno, value=raw)
                         raise InputError(f"{which} is not an integer", path=path, line=lineno, value=raw)
                     pos = int(raw)
-                    if pos < 0:
-                        raise InputError(f"{which} is negative", path=path, line=lineno, value=raw)
-                    if pos > INT64_MAX:
-                        raise InputError(f"{which} is too large", path=path, line=lineno, value=raw)
                     name = cache.get(f[ci])
                     if name is None:
                         name = cache[f[ci]] = namer(f[ci])

@@ -19,12 +19,21 @@ def _pixel_keys(chrom1, pos1, chrom2, pos2, offsets, resolution, n):
     return out
 
 
-try:
-    from numba import njit
+_compiled_keys = None
+COMPILE_ABOVE = 2_000_000  # contacts; below, numpy is quicker than loading the loop
 
-    _pixel_keys = njit(cache=True, nogil=True)(_pixel_keys)
-except ImportError:  # pragma: no cover - numba comes with scanpy; the numpy form below is the same
-    _pixel_keys = None
+
+def _keys_function(n_contacts: int):
+    """The compiled loop when it pays (or is loaded already), else None (use numpy)."""
+    global _compiled_keys
+    if _compiled_keys is None and n_contacts >= COMPILE_ABOVE:
+        try:
+            from numba import njit
+        except ImportError:  # pragma: no cover - numba comes with scanpy
+            _compiled_keys = False
+        else:
+            _compiled_keys = njit(cache=True, nogil=True)(_pixel_keys)
+    return _compiled_keys or None
 
 
 def bin_contacts(contacts: Contacts, chromsizes: dict[str, int], resolution: int) -> pd.DataFrame:
@@ -41,8 +50,9 @@ def bin_contacts(contacts: Contacts, chromsizes: dict[str, int], resolution: int
     """
     offsets = bin_offsets(chromsizes, resolution)
     n = int(offsets[-1])
-    if _pixel_keys is not None:
-        keys = _pixel_keys(contacts.chrom1, contacts.pos1, contacts.chrom2, contacts.pos2, offsets, resolution, n)
+    compiled = _keys_function(len(contacts))
+    if compiled is not None:
+        keys = compiled(contacts.chrom1, contacts.pos1, contacts.chrom2, contacts.pos2, offsets, resolution, n)
     else:
         b1 = offsets[contacts.chrom1] + np.maximum(contacts.pos1 - 1, 0) // resolution
         b2 = offsets[contacts.chrom2] + np.maximum(contacts.pos2 - 1, 0) // resolution

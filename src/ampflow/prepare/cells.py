@@ -78,7 +78,8 @@ def bin_one_cell(cell: str, pairs: str, opts: ParseOptions, cache_dir) -> tuple[
     if _cache_valid(path, key):
         return cell, False
     genome = opts.genome
-    contacts = read_pairs(pairs, opts.namer(), genome, keep=opts.keep, columns=opts.columns)
+    # a worker bins many cells: loading the compiled scanner once pays off
+    contacts = read_pairs(pairs, opts.namer(), genome, keep=opts.keep, columns=opts.columns, engine="compiled")
     arrays: dict[str, np.ndarray] = {"key": np.array(key)}
     arrays["stats"] = np.array([contacts.stats[c] for c in STAT_COLUMNS], dtype=np.int64)
     for res in opts.resolutions:
