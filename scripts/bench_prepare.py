@@ -251,7 +251,7 @@ def bench_dryrun(args, tmp: Path) -> dict:
         return dt, out.read_text(errors="replace")
 
     print(f"  dir   : {wd} ({args.cells:,} cells symlinked to {len(demo)} demo pairs files)")
-    print(f"  cmd   : snakemake -n --cores 2 --configfile config/bench.yaml")
+    print("  cmd   : snakemake -n --cores 2 --configfile config/bench.yaml")
     dryrun("config/bench.yaml")  # warm-up: .snakemake/ set-up, .pyc files
     big, small = [], []
     log = ""
@@ -321,7 +321,7 @@ def main(argv=None) -> int:
             results["cell"] = bench_binning(base, sizes, n_cell, args, tmp)
             results["cell"]["n"] = n_cell
         if not args.skip_snakemake:
-            print(f"\n[c] workflow planning")
+            print("\n[c] workflow planning")
             results["dry"] = bench_dryrun(args, tmp)
 
         print("\nsummary" + (f" ({results['bin']['n']:,} contacts, {args.resolution:,} bp)" if "bin" in results else ""))

@@ -7,7 +7,6 @@ Small variants of the real files are written by the tests themselves.
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,20 +19,9 @@ from ampflow.io.pairs import read_pairs, sniff_layout
 from ampflow.io.rna import read_rna, round_counts
 
 
-def _data_dir() -> Path | None:
-    env = os.environ.get("AMPFLOW_SHARED_DATA")
-    for cand in ([Path(env)] if env else []) + [Path(__file__).resolve().parents[2] / "shared" / "data"]:
-        if cand.is_dir():
-            return cand
-    return None
-
-
 @pytest.fixture(scope="module")
-def data() -> Path:
-    d = _data_dir()
-    if d is None:
-        pytest.skip("shared real-data folder not present (set AMPFLOW_SHARED_DATA)")
-    return d
+def data(shared_data) -> Path:
+    return shared_data
 
 
 def need(path: Path) -> Path:

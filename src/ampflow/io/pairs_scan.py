@@ -15,6 +15,7 @@ import zlib
 
 import numpy as np
 
+from ..jit import LazyJit
 from .genome import ChromNamer
 
 BLOCK = 1 << 22  # compressed bytes per read
@@ -117,30 +118,13 @@ def _kernel(buf, end, c1, p1, c2, p2, ws, tab_h, tab_off, tab_len, n_tab, chrom1
     return row, True
 
 
-_compiled = None
 SMALL_FILE = 4 << 20  # bytes on disk below which pandas is quicker than loading the kernel
-
-
-def compiled_kernel():
-    """The kernel compiled by numba (loaded from its cache after the first run), or None.
-
-    Imported lazily: loading it costs ~0.3 s once per process, more than parsing a
-    typical single cell with pandas, so one-off small files never pay it.
-    """
-    global _compiled
-    if _compiled is None:
-        try:
-            from numba import njit
-        except ImportError:  # pragma: no cover - numba comes with scanpy
-            _compiled = False
-        else:
-            _compiled = njit(cache=True, nogil=True)(_kernel)
-    return _compiled or None
+KERNEL = LazyJit(_kernel)
 
 
 def worth_compiling(path) -> bool:
     """True if the kernel is loaded already or ``path`` is big enough to repay loading it."""
-    return bool(_compiled) or os.path.getsize(path) >= SMALL_FILE
+    return KERNEL.loaded or os.path.getsize(path) >= SMALL_FILE
 
 
 def _blocks(path, gz: bool):
@@ -227,7 +211,7 @@ def scan_pairs(path, cols: tuple[int, int, int, int], whitespace: bool, gz: bool
     or any line is not plain (too few fields, a position that is not a run of digits):
     the caller then uses the general parser, which names the bad line.
     """
-    _scan = compiled_kernel()
+    _scan = KERNEL.get()
     if _scan is None:
         return None
     c1, p1, c2, p2 = cols

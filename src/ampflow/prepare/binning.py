@@ -7,6 +7,7 @@ import pandas as pd
 
 from ..io.genome import bin_offsets, make_bins
 from ..io.pairs import Contacts
+from ..jit import LazyJit
 
 
 def _pixel_keys(chrom1, pos1, chrom2, pos2, offsets, resolution, n):
@@ -19,21 +20,8 @@ def _pixel_keys(chrom1, pos1, chrom2, pos2, offsets, resolution, n):
     return out
 
 
-_compiled_keys = None
+PIXEL_KEYS = LazyJit(_pixel_keys)
 COMPILE_ABOVE = 2_000_000  # contacts; below, numpy is quicker than loading the loop
-
-
-def _keys_function(n_contacts: int):
-    """The compiled loop when it pays (or is loaded already), else None (use numpy)."""
-    global _compiled_keys
-    if _compiled_keys is None and n_contacts >= COMPILE_ABOVE:
-        try:
-            from numba import njit
-        except ImportError:  # pragma: no cover - numba comes with scanpy
-            _compiled_keys = False
-        else:
-            _compiled_keys = njit(cache=True, nogil=True)(_pixel_keys)
-    return _compiled_keys or None
 
 
 def bin_contacts(contacts: Contacts, chromsizes: dict[str, int], resolution: int) -> pd.DataFrame:
@@ -50,7 +38,7 @@ def bin_contacts(contacts: Contacts, chromsizes: dict[str, int], resolution: int
     """
     offsets = bin_offsets(chromsizes, resolution)
     n = int(offsets[-1])
-    compiled = _keys_function(len(contacts))
+    compiled = PIXEL_KEYS.get() if PIXEL_KEYS.loaded or len(contacts) >= COMPILE_ABOVE else None
     if compiled is not None:
         keys = compiled(contacts.chrom1, contacts.pos1, contacts.chrom2, contacts.pos2, offsets, resolution, n)
     else:
