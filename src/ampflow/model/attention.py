@@ -1,0 +1,392 @@
+"""Exact sliding-window (local) attention for the stratified Hi-C decoder.
+
+Each query ``i`` attends to the keys ``j`` with ``|i - j| <= window`` (non-causal, both
+sides). Two evaluations of the same math are provided:
+
+* :func:`local_attention_full` materialises the whole ``(..., N, N)`` score matrix and
+  masks it. It is the reference, and the memory problem: its saved activations grow as
+  ``N**2``.
+* :func:`local_attention_chunked` is strategy S3 (``chunked_attention``): queries are
+  processed in chunks ``[s, e)`` of ``chunk`` rows against the keys
+  ``[max(0, s - window), min(N, e + window))`` only, the only keys any query of the chunk
+  can see. Each query's softmax depends only on its window, so the result equals the full
+  one up to floating-point summation order, while scores and saved activations are
+  ``O(N * (chunk + 2 * window))``.
+
+:func:`local_attention` dispatches between the two. ``scale`` is an explicit argument
+because under hidden parallelism (S5) each rank holds a slice of ``Dk`` and must use the
+scale of the global ``Dk``.
+
+:class:`SavedTensorBytes` / :func:`saved_activation_bytes` measure the bytes an autograd
+graph keeps for backward, on any device, which is how the memory model (DESIGN §4) is
+checked on CPU where no allocator statistics exist.
+
+``flex_attention`` is not used: in torch 2.13 it has no backward on CPU and its default
+block-mask builder evaluates the full ``N x N`` grid on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "local_attention",
+    "local_attention_full",
+    "local_attention_chunked",
+    "SavedTensorBytes",
+    "saved_activation_bytes",
+]
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, window: int) -> int:
+    """Validate shapes and the window; return the sequence length ``N``."""
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError("q, k and v need at least 2 dims (..., N, D)")
+    n = q.shape[-2]
+    if k.shape[-2] != n or v.shape[-2] != n:
+        raise ValueError(
+            f"q, k, v must have the same length N, got {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k need the same last dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if int(window) != window or window < 0:
+        raise ValueError(f"window must be a non-negative integer, got {window!r}")
+    return n
+
+
+def _default_scale(q: Tensor, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+def _outside_band(rows: int, cols: int, offset: int, window: int, device) -> Tensor:
+    """Boolean mask of the score block that lies outside the band.
+
+    Row ``a`` of the block is query ``i = s + a`` and column ``b`` is key ``j = ks + b``
+    with ``offset = s - ks``, so ``|i - j| <= window`` reads
+    ``offset - window <= b - a <= offset + window``: two diagonals, which ``triu``/``tril``
+    select without any integer index grid (an ``int64`` ``i - j`` grid would cost 8 bytes
+    per score).
+
+    Returns
+    -------
+    Tensor
+        ``(rows, cols)`` bool, True where the score must be ``-inf``.
+    """
+    band = torch.ones(rows, cols, dtype=torch.bool, device=device)
+    band.triu_(offset - window).tril_(offset + window)
+    return band.logical_not_()
+
+
+def _masked_block(q_s: Tensor, k_blk: Tensor, v_blk: Tensor, outside: Tensor) -> Tensor:
+    """Softmax attention of one block of queries against one block of keys.
+
+    Parameters
+    ----------
+    q_s : Tensor
+        ``(..., R, Dk)`` queries, already multiplied by the scale.
+    k_blk : Tensor
+        ``(..., K, Dk)`` keys.
+    v_blk : Tensor
+        ``(..., K, Dv)`` values.
+    outside : Tensor
+        ``(R, K)`` bool, True where the key is outside the query's window.
+
+    Returns
+    -------
+    Tensor
+        ``(..., R, Dv)``.
+    """
+    # Reassigning ``scores`` lets each intermediate go as soon as the next one exists:
+    # masked_fill saves only the mask and softmax only its output for backward.
+    scores = q_s @ k_blk.transpose(-2, -1)
+    scores = scores.masked_fill(outside, float("-inf"))
+    scores = torch.softmax(scores, dim=-1)
+    return scores @ v_blk
+
+
+def local_attention_full(
+    q: Tensor, k: Tensor, v: Tensor, window: int, scale: float | None = None
+) -> Tensor:
+    """Exact sliding-window attention through the full masked score matrix.
+
+    ``out[..., i, :] = sum_j softmax_j(scale * q_i . k_j) v_j`` over ``|i - j| <= window``.
+    Builds ``(..., N, N)`` scores (plus an ``(N, N)`` bool mask), so memory is ``O(N**2)``;
+    use it as the reference or for short sequences.
+
+    Parameters
+    ----------
+    q : Tensor
+        ``(..., N, Dk)`` queries; any leading dims (batch, heads) broadcast as in ``matmul``.
+    k : Tensor
+        ``(..., N, Dk)`` keys.
+    v : Tensor
+        ``(..., N, Dv)`` values.
+    window : int
+        Half-width ``w >= 0``: query ``i`` sees keys ``i - w .. i + w`` (clipped to
+        ``[0, N)``); ``w = 0`` returns ``v``, ``w >= N - 1`` is plain full attention.
+    scale : float, optional
+        Multiplier of the dot products; default ``1 / sqrt(Dk)`` of the local ``Dk``.
+        A caller that shards ``Dk`` passes the scale of the global ``Dk``.
+
+    Returns
+    -------
+    Tensor
+        ``(..., N, Dv)``.
+    """
+    n = _check_inputs(q, k, v, window)
+    # Scaling q (N x Dk) rather than the scores (N x N) keeps the extra saved tensor small.
+    q_s = q * _default_scale(q, scale)
+    return _masked_block(q_s, k, v, _outside_band(n, n, 0, int(window), q.device))
+
+
+def local_attention_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    chunk: int,
+    scale: float | None = None,
+) -> Tensor:
+    """Exact sliding-window attention by query chunks (strategy S3).
+
+    Queries ``[s, e)`` (``e - s = chunk``, the last chunk may be shorter) are scored only
+    against keys ``[max(0, s - w), min(N, e + w))`` with the band ``|i - j| <= w`` masked
+    inside that block, and the chunk outputs are concatenated. Same result as
+    :func:`local_attention_full` (up to summation order); nothing ``N x N`` is built: the
+    largest intermediate is ``(..., chunk, chunk + 2w)`` and the activations saved for
+    backward are ``O(N * (chunk + 2w))``. No in-place operation touches a tensor autograd
+    needs, so it can be differentiated (and recomputed) freely.
+
+    Parameters
+    ----------
+    q : Tensor
+        ``(..., N, Dk)`` queries; any leading dims (batch, heads) broadcast as in ``matmul``.
+    k : Tensor
+        ``(..., N, Dk)`` keys.
+    v : Tensor
+        ``(..., N, Dv)`` values.
+    window : int
+        Half-width ``w >= 0`` of the window, as in :func:`local_attention_full`.
+    chunk : int
+        Query rows per block, ``C >= 1``. ``C >= N`` gives one block (the full
+        computation over keys ``[0, N)``).
+    scale : float, optional
+        Multiplier of the dot products; default ``1 / sqrt(Dk)``.
+
+    Returns
+    -------
+    Tensor
+        ``(..., N, Dv)``.
+    """
+    n = _check_inputs(q, k, v, window)
+    if int(chunk) != chunk or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    window, chunk = int(window), int(chunk)
+    if n == 0:
+        return local_attention_full(q, k, v, window, scale)
+    q_s = q * _default_scale(q, scale)
+    # Interior chunks share one mask shape and offset; caching it means one tensor (and
+    # one saved storage) instead of one per chunk.
+    masks: dict[tuple[int, int, int], Tensor] = {}
+    outs = []
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        ks, ke = max(0, s - window), min(n, e + window)
+        key = (e - s, ke - ks, s - ks)
+        if key not in masks:
+            masks[key] = _outside_band(*key, window, q.device)
+        outs.append(
+            _masked_block(
+                q_s[..., s:e, :], k[..., ks:ke, :], v[..., ks:ke, :], masks[key]
+            )
+        )
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def local_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    chunk: int | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Sliding-window attention, full or chunked.
+
+    Parameters
+    ----------
+    q, k : Tensor
+        ``(..., N, Dk)``.
+    v : Tensor
+        ``(..., N, Dv)``.
+    window : int
+        Half-width ``w >= 0`` of the window.
+    chunk : int, optional
+        ``None`` or ``0``: :func:`local_attention_full`; otherwise
+        :func:`local_attention_chunked` with this many query rows per block.
+    scale : float, optional
+        Multiplier of the dot products; default ``1 / sqrt(Dk)``.
+
+    Returns
+    -------
+    Tensor
+        ``(..., N, Dv)``.
+    """
+    if not chunk:
+        return local_attention_full(q, k, v, window, scale)
+    return local_attention_chunked(q, k, v, window, chunk, scale)
+
+
+# ----------------------------------------------------------------------------------------
+# Measuring saved activations
+# ----------------------------------------------------------------------------------------
+
+_StorageKey = tuple[str, int]
+
+
+def _storages(t: Tensor) -> Iterator[tuple[_StorageKey, int]]:
+    """``((device, address), nbytes)`` of every storage backing ``t``."""
+    if t.layout == torch.strided:
+        parts: Iterable[Tensor] = (t,)
+    elif t.layout == torch.sparse_coo:
+        parts = (t._indices(), t._values())
+    elif t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = (t.crow_indices(), t.col_indices(), t.values())
+    elif t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = (t.ccol_indices(), t.row_indices(), t.values())
+    else:  # pragma: no cover - e.g. jagged layouts: count the logical size, never dedup
+        yield ("id", id(t)), t.numel() * t.element_size()
+        return
+    for p in parts:
+        st = p.untyped_storage()
+        yield (str(p.device), st.data_ptr()), st.nbytes()
+
+
+def _is_input(t: Tensor) -> bool:
+    """True for a leaf that requires grad (a parameter or a differentiated input) or a
+    view of one: such tensors exist whether or not a graph saves them."""
+    root = t._base if t._base is not None else t
+    return root.is_leaf and root.requires_grad
+
+
+class SavedTensorBytes:
+    """Context manager counting the bytes autograd saves for backward inside it.
+
+    Every tensor that an operation saves for its backward pass (through
+    ``torch.autograd.graph.saved_tensors_hooks``: built-in ops and
+    ``ctx.save_for_backward`` of custom Functions) is reduced to the storage(s) backing
+    it, and each storage is counted once, at its full ``nbytes``:
+
+    * views (slices, transposes, reshapes) of one storage count once, and count the whole
+      storage, because a saved view keeps all of it alive;
+    * storages of leaf tensors that require grad (parameters, inputs being
+      differentiated), and of views of them, are not counted: they exist without the
+      graph. Neither are storages of the tensors passed as ``exclude`` (e.g. the data
+      batch, which is a leaf without grad and would otherwise count). A non-view alias of
+      such a leaf (``p.detach()``) is recognised only when the leaf itself is saved in the
+      block or is passed in ``exclude``;
+    * everything else counts, including saved constants created inside the block
+      (masks, index tensors) and leaves without grad that are not excluded.
+
+    The result is the saved-activation footprint at the end of the forward pass, i.e.
+    what stays alive until backward, not the transient peak of the forward itself.
+    Tensors stored on ``ctx`` as plain attributes are invisible to the hooks, and a
+    storage freed during the block (a discarded branch of the graph) whose address is
+    reused could be under-counted. The hooks pass tensors through unchanged, so results
+    and memory are those of the unhooked run.
+
+    Parameters
+    ----------
+    exclude : iterable of Tensor, optional
+        Tensors whose storages are not counted.
+
+    Attributes
+    ----------
+    nbytes : int
+        Bytes of unique counted storages (valid inside and after the block).
+    n_storages : int
+        Number of unique counted storages.
+    n_saved : int
+        Number of save events seen (with repeats and excluded ones).
+
+    Examples
+    --------
+    >>> x = torch.randn(1000, dtype=torch.float64, requires_grad=True)
+    >>> with SavedTensorBytes() as saved:
+    ...     y = x.exp()  # saves its output: 8000 bytes
+    ...     z = y * y  # saves y twice: same storage, no more bytes
+    >>> saved.nbytes
+    8000
+    """
+
+    def __init__(self, exclude: Iterable[Tensor] = ()):
+        self._excluded: set[_StorageKey] = {key for t in exclude for key, _ in _storages(t)}
+        self._seen: dict[_StorageKey, int] = {}
+        self.n_saved = 0
+        self._hooks = None
+
+    def _pack(self, t: Tensor) -> Tensor:
+        self.n_saved += 1
+        keys = _storages(t)
+        if _is_input(t):
+            # Remember the storage rather than skipping the event, so a non-view alias
+            # of an input seen earlier or later (e.g. ``p.detach()``) is excluded too.
+            self._excluded.update(key for key, _ in keys)
+        else:
+            self._seen.update(keys)
+        return t
+
+    @staticmethod
+    def _unpack(t: Tensor) -> Tensor:
+        return t
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b for key, b in self._seen.items() if key not in self._excluded)
+
+    @property
+    def n_storages(self) -> int:
+        return sum(1 for key in self._seen if key not in self._excluded)
+
+    def __enter__(self) -> "SavedTensorBytes":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+
+
+def saved_activation_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Bytes saved for backward by ``fn(*args, **kwargs)``.
+
+    Runs the call inside :class:`SavedTensorBytes` (see there for exactly what counts)
+    and returns :attr:`SavedTensorBytes.nbytes`; the result of ``fn`` is discarded.
+    Tensor arguments that are leaves requiring grad, and the parameters of ``fn`` when it
+    is an ``nn.Module``, are passed as ``exclude``, so aliases of them never count.
+
+    Parameters
+    ----------
+    fn : callable
+        Any forward computation.
+    *args, **kwargs
+        Passed to ``fn``.
+
+    Returns
+    -------
+    int
+        Bytes of unique storages the graph saved.
+    """
+    inputs = [
+        a for a in (*args, *kwargs.values()) if isinstance(a, Tensor) and _is_input(a)
+    ]
+    if isinstance(fn, torch.nn.Module):
+        inputs += [p for p in fn.parameters() if p.requires_grad]
+    with SavedTensorBytes(exclude=inputs) as saved:
+        fn(*args, **kwargs)
+    return saved.nbytes

@@ -1,0 +1,252 @@
+"""Sliding-window attention: chunked (S3) equals full masked, the band semantics, and the
+saved-activation byte counter used to validate the memory model."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampflow.model.attention import (
+    SavedTensorBytes,
+    local_attention,
+    local_attention_chunked,
+    local_attention_full,
+    saved_activation_bytes,
+)
+
+F64 = torch.float64
+
+
+def _inputs(n, heads, dk, dv, seed, dtype=F64, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(heads, n, dk, generator=g, dtype=dtype) for _ in range(2))
+    v = torch.randn(heads, n, dv, generator=g, dtype=dtype)
+    # Non-unit scores so the softmax is far from uniform and errors in the band show.
+    q, k = q * 2.0, k * 2.0
+    grad_out = torch.randn(heads, n, dv, generator=g, dtype=dtype)
+    for t in (q, k, v):
+        t.requires_grad_(requires_grad)
+    return q, k, v, grad_out
+
+
+def _out_and_grads(fn, q, k, v, grad_out):
+    out = fn(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    return (out.detach(), *grads)
+
+
+def _random_cases(count=30, seed=1234):
+    rng = random.Random(seed)
+    return [
+        (
+            rng.randint(1, 300),  # N
+            rng.randint(0, 80),  # window
+            rng.randint(1, 120),  # chunk
+            rng.randint(1, 3),  # heads
+            rng.randint(1, 16),  # Dk
+            rng.randint(1, 16),  # Dv
+        )
+        for _ in range(count)
+    ]
+
+
+EXPLICIT_CASES = [
+    # (N, window, chunk, heads, Dk, Dv)
+    (100, 5, 16, 2, 8, 4),  # N not divisible by C
+    (257, 17, 64, 1, 5, 7),  # N not divisible by C, one-row last chunk
+    (90, 40, 8, 2, 6, 6),  # w >= C
+    (50, 60, 7, 3, 4, 3),  # w >= N
+    (50, 49, 7, 1, 4, 3),  # w = N - 1: plain full attention
+    (40, 3, 64, 2, 3, 5),  # C >= N
+    (40, 3, 40, 1, 3, 5),  # C = N
+    (120, 0, 16, 2, 8, 8),  # w = 0
+    (1, 0, 1, 1, 1, 1),  # N = 1
+    (1, 10, 5, 2, 3, 2),  # N = 1, w and C larger
+    (64, 1, 1, 2, 4, 4),  # C = 1
+]
+
+
+@pytest.mark.parametrize(
+    "n,window,chunk,heads,dk,dv", EXPLICIT_CASES + _random_cases(), ids=str
+)
+def test_chunked_equals_full_forward_and_gradients(n, window, chunk, heads, dk, dv):
+    q, k, v, grad_out = _inputs(n, heads, dk, dv, seed=n * 1000 + window)
+    full = _out_and_grads(lambda *a: local_attention_full(*a, window), q, k, v, grad_out)
+    chunked = _out_and_grads(
+        lambda *a: local_attention_chunked(*a, window, chunk), q, k, v, grad_out
+    )
+    for name, a, b in zip(("out", "dq", "dk", "dv"), full, chunked):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(b, a, atol=1e-10, rtol=0, msg=name)
+
+
+def _naive_reference(q, k, v, window, scale):
+    """One query at a time over the explicit list of keys in its window."""
+    n = q.shape[-2]
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    for i in range(n):
+        lo, hi = max(0, i - window), min(n, i + window + 1)
+        s = (q[..., i : i + 1, :] @ k[..., lo:hi, :].transpose(-2, -1)) * scale
+        out[..., i, :] = (torch.softmax(s, dim=-1) @ v[..., lo:hi, :])[..., 0, :]
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 1, 3, 11, 40])
+def test_full_matches_naive_per_query_loop(window):
+    q, k, v, _ = _inputs(23, 2, 5, 3, seed=7, requires_grad=False)
+    ref = _naive_reference(q, k, v, window, 1 / math.sqrt(5))
+    torch.testing.assert_close(local_attention_full(q, k, v, window), ref, atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        local_attention_chunked(q, k, v, window, 4), ref, atol=1e-12, rtol=0
+    )
+
+
+def test_window_zero_returns_values_and_huge_window_is_full_attention():
+    q, k, v, _ = _inputs(30, 2, 4, 6, seed=3, requires_grad=False)
+    torch.testing.assert_close(local_attention_chunked(q, k, v, 0, 7), v, atol=1e-15, rtol=0)
+    plain = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1) @ v
+    torch.testing.assert_close(local_attention_chunked(q, k, v, 10**9, 7), plain)
+
+
+def test_scale_argument_and_dispatch():
+    q, k, v, _ = _inputs(37, 2, 4, 4, seed=5, requires_grad=False)
+    # A caller that shards Dk passes the global scale; here Dk = 4 but scale of Dk = 16.
+    ref = local_attention_full(q * (0.25 / 0.5), k, v, 6)
+    torch.testing.assert_close(local_attention_full(q, k, v, 6, scale=0.25), ref)
+    torch.testing.assert_close(local_attention_chunked(q, k, v, 6, 5, scale=0.25), ref)
+    full = local_attention_full(q, k, v, 6)
+    assert torch.equal(local_attention(q, k, v, 6), full)
+    assert torch.equal(local_attention(q, k, v, 6, chunk=0), full)
+    torch.testing.assert_close(local_attention(q, k, v, 6, chunk=8), full)
+
+
+def test_leading_dims_and_float32():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 70, 8, generator=g) for _ in range(3))
+    out = local_attention_chunked(q, k, v, 9, 16)
+    assert out.shape == (2, 3, 70, 8) and out.dtype == torch.float32
+    torch.testing.assert_close(out, local_attention_full(q, k, v, 9), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(window=-1, chunk=4), "window"),
+        (dict(window=2.5, chunk=4), "window"),
+        (dict(window=2, chunk=0), "chunk"),
+        (dict(window=2, chunk=-3), "chunk"),
+    ],
+)
+def test_invalid_arguments(kwargs, match):
+    q, k, v, _ = _inputs(10, 1, 2, 2, seed=0, requires_grad=False)
+    with pytest.raises(ValueError, match=match):
+        local_attention_chunked(q, k, v, **kwargs)
+
+
+def test_shape_mismatch_is_rejected():
+    q, k, v, _ = _inputs(10, 1, 2, 2, seed=0, requires_grad=False)
+    with pytest.raises(ValueError, match="same length"):
+        local_attention_full(q, k[..., :9, :], v, 2)
+    with pytest.raises(ValueError, match="last dim"):
+        local_attention_chunked(q, k[..., :1], v, 2, 4)
+
+
+class _LargestOutput(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an aten op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_chunked_never_builds_an_n_by_n_tensor():
+    n, w, c, heads, d = 600, 10, 32, 2, 4
+    q, k, v, grad_out = _inputs(n, heads, d, d, seed=1, dtype=torch.float32)
+    with _LargestOutput() as seen:
+        out = local_attention_chunked(q, k, v, w, c)
+        out.backward(grad_out)
+    # Forward and backward alike: nothing beyond one score block or one (H, N, D) tensor.
+    assert seen.largest <= max(heads * c * (c + 2 * w), heads * n * d)
+    assert seen.largest < n * n
+    with _LargestOutput() as seen_full:
+        local_attention_full(q, k, v, w).backward(grad_out)
+    assert seen_full.largest >= heads * n * n  # the check above can see an N x N tensor
+
+
+def test_saved_bytes_chunked_below_full():
+    n, w, c, d = 2048, 32, 128, 16
+    q, k, v, _ = _inputs(n, 1, d, d, seed=2, dtype=torch.float32)
+    full = saved_activation_bytes(local_attention_full, q, k, v, w)
+    chunked = saved_activation_bytes(local_attention_chunked, q, k, v, w, c)
+    # Full keeps at least the (N, N) fp32 softmax; chunked keeps N x (C + 2w) of it at most.
+    assert full >= n * n * 4
+    assert chunked <= 4 * n * (c + 2 * w) + 4 * n * d + c * (c + 2 * w) * 3
+    assert full / chunked > 10
+
+
+def test_saved_bytes_known_ops():
+    n = 1000
+    x = torch.randn(n, dtype=F64, requires_grad=True)  # a leaf that requires grad
+    const = torch.randn(n, dtype=torch.float32)  # a leaf without grad
+    with SavedTensorBytes() as s:
+        y = x.exp()  # saves its output y: 8 n bytes
+        z = y * y  # saves y twice: same storage, nothing new
+        t = y[: n // 2].sin()  # saves a view of y: same storage, nothing new
+        u = x * x  # saves x (an input leaf): not counted
+        w = x.sin()  # saves x: not counted
+        m = x * const  # saves const (needed for dx): 4 n bytes
+        (z.sum() + t.sum() + u.sum() + w.sum() + m.sum()).backward()
+    assert s.nbytes == 8 * n + 4 * n
+    assert s.n_storages == 2
+    assert s.n_saved >= 7
+
+    # A saved view keeps its whole storage alive: counted at full size.
+    with SavedTensorBytes() as s2:
+        a = x * 2.0  # a mul by a Python number saves no tensor
+        a[:10].sin()  # saves a 10-element view of the 1000-element a
+    assert s2.nbytes == 8 * n
+
+    # Explicit exclusion (e.g. the data batch) and the one-call helper.
+    with SavedTensorBytes(exclude=[const]) as s3:
+        x * const
+    assert s3.nbytes == 0
+    assert saved_activation_bytes(torch.exp, x) == 8 * n
+    assert saved_activation_bytes(lambda a, b: a * b, x, x.detach().clone()) == 8 * n
+    # A non-view alias of an input (detach) shares its storage: the helper knows its
+    # arguments and excludes it; the bare context manager needs it in ``exclude``.
+    assert saved_activation_bytes(lambda a: a * a.detach(), x) == 0
+    with SavedTensorBytes() as s4:
+        x * x.detach()
+    assert s4.nbytes == 8 * n
+    with SavedTensorBytes(exclude=[x]) as s5:
+        x * x.detach()
+    assert s5.nbytes == 0
+
+    # Linear saves its input (the non-leaf x * 1.0: counted) and its weight (3 n
+    # float64 parameters: not counted).
+    lin = torch.nn.Linear(n, 3, dtype=F64)
+    assert saved_activation_bytes(lambda a: lin(a * 1.0), x) == 8 * n
+    assert saved_activation_bytes(lin, x * 1.0) == 8 * n
+
+
+def test_saved_bytes_sparse_tensor():
+    n = 50
+    idx = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    adj = torch.sparse_coo_tensor(
+        idx, torch.ones(3, dtype=F64), (n, n), check_invariants=True
+    ).coalesce()
+    h = torch.randn(n, 4, dtype=F64, requires_grad=True)
+    with SavedTensorBytes() as s:
+        torch.sparse.mm(adj, h * 1.0)
+    assert s.nbytes >= 3 * 8 + 2 * 3 * 8  # values + int64 indices of adj are counted
