@@ -1,0 +1,201 @@
+"""Latent evaluation: FOSCTTM, Leiden ARI/NMI, the UMAP figure and scores.json."""
+
+from __future__ import annotations
+
+import json
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("igraph")
+
+from ampflow.io.errors import InputError  # noqa: E402
+from ampflow.train.evaluate import (  # noqa: E402
+    _config_name,
+    check_embeddings,
+    cluster_scores,
+    foscttm,
+    foscttm_directions,
+    main_evaluate,
+)
+
+SCORE_KEYS = {
+    "ari",
+    "nmi",
+    "leiden_resolution",
+    "n_clusters",
+    "n_cells",
+    "n_labelled",
+    "foscttm",
+    "foscttm_rna_to_hic",
+    "foscttm_hic_to_rna",
+    "use_rep",
+    "label_key",
+    "seed",
+}
+
+
+def naive_foscttm(x, y):
+    """The definition, one pair at a time."""
+    n = len(x)
+
+    def direction(a, b):
+        fracs = []
+        for i in range(n):
+            true = np.linalg.norm(a[i] - b[i])
+            closer = sum(np.linalg.norm(a[i] - b[j]) < true for j in range(n) if j != i)
+            fracs.append(closer / (n - 1))
+        return float(np.mean(fracs))
+
+    return direction(x, y), direction(y, x)
+
+
+def blobs(n=300, k=5, d=8, seed=0, spread=10.0, noise=0.5):
+    """Embeddings of ``k`` well-separated cell types, the Hi-C latent a noisy copy of RNA."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=spread, size=(k, d))
+    label = rng.integers(0, k, n)
+    z = centres[label] + rng.normal(size=(n, d))
+    a = ad.AnnData(obs=pd.DataFrame({"cell_type": [f"type_{i}" for i in label]}, index=[f"cell{i}" for i in range(n)]))
+    a.obsm["X_rna"] = (z + rng.normal(scale=noise, size=z.shape)).astype(np.float32)
+    a.obsm["X_hic"] = (z + rng.normal(scale=noise, size=z.shape)).astype(np.float32)
+    a.obsm["X_joint"] = z.astype(np.float32)
+    return a
+
+
+# ---------------------------------------------------------------- FOSCTTM
+def test_foscttm_zero_for_identical_embeddings():
+    x = np.random.default_rng(0).normal(size=(50, 4))
+    assert foscttm(x, x) == 0.0
+    assert foscttm_directions(x, x) == (0.0, 0.0)
+
+
+def test_foscttm_half_for_unrelated_embeddings():
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(400, 10)), rng.normal(size=(400, 10))
+    assert foscttm(x, y) == pytest.approx(0.5, abs=0.05)
+
+
+@pytest.mark.parametrize("block_size", [None, 1, 7, 1000])
+def test_foscttm_matches_naive_definition(block_size):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(40, 3)).astype(np.float32)
+    y = (x + rng.normal(scale=0.8, size=x.shape)).astype(np.float32)
+    x_to_y, y_to_x = foscttm_directions(x, y, block_size=block_size)
+    want = naive_foscttm(x.astype(np.float64), y.astype(np.float64))
+    assert (x_to_y, y_to_x) == want
+    # the two directions differ here, so a swapped direction would be caught
+    assert want[0] != want[1]
+    assert foscttm(x, y, block_size=block_size) == pytest.approx((want[0] + want[1]) / 2, abs=1e-15)
+
+
+def test_foscttm_rejects_bad_shapes_and_nan():
+    x = np.zeros((5, 2))
+    with pytest.raises(ValueError, match="same shape"):
+        foscttm(x, np.zeros((4, 2)))
+    bad = np.ones((5, 2))
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        foscttm(bad, np.ones((5, 2)))
+
+
+# ---------------------------------------------------------------- clustering
+def test_cluster_scores_recover_separated_blobs():
+    a = blobs()
+    before = set(a.obsm.keys()), set(a.obs.columns)
+    s = cluster_scores(a, seed=0)
+    assert set(s) == SCORE_KEYS
+    assert s["ari"] > 0.95 and s["nmi"] > 0.95
+    assert s["n_clusters"] == 5
+    assert s["n_cells"] == s["n_labelled"] == 300
+    assert s["leiden_resolution"] in {round(0.1 * k, 1) for k in range(1, 21)}
+    assert s["foscttm"] < 0.1
+    assert s["foscttm"] == pytest.approx((s["foscttm_rna_to_hic"] + s["foscttm_hic_to_rna"]) / 2)
+    # the caller's object is left as it was
+    assert (set(a.obsm.keys()), set(a.obs.columns)) == before
+
+
+def test_cluster_scores_random_labels_score_near_zero():
+    a = blobs(seed=3)
+    a.obs["cell_type"] = np.random.default_rng(4).choice(["a", "b", "c", "d", "e"], a.n_obs)
+    s = cluster_scores(a, seed=0)
+    assert abs(s["ari"]) < 0.05
+
+
+def test_cluster_scores_deterministic_for_a_seed():
+    a = blobs(n=250, k=6, spread=2.0, seed=5)  # overlapping blobs, so Leiden has choices to make
+    assert cluster_scores(a, seed=7) == cluster_scores(a.copy(), seed=7)
+
+
+def test_cluster_scores_without_labels():
+    a = blobs(n=120)
+    a.obs["cell_type"] = np.nan
+    s = cluster_scores(a)
+    assert s["ari"] is None and s["nmi"] is None and s["label_key"] is None
+    assert s["leiden_resolution"] == 1.0 and s["n_labelled"] == 0
+    del a.obs["cell_type"]
+    assert cluster_scores(a)["ari"] is None
+
+
+def test_cluster_scores_ignore_unlabelled_cells():
+    a = blobs()
+    a.obs["cell_type"] = a.obs["cell_type"].astype(object)
+    a.obs.iloc[:30, a.obs.columns.get_loc("cell_type")] = None
+    s = cluster_scores(a)
+    assert s["n_labelled"] == 270 and s["ari"] > 0.95
+
+
+# ---------------------------------------------------------------- files
+def test_main_evaluate_writes_scores_and_figure(tmp_path):
+    a = blobs(n=150, k=3)
+    a.uns["ampflow"] = {"config": "tiny", "seed": 0}  # as the trainer records it
+    src = tmp_path / "embeddings.h5ad"
+    a.write_h5ad(src)
+    assert _config_name(ad.read_h5ad(src)) == "tiny"  # the figure's title survives the h5ad round trip
+    out = tmp_path / "eval"
+    scores = main_evaluate(src, out, seed=0)
+
+    written = json.loads((out / "scores.json").read_text())
+    assert written == scores
+    assert set(written) == SCORE_KEYS
+    assert list(written) == sorted(written)
+    assert all(isinstance(written[k], float) for k in ("ari", "nmi", "foscttm", "leiden_resolution"))
+    png = (out / "umap.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # nothing but the two outputs (no temporaries left behind)
+    assert sorted(p.name for p in out.iterdir()) == ["scores.json", "umap.png"]
+
+
+def test_missing_obsm_key_names_file_and_key(tmp_path):
+    a = blobs(n=20)
+    del a.obsm["X_hic"]
+    src = tmp_path / "embeddings.h5ad"
+    a.write_h5ad(src)
+    with pytest.raises(InputError, match="X_hic") as err:
+        main_evaluate(src, tmp_path / "eval")
+    assert err.value.key == "obsm/X_hic"
+    assert err.value.path == str(src)
+    assert not (tmp_path / "eval" / "scores.json").exists()
+
+
+def test_nan_latent_is_an_input_error():
+    a = blobs(n=20)
+    a.obsm["X_joint"][3, 0] = np.nan
+    with pytest.raises(InputError, match="1 cells have NaN"):
+        check_embeddings(a)
+
+
+def test_missing_embeddings_file(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        main_evaluate(tmp_path / "nope.h5ad", tmp_path / "eval")
+
+
+def test_legend_order_is_natural_or_categorical():
+    from ampflow.train.evaluate import _category_order
+
+    plain = pd.Series(["type_10", "type_2", "type_1"])
+    assert _category_order(plain, set(plain)) == ["type_1", "type_2", "type_10"]
+    cat = pd.Series(pd.Categorical(["b", "a"], categories=["b", "a", "unused"]))
+    assert _category_order(cat, {"a", "b"}) == ["b", "a"]
