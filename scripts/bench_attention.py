@@ -35,6 +35,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -173,6 +174,10 @@ def main(argv=None) -> int:
         f"device={device} torch {torch.__version__} threads={torch.get_num_threads()} "
         f"repeats={args.repeats} (best of, after {args.warmup} warm-up)"
     )
+    if hasattr(os, "getloadavg"):
+        # Other processes' load decides CPU timings here more than anything else.
+        load = os.getloadavg()[0]
+        print(f"load average (1 min) before the run: {load:.2f} on {os.cpu_count()} CPUs")
     if device.type == "cuda":
         print(f"GPU: {torch.cuda.get_device_name(device)}")
     methods = {

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.model.attention import (
     SavedTensorBytes,
+    chunk_blocks,
     local_attention,
     local_attention_chunked,
     local_attention_full,
@@ -82,6 +83,48 @@ def test_chunked_equals_full_forward_and_gradients(n, window, chunk, heads, dk, 
     for name, a, b in zip(("out", "dq", "dk", "dv"), full, chunked):
         assert a.shape == b.shape, name
         torch.testing.assert_close(b, a, atol=1e-10, rtol=0, msg=name)
+
+
+def test_chunked_gradcheck():
+    # The chunked backward is written by hand: check it against finite differences too.
+    q, k, v, _ = _inputs(11, 1, 3, 2, seed=11)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: local_attention_chunked(a, b, c, 2, 3), (q, k, v)
+    )
+
+
+def test_chunked_broadcast_leading_dims_and_partial_grads():
+    g = torch.Generator().manual_seed(4)
+    n, w, c = 45, 6, 8
+    q = torch.randn(2, 3, n, 5, generator=g, dtype=F64, requires_grad=True)
+    k = torch.randn(3, n, 5, generator=g, dtype=F64, requires_grad=True)
+    v = torch.randn(1, 1, n, 4, generator=g, dtype=F64, requires_grad=True)
+    grad_out = torch.randn(2, 3, n, 4, generator=g, dtype=F64)
+    full = _out_and_grads(lambda *a: local_attention_full(*a, w), q, k, v, grad_out)
+    chunked = _out_and_grads(lambda *a: local_attention_chunked(*a, w, c), q, k, v, grad_out)
+    for a, b in zip(full, chunked):
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
+    # Only some inputs need a gradient; a transposed (non-contiguous) input.
+    qt = torch.randn(n, 3, 5, generator=g, dtype=F64).transpose(0, 1)
+    for wants in ("q", "k", "v"):
+        ins = {"q": qt.clone(), "k": k.detach().clone(), "v": v.detach().clone()}
+        ins[wants].requires_grad_(True)
+        out_f = local_attention_full(ins["q"], ins["k"], ins["v"], w)
+        (ref,) = torch.autograd.grad(out_f, ins[wants], grad_out[:1])
+        out_c = local_attention_chunked(ins["q"], ins["k"], ins["v"], w, c)
+        (got,) = torch.autograd.grad(out_c, ins[wants], grad_out[:1])
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+
+
+def test_chunk_blocks_cover_queries_and_windows():
+    for n, w, c in [(10, 3, 4), (7, 20, 3), (5, 0, 9), (1, 0, 1)]:
+        blocks = list(chunk_blocks(n, w, c))
+        assert [s for s, *_ in blocks] == list(range(0, n, c))
+        assert blocks[-1][1] == n
+        for s, e, ks, ke in blocks:
+            assert e - s == min(c, n - s)
+            assert (ks, ke) == (max(0, s - w), min(n, e + w))
 
 
 def _naive_reference(q, k, v, window, scale):
@@ -185,13 +228,17 @@ def test_chunked_never_builds_an_n_by_n_tensor():
 
 
 def test_saved_bytes_chunked_below_full():
-    n, w, c, d = 2048, 32, 128, 16
-    q, k, v, _ = _inputs(n, 1, d, d, seed=2, dtype=torch.float32)
+    n, w, c, d, heads = 2048, 32, 128, 16, 2
+    q, k, v, _ = _inputs(n, heads, d, d, seed=2, dtype=torch.float32)
     full = saved_activation_bytes(local_attention_full, q, k, v, w)
     chunked = saved_activation_bytes(local_attention_chunked, q, k, v, w, c)
-    # Full keeps at least the (N, N) fp32 softmax; chunked keeps N x (C + 2w) of it at most.
-    assert full >= n * n * 4
-    assert chunked <= 4 * n * (c + 2 * w) + 4 * n * d + c * (c + 2 * w) * 3
+    # Both save the scaled q (H N Dk fp32); k and v are the inputs (not counted).
+    # Full: the (H, N, N) fp32 softmax and the (N, N) bool mask.
+    assert full == 4 * heads * n * d + 4 * heads * n * n + n * n
+    # Chunked: each block's (H, e - s, ke - ks) fp32 softmax, nothing else.
+    blocks = sum((e - s) * (ke - ks) for s, e, ks, ke in chunk_blocks(n, w, c))
+    assert blocks <= n * (c + 2 * w)
+    assert chunked == 4 * heads * n * d + 4 * heads * blocks
     assert full / chunked > 10
 
 
