@@ -11,7 +11,7 @@ same random fp32 inputs. Every figure printed is measured in this run:
   noisy (two OpenMP threads wait on each other when one is descheduled, which hurts
   the many small ops of the chunked method most); ``--threads 1`` or more repeats help;
 * bytes saved for backward, counted with
-  :class:`~ampflow.model.attention.SavedTensorBytes` during the first warm-up pass (q, k, v are
+  :class:`~ampflow.train.memory.SavedTensorBytes` during the first warm-up pass (q, k, v are
   leaves requiring grad and are not counted);
 * on CUDA, ``torch.cuda.max_memory_allocated`` over one forward + backward;
 * the ratios full / chunked of the above, and the largest absolute difference between
@@ -43,18 +43,12 @@ from pathlib import Path
 import torch
 
 try:
-    from ampflow.model.attention import (
-        SavedTensorBytes,
-        local_attention_chunked,
-        local_attention_full,
-    )
+    from ampflow.model.attention import local_attention_chunked, local_attention_full
+    from ampflow.train.memory import SavedTensorBytes
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from ampflow.model.attention import (
-        SavedTensorBytes,
-        local_attention_chunked,
-        local_attention_full,
-    )
+    from ampflow.model.attention import local_attention_chunked, local_attention_full
+    from ampflow.train.memory import SavedTensorBytes
 
 GIB = 1024**3
 MIB = 1024**2

@@ -10,14 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampflow.model.attention import (
-    SavedTensorBytes,
-    chunk_blocks,
-    local_attention,
-    local_attention_chunked,
-    local_attention_full,
-    saved_activation_bytes,
-)
+from ampflow.model.attention import chunk_blocks, local_attention, local_attention_chunked, local_attention_full
+from ampflow.train.memory import SavedTensorBytes, saved_activation_bytes
 
 F64 = torch.float64
 

@@ -222,6 +222,26 @@ def cmd_graph(a):
     write_graph(a.out, nodes, edges, meta)
 
 
+def cmd_train(a):
+    from .model.config import ModelConfig
+    from .train.config import TrainConfig
+    from .train.data import load_paired
+    from .train.trainer import Trainer
+
+    model_cfg = ModelConfig.from_dict(json.loads(a.model) if a.model else {})
+    train_cfg = TrainConfig.from_dict(json.loads(a.train) if a.train else {})
+    data = load_paired(a.data)
+    log.info("training %s: %d cells, %d genes, %d Hi-C features in %d strata", a.name or a.out, data.n_cells, data.rna.shape[1], data.hic.shape[1], data.n_strata)
+    Trainer(data, model_cfg, train_cfg, a.out, name=a.name, stop_after=a.stop_after).fit()
+
+
+def cmd_evaluate(a):
+    from .train.evaluate import main_evaluate
+
+    scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed)
+    log.info("scores: %s", json.dumps(scores, sort_keys=True))
+
+
 def cmd_devices(a):
     from .io.atomic import write_text_atomic
     from .devices import probe_devices
@@ -322,6 +342,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--contact-quantile", type=float, default=0.9)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_graph)
+
+    s = sub.add_parser("train", help="train the paired model on one configuration's data folder")
+    s.add_argument("--data", required=True, help="data/{cfg} folder: rna.h5ad, hic.h5ad, graph/")
+    s.add_argument("--out", required=True, help="train/{cfg} folder")
+    s.add_argument("--name", default="", help="configuration name recorded in the outputs")
+    s.add_argument("--model", default="", help="model settings as JSON (config section 'model')")
+    s.add_argument("--train", default="", help="training settings as JSON (config section 'train')")
+    s.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop as if killed
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("evaluate", help="score embeddings (Leiden ARI/NMI, FOSCTTM) and plot a UMAP")
+    s.add_argument("--embeddings", required=True)
+    s.add_argument("--out-dir", required=True)
+    s.add_argument("--label-key", default="cell_type")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_evaluate)
 
     s = sub.add_parser("devices", help="record the visible accelerators (NVML) as JSON")
     s.add_argument("--out", required=True)

@@ -5,7 +5,10 @@ cell-type-specific compartments and TAD-like blocks, power-law distance decay
 (exponent 1.0-1.5 per cell) and 5-15 % trans contacts; a genes x cells RNA matrix
 with type-specific negative-binomial expression and fractional counts (as
 featureCounts --fraction writes them); a gene BED; a cell sheet with cell types.
-A few cells are deliberately imperfect so that QC and matching have something to
+Each cell also has a continuous state z in [0, 1] (think maturation) that both
+modalities show: a program of genes scales with it, and so do contacts inside a set
+of state domains. Without such shared within-type variation, no method could tell
+apart the two modalities' cells of one type. A few cells are deliberately imperfect so that QC and matching have something to
 report: one with too few contacts, one with too few UMIs, one without RNA and two
 RNA-only barcodes.
 """
@@ -37,6 +40,7 @@ class DemoGenome:
         self.sizes = {c: int(s * scale) for c, s in MM10.items()}
         self.names = list(self.sizes)
         self.block = 1_000_000  # compartment/TAD grid
+        self.state = {c: rng.random(-(-s // self.block)) < 0.25 for c, s in self.sizes.items()}  # state domains
         self.comp = {}  # type -> chrom -> +-1 per block
         self.tad = {}  # type -> chrom -> TAD id per block
         base = {c: self._blocks(rng, s) for c, s in self.sizes.items()}
@@ -72,8 +76,11 @@ def _power_law(rng, n, alpha, smin, smax):
     return (smin**a + u * (smax**a - smin**a)) ** (1.0 / a)
 
 
-def simulate_cell(rng, genome: DemoGenome, ctype: int, n_contacts: int) -> pd.DataFrame:
-    """Contacts of one cell as a 4DN pairs table (upper triangle, sorted)."""
+def simulate_cell(rng, genome: DemoGenome, ctype: int, n_contacts: int, state: float = 0.5) -> pd.DataFrame:
+    """Contacts of one cell as a 4DN pairs table (upper triangle, sorted).
+
+    ``state`` (0-1) scales contacts whose ends both lie in state domains by 0.4-1.6.
+    """
     alpha = rng.uniform(1.0, 1.5)
     trans_frac = rng.uniform(0.05, 0.15)
     n_trans = int(round(n_contacts * trans_frac))
@@ -93,6 +100,7 @@ def simulate_cell(rng, genome: DemoGenome, ctype: int, n_contacts: int) -> pd.Da
         ci, pos1, pos2 = ci[ok], pos1[ok], pos2[ok]
         comp = np.empty(len(ci))
         same_tad = np.empty(len(ci), dtype=bool)
+        in_state = np.empty(len(ci), dtype=bool)
         for k, c in enumerate(genome.names):
             sel = ci == k
             b1 = (pos1[sel] - 1) // genome.block
@@ -101,8 +109,10 @@ def simulate_cell(rng, genome: DemoGenome, ctype: int, n_contacts: int) -> pd.Da
             comp[sel] = cv[b1] * cv[b2]
             tv = genome.tad[ctype][c]
             same_tad[sel] = tv[b1] == tv[b2]
-        weight = (1.0 + 0.7 * comp) * np.where(same_tad, 2.0, 1.0)
-        accept = rng.random(len(ci)) < weight / 3.4
+            sv = genome.state[c]
+            in_state[sel] = sv[b1] & sv[b2]
+        weight = (1.0 + 0.7 * comp) * np.where(same_tad, 2.0, 1.0) * np.where(in_state, 0.4 + 1.2 * state, 1.0)
+        accept = rng.random(len(ci)) < weight / (3.4 * 1.6)
         ci, pos1, pos2 = ci[accept][:need], pos1[accept][:need], pos2[accept][:need]
         c1s.append(ci)
         c2s.append(ci)
@@ -175,8 +185,9 @@ def simulate_genes(rng, genome: DemoGenome, n_genes: int) -> pd.DataFrame:
     return genes.sort_values(["_order", "start"]).drop(columns="_order").reset_index(drop=True)
 
 
-def simulate_rna(rng, genome: DemoGenome, genes: pd.DataFrame, types: np.ndarray, libsize: np.ndarray) -> np.ndarray:
-    """genes x cells counts: NB around type-specific means, then fractional splits."""
+def simulate_rna(rng, genome: DemoGenome, genes: pd.DataFrame, types: np.ndarray, libsize: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """genes x cells counts: NB around type-specific means (a state program of genes
+    scaled 1/4..4 by each cell's state), then fractional splits."""
     n_types = len(genome.comp)
     base = rng.lognormal(mean=0.0, sigma=1.5, size=len(genes))
     profile = np.tile(base, (n_types, 1))
@@ -186,8 +197,10 @@ def simulate_rna(rng, genome: DemoGenome, genes: pd.DataFrame, types: np.ndarray
         blk = ((genes["start"].to_numpy()) // genome.block).astype(int)
         comp = np.array([genome.comp[t][c][b] for c, b in zip(genes["chrom"], blk)])
         profile[t] *= np.where(comp > 0, 1.5, 0.7)  # active compartment, more expression
-    profile /= profile.sum(axis=1, keepdims=True)
-    mu = profile[types].T * libsize[None, :]  # genes x cells
+    program = rng.choice(len(genes), size=max(10, len(genes) // 20), replace=False)
+    mu = profile[types].T.copy()  # genes x cells
+    mu[program] *= np.exp(np.log(4.0) * (2 * state[None, :] - 1))
+    mu = mu / mu.sum(axis=0, keepdims=True) * libsize[None, :]
     theta = 2.0
     counts = rng.negative_binomial(theta, theta / (theta + mu)).astype(np.float64)
     nz = counts > 0
@@ -217,9 +230,10 @@ def write_demo(outdir, n_cells: int = 120, seed: int = 0, scale: float = 0.25, n
     np.random.default_rng(seed + 1).shuffle(types)
     n_contacts = np.random.default_rng(cell_seqs[0]).lognormal(np.log(30_000), 0.3, n_cells).astype(int)
     n_contacts[1] = 400  # fails the contact threshold
+    state = np.random.default_rng(seed + 2).random(n_cells + 2)  # the last two: RNA-only barcodes
     for i, cid in enumerate(ids):
         crng = np.random.default_rng(cell_seqs[i])
-        table = simulate_cell(crng, genome, int(types[i]), int(n_contacts[i]))
+        table = simulate_cell(crng, genome, int(types[i]), int(n_contacts[i]), float(state[i]))
         write_pairs(out / "pairs" / f"{cid}.pairs.gz", table, genome.sizes)
         if (i + 1) % 20 == 0 or i + 1 == n_cells:
             log.info("demo: wrote %d/%d cells", i + 1, n_cells)
@@ -230,7 +244,8 @@ def write_demo(outdir, n_cells: int = 120, seed: int = 0, scale: float = 0.25, n
     rrng = np.random.default_rng(r_seq)
     lib = rrng.lognormal(np.log(4000), 0.3, len(rna_ids))
     lib[2] = 60.0  # fails the UMI threshold
-    counts = simulate_rna(rrng, genome, genes, rna_types, lib)
+    rna_state = np.concatenate([state[: n_cells - 1], state[n_cells:]])
+    counts = simulate_rna(rrng, genome, genes, rna_types, lib, rna_state)
     mat = pd.DataFrame(counts, index=pd.Index(genes["name"], name="gene"), columns=rna_ids)
     buf = io.StringIO()
     mat.to_csv(buf, sep="\t", float_format="%g")
@@ -242,7 +257,13 @@ def write_demo(outdir, n_cells: int = 120, seed: int = 0, scale: float = 0.25, n
         {"cell_id": ids, "pairs": [str(out / "pairs" / f"{c}.pairs.gz") for c in ids], "cell_type": [CELL_TYPES[t] for t in types]}
     )
     sheet.to_csv(out / "cells.tsv", sep="\t", index=False)
-    truth = pd.DataFrame({"cell_id": ids + rna_ids[-2:], "cell_type": [CELL_TYPES[t] for t in types] + [CELL_TYPES[t] for t in rna_types[-2:]]})
+    truth = pd.DataFrame(
+        {
+            "cell_id": ids + rna_ids[-2:],
+            "cell_type": [CELL_TYPES[t] for t in types] + [CELL_TYPES[t] for t in rna_types[-2:]],
+            "state": np.round(state, 4),
+        }
+    )
     truth.to_csv(out / "truth.tsv", sep="\t", index=False)
     log.info("demo: %d cells, %d genes, %d chromosomes in %s", n_cells, n_genes, len(genome.sizes), out)
     return {"sheet": out / "cells.tsv", "rna": out / "rna.tsv.gz", "genes": out / "genes.bed", "chromsizes": out / "chrom.sizes"}

@@ -1,0 +1,141 @@
+"""Count decoders: the RNA NB decoder and the stratified ZINB Hi-C decoder.
+
+Plain modules: no process groups, no knowledge of how they will be parallelised.
+The Hi-C decoder is the memory bottleneck AMP targets: every stratum k >= 1 has an
+attention block over the anchors, all blocks read the same node latents V, so all
+L-1 blocks' activations are alive at backward time and memory grows linearly in L.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import local_attention
+from .prob import NB, ZINB
+
+
+class NBDecoder(nn.Module):
+    """RNA: mean = softmax(scale * u . V_genes^T + bias) * library; NB(mean, theta)."""
+
+    def __init__(self, n_genes: int):
+        super().__init__()
+        self.scale_lin = nn.Parameter(torch.zeros(n_genes))
+        self.bias = nn.Parameter(torch.zeros(n_genes))
+        self.log_theta = nn.Parameter(torch.zeros(n_genes))
+
+    def forward(self, u: torch.Tensor, v_genes: torch.Tensor, library: torch.Tensor) -> NB:
+        """u: (B, d), v_genes: (G, d), library: (B,) -> NB over (B, G)."""
+        logits = F.softplus(self.scale_lin) * (u @ v_genes.T) + self.bias
+        mu = torch.softmax(logits, dim=1) * library.unsqueeze(1)
+        return NB(mu, self.log_theta.exp())
+
+
+class StratumBlock(nn.Module):
+    """Keys of one stratum k >= 1 from the anchor latents V.
+
+    h = LN(V); x = W_v h; key = x + LocalAttn(q = W_k h, k = W_k h, v = x; window w);
+    key = key + GEGLU(W_ff LN(key)). Values are W_v h (not h) so that the width D
+    may differ from the latent size.
+    """
+
+    def __init__(self, latent: int, D: int, heads: int, window: int, ffn_mult: int, attention: bool, chunk: int):
+        super().__init__()
+        self.heads, self.window, self.attention, self.chunk = heads, window, attention, chunk
+        self.norm_in = nn.LayerNorm(latent)
+        self.w_v = nn.Linear(latent, D, bias=False)
+        self.w_k = nn.Linear(latent, D, bias=False) if attention else None
+        self.norm_ff = nn.LayerNorm(D)
+        self.w_ff = nn.Linear(D, 2 * ffn_mult * D)
+        self.w_out = nn.Linear(ffn_mult * D, D)
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        """v: (n_anchors, latent) -> key: (n_anchors, D)."""
+        h = self.norm_in(v)
+        x = self.w_v(h)
+        key = x
+        if self.attention:
+            n, D = x.shape
+            qk = self.w_k(h).view(n, self.heads, D // self.heads).transpose(0, 1)  # (H, n, D/H)
+            val = x.view(n, self.heads, D // self.heads).transpose(0, 1)
+            att = local_attention(qk, qk, val, self.window, chunk=self.chunk or None)
+            key = x + att.transpose(0, 1).reshape(n, D)
+        a, g = self.w_ff(self.norm_ff(key)).chunk(2, dim=-1)
+        return key + self.w_out(a * F.gelu(g))
+
+
+class StratifiedZINBDecoder(nn.Module):
+    """Hi-C strata decoder ("HiCZINB").
+
+    For stratum 0 the key of anchor a is V[a]; for k >= 1 it is block_k(V)[a]. Over the
+    features F_k of stratum k (feature f = anchor pair (a_f, a_f + k)):
+    logits_k = softplus(scale_f) * (u_D . key_k[a_f]) + bias_f,
+    mean_k = softmax(logits_k) * library * w_k(u), with w = softmax over strata of a
+    linear head on u. ZINB with per-feature dispersion and zero-inflation.
+
+    Parameters
+    ----------
+    latent, D, heads, window, ffn_mult, attention, chunk
+        See :class:`~ampflow.model.config.ModelConfig`.
+    feature_anchor : (F,) long
+        Anchor index a_f of every feature, features in stratum-major order.
+    feature_stratum : (F,) long
+        Stratum of every feature (non-decreasing).
+    n_strata : int
+    key_first : bool
+        S4: gather keys first, ``u . key[F_k]^T``, instead of ``(u . key^T)[:, F_k]``.
+    """
+
+    def __init__(self, latent, D, heads, window, ffn_mult, attention, chunk, feature_anchor, feature_stratum, n_strata, key_first=False):
+        super().__init__()
+        counts = torch.bincount(feature_stratum, minlength=n_strata)
+        self.n_strata = n_strata
+        self.key_first = key_first
+        self.bounds = [0] + torch.cumsum(counts, 0).tolist()
+        self.register_buffer("feature_anchor", feature_anchor.long(), persistent=False)
+        self.blocks = nn.ModuleList(
+            StratumBlock(latent, D, heads, window, ffn_mult, attention, chunk) for _ in range(1, n_strata)
+        )
+        self.u_proj = nn.Linear(latent, D, bias=False) if D != latent else None
+        self.strata_head = nn.Linear(latent, n_strata)
+        n_features = int(counts.sum())
+        self.scale_lin = nn.Parameter(torch.zeros(n_features))
+        self.bias = nn.Parameter(torch.zeros(n_features))
+        self.log_theta = nn.Parameter(torch.zeros(n_features))
+        self.zi_logits = nn.Parameter(torch.full((n_features,), -2.0))
+
+    def stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor) -> torch.Tensor:
+        """Logits over the features of stratum k: (B, |F_k|)."""
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        anchors = self.feature_anchor[lo:hi]
+        if k == 0:
+            key, q = v_anchors, u
+        else:
+            key, q = self.blocks[k - 1](v_anchors), u_D
+        if self.key_first:
+            raw = q @ key[anchors].T
+        else:
+            raw = (q @ key.T)[:, anchors]
+        return F.softplus(self.scale_lin[lo:hi]) * raw + self.bias[lo:hi]
+
+    def forward(
+        self, u: torch.Tensor, v_anchors: torch.Tensor, library: torch.Tensor, on_stratum: Callable[[int], None] | None = None
+    ) -> ZINB:
+        """u: (B, latent), v_anchors: (n_anchors, latent), library: (B,) -> ZINB over (B, F).
+
+        ``on_stratum(k)`` is called after stratum k's part of the graph is built (the
+        trainer measures memory there).
+        """
+        u_D = self.u_proj(u) if self.u_proj is not None else u
+        w = torch.softmax(self.strata_head(u), dim=1)  # (B, L)
+        means = []
+        for k in range(self.n_strata):
+            p = torch.softmax(self.stratum_logits(k, u, u_D, v_anchors), dim=1)
+            means.append(p * (library * w[:, k]).unsqueeze(1))
+            if on_stratum is not None:
+                on_stratum(k)
+        mu = torch.cat(means, dim=1)
+        return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))

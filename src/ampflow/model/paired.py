@@ -1,0 +1,138 @@
+"""The paired HiGLUE-style model: RNA and Hi-C of the same cells, linked by a guidance graph.
+
+Single-process reference. The parallel strategies wrap or re-shard this model; they
+never edit it, and their results are tested against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .config import ModelConfig
+from .decoders import NBDecoder, StratifiedZINBDecoder
+from .encoders import Encoder, hic_input, rna_input
+from .graph import GraphEncoder, graph_nll
+from .prob import kl_normal
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """Weights of the loss terms (one set per training stage)."""
+
+    kl: float = 1.0
+    graph: float = 0.02
+    align: float = 20.0
+    cross: float = 0.0
+
+
+@dataclass
+class GraphSpec:
+    """Edges (both directions, self-loops included) and where genes and anchors sit."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    weight: torch.Tensor
+    sign: torch.Tensor
+    n_nodes: int
+    gene_nodes: torch.Tensor  # (G,) node index of each RNA feature
+    anchor_nodes: torch.Tensor  # (n_anchors,) node index of each anchor
+
+
+class PairedModel(nn.Module):
+    """Encoders, decoders and graph for paired RNA + Hi-C.
+
+    Parameters
+    ----------
+    cfg : ModelConfig
+    n_genes : int
+        RNA features.
+    feature_anchor, feature_stratum : (F,) long
+        Hi-C features in stratum-major order.
+    n_strata : int
+    graph : GraphSpec
+    """
+
+    def __init__(self, cfg: ModelConfig, n_genes: int, feature_anchor, feature_stratum, n_strata: int, graph: GraphSpec):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.latent_dim
+        self.n_strata = n_strata
+        self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
+        self.register_buffer("gene_nodes", graph.gene_nodes.long(), persistent=False)
+        self.register_buffer("anchor_nodes", graph.anchor_nodes.long(), persistent=False)
+        for name in ("src", "dst", "weight", "sign"):
+            self.register_buffer(f"edge_{name}", getattr(graph, name), persistent=False)
+        self.graph_encoder = GraphEncoder(graph.n_nodes, d, graph.src, graph.dst, graph.weight, graph.sign)
+        self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, d, cfg.dropout)
+        self.hic_encoder = Encoder(len(feature_anchor), cfg.hidden_dim, d, cfg.dropout)
+        self.rna_decoder = NBDecoder(n_genes)
+        self.hic_decoder = StratifiedZINBDecoder(
+            d, cfg.D, cfg.heads, cfg.window, cfg.ffn_mult, cfg.attention, cfg.chunk,
+            feature_anchor, feature_stratum, n_strata, key_first=cfg.key_first,
+        )  # fmt: skip
+
+    def encode(self, rna: torch.Tensor, hic: torch.Tensor):
+        """Cell latent distributions: ((loc, std) RNA, (loc, std) Hi-C), each (B, d)."""
+        rna_lib = rna.sum(1)
+        return (
+            self.rna_encoder(rna_input(rna, rna_lib)),
+            self.hic_encoder(hic_input(hic, self.feature_stratum, self.n_strata)),
+        )
+
+    def node_latents(self, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(v, loc, std) of the graph nodes, v a reparameterised sample when ``sample``."""
+        loc, std = self.graph_encoder()
+        v = loc + std * torch.randn_like(std) if sample else loc
+        return v, loc, std
+
+    def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None) -> dict:
+        """Loss terms and their weighted total for one batch of paired cells.
+
+        rna: (B, G) counts, hic: (B, F) counts (float). Every term is normalised per
+        element (as GLUE does) so that their sizes are comparable across datasets.
+        """
+        (r_loc, r_std), (h_loc, h_std) = self.encode(rna, hic)
+        sample = self.training
+        u_rna = r_loc + r_std * torch.randn_like(r_std) if sample else r_loc
+        u_hic = h_loc + h_std * torch.randn_like(h_std) if sample else h_loc
+        v, v_loc, v_std = self.node_latents(sample)
+        v_genes, v_anchors = v[self.gene_nodes], v[self.anchor_nodes]
+        rna_lib, hic_lib = rna.sum(1), hic.sum(1)
+
+        terms = {}
+        terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib).log_prob(rna).mean()
+        terms["hic_nll"] = -self.hic_decoder(u_hic, v_anchors, hic_lib, on_stratum).log_prob(hic).mean()
+        terms["rna_kl"] = kl_normal(r_loc, r_std).sum(1).mean() / rna.shape[1]
+        terms["hic_kl"] = kl_normal(h_loc, h_std).sum(1).mean() / hic.shape[1]
+        terms["graph_nll"] = graph_nll(
+            v, self.edge_src, self.edge_dst, self.edge_weight, self.edge_sign,
+            self.cfg.neg_samples, self.cfg.graph_batch, generator,
+        )  # fmt: skip
+        terms["graph_kl"] = kl_normal(v_loc, v_std).sum(1).mean() / v.shape[0]
+        # the Hi-C latent is pulled onto the RNA latent, not both onto each other: a
+        # symmetric pull lets both shrink towards one point before either is informative
+        terms["align"] = (r_loc.detach() - h_loc).square().sum(1).mean() / r_loc.shape[1]
+        total = (
+            terms["rna_nll"]
+            + terms["hic_nll"]
+            + weights.kl * (terms["rna_kl"] + terms["hic_kl"])
+            + weights.graph * (terms["graph_nll"] + terms["graph_kl"])
+            + weights.align * terms["align"]
+        )
+        if weights.cross:
+            terms["cross"] = (
+                -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()
+                - self.hic_decoder(u_rna, v_anchors, hic_lib).log_prob(hic).mean()
+            )
+            total = total + weights.cross * terms["cross"]
+        terms["total"] = total
+        return terms
+
+    @torch.no_grad()
+    def embed(self, rna: torch.Tensor, hic: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Latent means (B, d) of the RNA and Hi-C encoders (call in eval mode)."""
+        (r_loc, _), (h_loc, _) = self.encode(rna, hic)
+        return r_loc, h_loc

@@ -1,0 +1,77 @@
+"""Checkpoints that a killed run resumes from bit-identically (on CPU).
+
+A checkpoint holds the model, the optimizer, every RNG state (python, numpy, torch,
+CUDA, the graph sampler's generator), the data-order position, the stage and the
+step. Files are written atomically; on start the newest loadable one is used, and a
+corrupt newest file falls back to the one before it with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..io.atomic import atomic_path
+
+log = logging.getLogger(__name__)
+NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.as_tensor(np_state[1].astype(np.int64)), "rest": [np_state[0], *map(float, np_state[2:])]},
+        "torch": torch.get_rng_state(),
+        "generator": generator.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, generator: torch.Generator) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    name, pos, has_gauss, cached = state["numpy"]["rest"]
+    np.random.set_state((name, state["numpy"]["key"].numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["generator"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(folder, step: int, payload: dict, keep: int) -> Path:
+    """Write ``step-{step}.pt`` atomically and remove all but the newest ``keep``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"step-{step:08d}.pt"
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+    for old in list_checkpoints(folder)[keep:]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(folder) -> list[Path]:
+    """Checkpoints in ``folder``, newest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)), reverse=True)
+
+
+def load_latest(folder) -> tuple[dict, Path] | tuple[None, None]:
+    """The newest checkpoint that loads, or (None, None)."""
+    for path in list_checkpoints(folder):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True), path
+        except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous one
+            log.warning("checkpoint %s is unreadable (%s: %s); falling back to the previous one", path, type(e).__name__, e)
+    return None, None

@@ -1,0 +1,97 @@
+"""Load a configuration's model-ready files (rna.h5ad, hic.h5ad, graph/) for training."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+import torch
+
+from ..io.errors import InputError
+from ..model.paired import GraphSpec
+
+
+@dataclass
+class PairedData:
+    """Counts of the same cells in both modalities, plus what the model needs to be built."""
+
+    obs: pd.DataFrame
+    rna: sp.csr_matrix  # (n_cells, G) counts
+    hic: sp.csr_matrix  # (n_cells, F) counts
+    feature_anchor: torch.Tensor
+    feature_stratum: torch.Tensor
+    n_strata: int
+    graph: GraphSpec
+    meta: dict
+
+    @property
+    def n_cells(self) -> int:
+        return self.rna.shape[0]
+
+    def batch(self, idx: np.ndarray, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense (B, G) and (B, F) count tensors for rows ``idx``."""
+        return (
+            torch.as_tensor(self.rna[idx].toarray(), dtype=dtype),
+            torch.as_tensor(self.hic[idx].toarray(), dtype=dtype),
+        )
+
+
+def _counts(adata: ad.AnnData) -> sp.csr_matrix:
+    layer = adata.uns.get("ampflow", {}).get("counts_layer", "counts")
+    X = adata.layers[layer] if layer in adata.layers else adata.X
+    return sp.csr_matrix(X, dtype=np.float32)
+
+
+def load_paired(data_dir) -> PairedData:
+    """Read ``rna.h5ad``, ``hic.h5ad`` and ``graph/`` of one configuration folder.
+
+    Raises
+    ------
+    InputError
+        A file is missing, the two modalities list different cells, or graph nodes do
+        not match the files' genes and anchors.
+    """
+    d = Path(data_dir)
+    for name in ("rna.h5ad", "hic.h5ad", "graph/nodes.parquet", "graph/edges.parquet"):
+        if not (d / name).exists():
+            raise InputError("missing model input", path=d / name)
+    rna = ad.read_h5ad(d / "rna.h5ad")
+    hic = ad.read_h5ad(d / "hic.h5ad")
+    if list(rna.obs_names) != list(hic.obs_names):
+        raise InputError("rna.h5ad and hic.h5ad must list the same cells in the same order", path=d)
+    nodes = pd.read_parquet(d / "graph/nodes.parquet")
+    edges = pd.read_parquet(d / "graph/edges.parquet")
+    index = {n: i for i, n in enumerate(nodes["name"])}
+    try:
+        gene_nodes = np.array([index[g] for g in rna.var_names])
+        anchors = hic.var[hic.var["stratum"] == 0].sort_values("anchor")
+        anchor_nodes = np.array([index[a] for a in anchors.index])
+    except KeyError as e:
+        raise InputError("graph has no node for a feature of the data files", path=d / "graph/nodes.parquet", value=str(e)) from None
+    stratum = hic.var["stratum"].to_numpy().astype(np.int64)
+    n_strata = int(hic.uns["ampflow"]["n_strata"])
+    hic_counts = _counts(hic)
+    graph = GraphSpec(
+        src=torch.as_tensor(edges["source"].to_numpy(), dtype=torch.long),
+        dst=torch.as_tensor(edges["target"].to_numpy(), dtype=torch.long),
+        weight=torch.as_tensor(edges["weight"].to_numpy(), dtype=torch.float32),
+        sign=torch.as_tensor(edges["sign"].to_numpy(), dtype=torch.float32),
+        n_nodes=len(nodes),
+        gene_nodes=torch.as_tensor(gene_nodes),
+        anchor_nodes=torch.as_tensor(anchor_nodes),
+    )
+    meta = {"rna": dict(rna.uns.get("ampflow", {})), "hic": dict(hic.uns.get("ampflow", {}))}
+    return PairedData(
+        obs=rna.obs.copy(),
+        rna=_counts(rna),
+        hic=hic_counts,
+        feature_anchor=torch.as_tensor(hic.var["anchor"].to_numpy(), dtype=torch.long),
+        feature_stratum=torch.as_tensor(stratum),
+        n_strata=n_strata,
+        graph=graph,
+        meta=meta,
+    )

@@ -1,0 +1,61 @@
+# Model-ready data -> trained paired model, embeddings and evaluation.
+# (Profile/diagnose and the multi-process launch come with the AMP stages.)
+import json
+import shlex
+
+
+def json_arg(section):
+    return shlex.quote(json.dumps(config[section], sort_keys=True))
+
+
+rule train:
+    input:
+        rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
+        graph=f"{RESULTS}/data/{{cfg}}/graph",
+    output:
+        model=f"{RESULTS}/train/{{cfg}}/model.pt",
+        embeddings=f"{RESULTS}/train/{{cfg}}/embeddings.h5ad",
+        metrics=f"{RESULTS}/train/{{cfg}}/metrics.jsonl",
+        config=f"{RESULTS}/train/{{cfg}}/config.yaml",
+    log:
+        f"{LOGS}/train.{{cfg}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    threads: config["train"]["threads"]
+    resources:
+        gpu=config["train"]["gpus"],
+        mem_mb=16000,
+        runtime=720,
+    params:
+        data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
+        # checkpoints live beside the declared outputs, not among them: Snakemake
+        # deletes a failed job's outputs, and a re-run resumes from the checkpoints
+        out=lambda wc: f"{RESULTS}/train/{wc.cfg}",
+        model=json_arg("model"),
+        train=json_arg("train"),
+    shell:
+        "ampflow train --data {params.data} --out {params.out} --name {wildcards.cfg}"
+        " --model {params.model} --train {params.train} > {log} 2>&1"
+
+
+rule evaluate:
+    input:
+        rules.train.output.embeddings,
+    output:
+        scores=f"{RESULTS}/eval/{{cfg}}/scores.json",
+        umap=f"{RESULTS}/eval/{{cfg}}/umap.png",
+    log:
+        f"{LOGS}/evaluate.{{cfg}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    params:
+        out=lambda wc: f"{RESULTS}/eval/{wc.cfg}",
+        label=config["evaluate"]["label_key"],
+        seed=config["train"]["seed"],
+    shell:
+        "ampflow evaluate --embeddings {input} --out-dir {params.out}"
+        " --label-key {params.label} --seed {params.seed} > {log} 2>&1"
