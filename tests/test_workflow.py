@@ -18,12 +18,18 @@ from conftest import workflow_copy
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
+# a few training steps of a small model: the workflow is under test here, not the fit
+QUICK_CONFIG = """
+train: {pretrain: {epochs: 2}, finetune: {epochs: 1}}
+model: {latent_dim: 8, hidden_dim: 32, heads: 2}
+"""
+QUICK = ["--configfile", "config/config.yaml", "config/quick.yaml"]
 
 
 def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "2", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        [str(BIN / "snakemake"), "--cores", "2", *QUICK, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
 
 
@@ -33,6 +39,7 @@ def run_dir(tmp_path_factory):
     from ampflow.demo import write_demo
 
     root = workflow_copy(tmp_path_factory.mktemp("wf"))
+    (root / "config/quick.yaml").write_text(QUICK_CONFIG)
     write_demo(root / "resources" / "demo", n_cells=16, seed=3)
     sheet = pd.read_csv(root / "resources/demo/cells.tsv", sep="\t")
     sheet.to_csv(root / "resources/demo/cells.full.tsv", sep="\t", index=False)
@@ -55,6 +62,14 @@ def test_every_output_written(run_dir):
         "data/500kb_s10/graph/edges.parquet",
         "data/1mb_s5/hic.h5ad",
         "amp/devices.json",
+        "train/500kb_s10/model.pt",
+        "train/500kb_s10/embeddings.h5ad",
+        "train/500kb_s10/metrics.jsonl",
+        "train/500kb_s10/config.yaml",
+        "train/1mb_s5/model.pt",
+        "eval/500kb_s10/scores.json",
+        "eval/500kb_s10/umap.png",
+        "eval/1mb_s5/scores.json",
     ]:
         assert (res / rel).exists(), rel
     # nothing temporary left under the results

@@ -1,0 +1,29 @@
+"""The config schema documents the same defaults the typed settings use."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import yaml
+
+from ampflow.model.config import ModelConfig
+from ampflow.model.paired import LossWeights
+from ampflow.train.config import TrainConfig
+from conftest import REPO
+
+
+def schema_defaults(node):
+    """The object a schema's defaults produce (nested objects included)."""
+    if node.get("type") == "object" and "properties" in node:
+        return {k: schema_defaults(v) for k, v in node["properties"].items() if "default" in v or v.get("type") == "object"}
+    return node.get("default")
+
+
+def test_schema_defaults_equal_dataclass_defaults():
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    model = schema_defaults(schema["properties"]["model"])
+    assert model == dataclasses.asdict(ModelConfig())
+    train = schema_defaults(schema["properties"]["train"])
+    assert TrainConfig.from_dict(train) == TrainConfig()
+    assert train["pretrain"]["weights"] == dataclasses.asdict(LossWeights())
+    assert set(train) == {f.name for f in dataclasses.fields(TrainConfig)}
