@@ -35,6 +35,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_prepare.py
+	$(BIN)/python scripts/bench_attention.py
 
 clean-demo:
 	rm -rf results/demo resources/demo logs/demo
