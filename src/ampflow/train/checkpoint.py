@@ -20,6 +20,7 @@ from ..io.atomic import atomic_path
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^step-(\d{8})\.pt$")
+STALE = re.compile(r"^\.tmp-\d+-step-\d{8}\.pt$")  # atomic_path temporaries of checkpoints
 
 
 def rng_state(generator: torch.Generator) -> dict:
@@ -67,8 +68,20 @@ def list_checkpoints(folder) -> list[Path]:
     return sorted(found, key=lambda p: int(NAME.match(p.name).group(1)), reverse=True)
 
 
+def remove_stale_temps(folder) -> None:
+    """Delete half-written checkpoints a killed run left under their temporary names
+    (each as large as a checkpoint; nothing else would ever remove them)."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for p in folder.iterdir():
+            if STALE.match(p.name):
+                log.info("removing %s, left by an interrupted checkpoint write", p)
+                p.unlink(missing_ok=True)
+
+
 def load_latest(folder) -> tuple[dict, Path] | tuple[None, None]:
     """The newest checkpoint that loads, or (None, None)."""
+    remove_stale_temps(folder)
     for path in list_checkpoints(folder):
         try:
             return torch.load(path, map_location="cpu", weights_only=True), path

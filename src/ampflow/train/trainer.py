@@ -103,7 +103,8 @@ class Trainer:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         kept = []
         if resumed and partial.exists():
-            kept = [ln for ln in partial.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= self.step]
+            lines = partial.read_text().splitlines()
+            kept = [ln for ln in lines if (step := _row_step(ln)) is not None and step <= self.step]
         partial.write_text("".join(ln + "\n" for ln in kept))
         return partial
 
@@ -214,6 +215,15 @@ class Trainer:
         with atomic_path(self.out / "metrics.jsonl") as tmp:
             tmp.write_bytes(metrics_path.read_bytes())
         log.info("training done: %d steps; outputs in %s", self.step, self.out)
+
+
+def _row_step(line: str) -> int | None:
+    """The step of one metrics line; None for a line a crash cut short (it lies past the
+    last checkpoint: lines are fsynced before each checkpoint is written)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _plain(d):

@@ -1,0 +1,405 @@
+"""Training: seeded determinism, resume after a kill, corrupt checkpoints, the outputs.
+
+The data folder (rna.h5ad, hic.h5ad, graph/) is built once per module from a small
+demo with the same library calls as the workflow's prepare rules, without Snakemake.
+Everything trains on the CPU, where resumed runs are bit-identical.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from ampflow.cli import main
+from ampflow.demo import write_demo
+from ampflow.io.genome import read_chromsizes
+from ampflow.model.config import ModelConfig
+from ampflow.train import checkpoint
+from ampflow.train.config import TrainConfig
+from ampflow.train.data import load_paired
+from ampflow.train.trainer import Trainer
+
+MODEL = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2)
+SETTINGS = {
+    "seed": 0,
+    "batch_size": 8,
+    "checkpoint_every": 3,
+    "keep_checkpoints": 3,
+    "threads": 1,
+    "device": "cpu",
+    "pretrain": {"epochs": 3},
+    "finetune": {"epochs": 2},
+}
+TRAIN = TrainConfig.from_dict(SETTINGS)
+# 23 cells pass QC; batches of 8 -> 3 per epoch; 3 + 2 epochs
+STEPS_PER_EPOCH = 3
+N_STEPS = 5 * STEPS_PER_EPOCH
+LOSS_TERMS = {"rna_nll", "hic_nll", "rna_kl", "hic_kl", "graph_nll", "graph_kl", "align", "total"}
+
+
+def prepare(paths: dict, work: Path, rna=None, genes=None) -> Path:
+    """Run the prepare commands on a demo's files; return the data folder."""
+    rna, genes, sheet, sizes = rna or paths["rna"], genes or paths["genes"], paths["sheet"], paths["chromsizes"]
+    data, scool = work / "data", work / "binned" / "1000000.scool"
+    steps = [
+        ["bin-cells", "--sheet", sheet, "--chromsizes", sizes, "--resolutions", "1000000", "--out-scool", scool,
+         "--stats", work / "qc" / "contacts.tsv", "--cache-dir", work / "cache", "--threads", "1"],
+        ["load-rna", rna, "--out", work / "rna" / "counts.h5ad", "--stats", work / "qc" / "rna.tsv"],
+        ["qc-cells", "--sheet", sheet, "--contacts", work / "qc" / "contacts.tsv", "--rna-stats", work / "qc" / "rna.tsv",
+         "--min-contacts", "100", "--min-umis", "10", "--min-genes", "5", "--out", work / "qc" / "cells.tsv"],
+        ["pseudobulk", "--scool", f"1000000={scool}", "--qc", work / "qc" / "cells.tsv", "--out", work / "binned" / "pseudobulk.mcool"],
+        ["strata", "--scool", scool, "--qc", work / "qc" / "cells.tsv", "--chromsizes", sizes, "--strata", "4",
+         "--min-cells", "2", "--min-count", "2", "--out", data / "hic.h5ad"],
+        ["rna-data", "--counts", work / "rna" / "counts.h5ad", "--qc", work / "qc" / "cells.tsv", "--genes", genes,
+         "--chromsizes", sizes, "--n-top-genes", "200", "--out", data / "rna.h5ad"],
+        ["graph", "--rna", data / "rna.h5ad", "--hic", data / "hic.h5ad", "--mcool", work / "binned" / "pseudobulk.mcool",
+         "--chromsizes", sizes, "--out", data / "graph"],
+    ]  # fmt: skip
+    for step in steps:
+        assert main([str(x) for x in step]) == 0, step[0]
+    return data
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keep_torch_threads():
+    """Trainer sets torch's thread count; give other test modules theirs back."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train-data")
+    paths = write_demo(root / "demo", n_cells=24, seed=0, n_genes=300)
+    return prepare(paths, root / "work")
+
+
+@pytest.fixture(scope="module")
+def paired(data_dir):
+    return load_paired(data_dir)
+
+
+def fit(paired, out: Path, stop_after: int | None = None) -> bool:
+    return Trainer(paired, MODEL, TRAIN, out, stop_after=stop_after).fit()
+
+
+@pytest.fixture(scope="module")
+def reference(paired, tmp_path_factory) -> Path:
+    """An uninterrupted run with the settings above."""
+    out = tmp_path_factory.mktemp("reference") / "run"
+    assert fit(paired, out) is True
+    return out
+
+
+def load_model(out: Path) -> dict:
+    return torch.load(out / "model.pt", map_location="cpu", weights_only=True)
+
+
+def assert_same_model(a: Path, b: Path) -> None:
+    sa, sb = load_model(a)["state_dict"], load_model(b)["state_dict"]
+    assert list(sa) == list(sb)
+    differ = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    assert not differ, f"tensors differ between {a} and {b}: {differ}"
+
+
+def assert_same_embeddings(a: Path, b: Path) -> None:
+    ea, eb = ad.read_h5ad(a / "embeddings.h5ad"), ad.read_h5ad(b / "embeddings.h5ad")
+    assert list(ea.obs_names) == list(eb.obs_names)
+    for key in ("X_rna", "X_hic", "X_joint"):
+        np.testing.assert_array_equal(ea.obsm[key], eb.obsm[key], err_msg=key)
+
+
+def metrics(out: Path, name: str = "metrics.jsonl") -> list[dict]:
+    return [json.loads(ln) for ln in (out / name).read_text().splitlines()]
+
+
+def assert_same_metrics(a: Path, b: Path) -> None:
+    """Each step exactly once, in order, with bit-identical losses (timings aside)."""
+    ra, rb = metrics(a), metrics(b)
+    assert [r["step"] for r in ra] == list(range(1, len(rb) + 1)) == [r["step"] for r in rb]
+    for x, y in zip(ra, rb):
+        assert (x["stage"], x["epoch"], x["loss"]) == (y["stage"], y["epoch"], y["loss"]), x["step"]
+
+
+def no_temporaries(out: Path) -> list[Path]:
+    return sorted(out.rglob(".tmp-*"))
+
+
+# ------------------------------------------------------------------ determinism
+def test_same_seed_same_model(paired, reference, tmp_path):
+    out = tmp_path / "again"
+    assert fit(paired, out) is True
+    assert_same_model(reference, out)
+    assert_same_embeddings(reference, out)
+    assert_same_metrics(reference, out)
+
+
+def test_other_seed_other_model(paired, reference, tmp_path):
+    cfg = TrainConfig.from_dict({**SETTINGS, "seed": 1})
+    Trainer(paired, MODEL, cfg, tmp_path / "seed1").fit()
+    a, b = load_model(reference)["state_dict"], load_model(tmp_path / "seed1")["state_dict"]
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
+# ------------------------------------------------------------------ outputs
+def test_outputs(paired, reference):
+    out = reference
+    m = load_model(out)
+    assert {"state_dict", "model_config", "train_config"} <= set(m)
+    assert m["model_config"] == MODEL.to_dict()
+    assert TrainConfig.from_dict(m["train_config"]) == TRAIN
+    assert m["steps"] == N_STEPS
+
+    emb = ad.read_h5ad(out / "embeddings.h5ad")
+    assert list(emb.obs_names) == list(paired.obs.index)
+    assert emb.n_obs == paired.n_cells == 23
+    assert "cell_type" in emb.obs.columns and emb.obs["cell_type"].notna().all()
+    for key in ("X_rna", "X_hic", "X_joint"):
+        x = emb.obsm[key]
+        assert x.shape == (paired.n_cells, MODEL.latent_dim) and x.dtype == np.float32
+        assert np.isfinite(x).all()
+    np.testing.assert_allclose(emb.obsm["X_joint"], (emb.obsm["X_rna"] + emb.obsm["X_hic"]) / 2, rtol=1e-6)
+    assert emb.uns["ampflow"]["steps"] == N_STEPS
+
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, N_STEPS + 1))
+    assert [r["stage"] for r in rows] == ["pretrain"] * 9 + ["finetune"] * 6
+    assert [r["epoch"] for r in rows] == [e for e in (0, 1, 2, 0, 1) for _ in range(STEPS_PER_EPOCH)]
+    for r in rows:
+        assert set(r["loss"]) == LOSS_TERMS and all(np.isfinite(v) for v in r["loss"].values())
+        assert r["seconds"] > 0 and r["cells_per_s"] > 0
+        assert r["peak_bytes"] > 0
+        sb = r["stratum_bytes"]
+        assert len(sb) == paired.n_strata == 4
+        assert all(0 < a <= b for a, b in zip(sb, sb[1:])), sb  # running totals on the CPU
+        assert sb[-1] <= r["peak_bytes"]
+    # the partial copy in checkpoints/ is what was published
+    assert (out / "checkpoints" / "metrics.partial.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
+
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["name"] == "run" and cfg["model"] == MODEL.to_dict()
+    assert TrainConfig.from_dict(cfg["train"]) == TRAIN
+
+    kept = checkpoint.list_checkpoints(out / "checkpoints")
+    assert [p.name for p in kept] == ["step-00000015.pt", "step-00000012.pt", "step-00000009.pt"]
+    assert no_temporaries(out) == []
+
+
+# ------------------------------------------------------------------ resume
+@pytest.mark.parametrize(
+    "stops",
+    [(4,), (9,), (5, 11)],
+    ids=["mid-epoch", "stage-boundary", "twice"],
+)
+def test_resume_in_process(paired, reference, tmp_path, caplog, stops):
+    out = tmp_path / "run"
+    for k in stops:
+        assert fit(paired, out, stop_after=k) is False
+        assert not (out / "model.pt").exists() and not (out / "embeddings.h5ad").exists()
+        assert len(metrics(out / "checkpoints", "metrics.partial.jsonl")) == k  # rows past the last checkpoint too
+    last = stops[-1] - stops[-1] % TRAIN.checkpoint_every
+    with caplog.at_level(logging.INFO, logger="ampflow.train.trainer"):
+        assert fit(paired, out) is True
+    assert f"step-{last:08d}.pt (step {last}," in caplog.text
+    assert_same_model(reference, out)
+    assert_same_embeddings(reference, out)
+    assert_same_metrics(reference, out)
+    assert no_temporaries(out) == []
+
+
+def test_resume_finished_run_rewrites_same_outputs(paired, reference, tmp_path):
+    out = tmp_path / "run"
+    assert fit(paired, out) is True
+    (out / "model.pt").unlink()
+    assert fit(paired, out) is True  # resumes at the end: nothing left to train
+    assert_same_model(reference, out)
+    assert_same_metrics(reference, out)
+
+
+def corrupt(path: Path, how: str) -> None:
+    raw = path.read_bytes()
+    if how == "garbage":
+        path.write_bytes(np.random.default_rng(0).bytes(len(raw)))
+    elif how == "truncated":
+        path.write_bytes(raw[: len(raw) // 2])
+    else:
+        path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["garbage", "truncated", "empty"])
+def test_corrupt_newest_checkpoint_falls_back(paired, reference, tmp_path, caplog, how):
+    out = tmp_path / "run"
+    assert fit(paired, out, stop_after=8) is False
+    ckpts = checkpoint.list_checkpoints(out / "checkpoints")
+    assert [p.name for p in ckpts] == ["step-00000006.pt", "step-00000003.pt"]
+    corrupt(ckpts[0], how)
+    with caplog.at_level(logging.INFO, logger="ampflow.train"):
+        assert fit(paired, out) is True
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "ampflow.train.checkpoint"]
+    assert len(warnings) == 1 and "step-00000006.pt" in warnings[0].getMessage()
+    assert "step-00000003.pt (step 3," in caplog.text
+    assert_same_model(reference, out)
+    assert_same_embeddings(reference, out)
+    assert_same_metrics(reference, out)
+
+
+def test_all_checkpoints_corrupt_starts_over(paired, reference, tmp_path, caplog):
+    out = tmp_path / "run"
+    assert fit(paired, out, stop_after=7) is False
+    for p in checkpoint.list_checkpoints(out / "checkpoints"):
+        corrupt(p, "garbage")
+    with caplog.at_level(logging.WARNING, logger="ampflow.train.checkpoint"):
+        assert fit(paired, out) is True
+    assert len([r for r in caplog.records if r.name == "ampflow.train.checkpoint"]) == 2
+    assert_same_model(reference, out)
+    assert_same_metrics(reference, out)
+
+
+def test_leftovers_of_a_crash(paired, reference, tmp_path):
+    """A metrics line cut short and a half-written checkpoint under its temporary name."""
+    out = tmp_path / "run"
+    assert fit(paired, out, stop_after=7) is False
+    ck = out / "checkpoints"
+    with open(ck / "metrics.partial.jsonl", "a") as fh:
+        fh.write('{"cells_per_s": 1.0, "epoch": 2, "lo')
+    stale = ck / ".tmp-999999-step-00000009.pt"
+    stale.write_bytes(b"\0" * 1000)
+    assert fit(paired, out) is True
+    assert not stale.exists()
+    assert no_temporaries(out) == []
+    assert_same_model(reference, out)
+    assert_same_metrics(reference, out)
+
+
+# ------------------------------------------------------------------ kill -9
+def train_command(data_dir: Path, out: Path, settings: dict) -> list[str]:
+    exe = Path(sys.executable).parent / "ampflow"
+    return [
+        str(exe), "train", "--data", str(data_dir), "--out", str(out), "--name", "killtest",
+        "--model", json.dumps(MODEL.to_dict()), "--train", json.dumps(settings),
+    ]  # fmt: skip
+
+
+def complete_lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill(data_dir, tmp_path):
+    """``ampflow train`` killed with SIGKILL after its first checkpoint, then run again,
+    ends bit-identical to an uninterrupted run, with every step in metrics.jsonl once."""
+    # ~1500 steps: the kill lands after the first checkpoint (step 25), long before the end
+    settings = {**SETTINGS, "checkpoint_every": 25, "pretrain": {"epochs": 350}, "finetune": {"epochs": 150}}
+    n_steps = 500 * STEPS_PER_EPOCH
+    killed, uninterrupted = tmp_path / "killed", tmp_path / "uninterrupted"
+    ref_log = open(tmp_path / "uninterrupted.log", "wb")
+    ref = subprocess.Popen(train_command(data_dir, uninterrupted, settings), stdout=ref_log, stderr=subprocess.STDOUT)
+    try:
+        with open(tmp_path / "killed.log", "wb") as log_fh:
+            proc = subprocess.Popen(train_command(data_dir, killed, settings), stdout=log_fh, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 300
+                while True:
+                    assert proc.poll() is None, "training ended before it could be killed:\n" + (tmp_path / "killed.log").read_text()
+                    ckpts = checkpoint.list_checkpoints(killed / "checkpoints")
+                    newest = int(checkpoint.NAME.match(ckpts[0].name).group(1)) if ckpts else None
+                    # kill once some steps past the newest checkpoint are in the metrics
+                    if newest and complete_lines(killed / "checkpoints" / "metrics.partial.jsonl") >= newest + 2:
+                        break
+                    assert time.monotonic() < deadline, "no checkpoint within 300 s"
+                    time.sleep(0.01)
+                os.kill(proc.pid, signal.SIGKILL)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        log_text = (tmp_path / "killed.log").read_text()
+        assert proc.returncode == -signal.SIGKILL, f"the run was not killed (exit {proc.returncode}):\n{log_text}"
+        assert not (killed / "model.pt").exists(), "the run finished before the kill; make it longer"
+        done = complete_lines(killed / "checkpoints" / "metrics.partial.jsonl")
+        assert newest < done < n_steps
+
+        again = subprocess.run(train_command(data_dir, killed, settings), capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stderr
+        assert "resumed from" in again.stderr and f"{n_steps} steps" in again.stderr
+    finally:
+        if ref.poll() is None:
+            ref.wait(timeout=600)
+        ref_log.close()
+    assert ref.returncode == 0, (tmp_path / "uninterrupted.log").read_text()
+    assert "resumed from" not in (tmp_path / "uninterrupted.log").read_text()
+
+    assert_same_model(uninterrupted, killed)
+    assert_same_embeddings(uninterrupted, killed)
+    rows = metrics(killed)
+    assert [r["step"] for r in rows] == list(range(1, n_steps + 1))
+    assert_same_metrics(uninterrupted, killed)
+    assert no_temporaries(killed) == []
+
+
+# ------------------------------------------------------------------ real formats
+@pytest.mark.slow
+def test_train_on_real_rna_matrix(shared_data, tmp_path):
+    """The HiRES brain RNA matrix (fractional counts, real gene symbols and mm10
+    annotation) for 12 cells, paired with synthetic Hi-C, through prepare and training."""
+    rna_src = shared_data / "hires" / "GSE223917_HiRES_brain.rna.umicount.tsv.gz"
+    bed_src = shared_data / "annotation" / "mm10_ensembl96_genes.bed.gz"
+    for p in (rna_src, bed_src):
+        if not p.exists():
+            pytest.skip(f"{p} not present")
+    n = 12
+    paths = write_demo(tmp_path / "demo", n_cells=n, seed=0, n_genes=50)
+    cells = pd.read_csv(paths["sheet"], sep="\t")["cell_id"].tolist()
+
+    real = pd.read_csv(rna_src, sep="\t", index_col=0, usecols=range(n + 1))
+    assert real.shape[1] == n
+    real.columns = cells
+    real.index.name = "gene"
+    with gzip.open(paths["rna"], "wt") as fh:  # replaces the demo's matrix
+        real.to_csv(fh, sep="\t", float_format="%g")
+
+    sizes = read_chromsizes(paths["chromsizes"])
+    with gzip.open(bed_src, "rt") as fh:
+        bed = pd.read_csv(fh, sep="\t", comment="#", header=None, usecols=range(6))
+    bed = bed[bed[0].isin(list(sizes)) & (bed[2] <= bed[0].map(sizes))]
+    assert len(bed) > 1000
+    genes = tmp_path / "genes.bed"
+    bed.to_csv(genes, sep="\t", header=False, index=False)
+
+    data = prepare(paths, tmp_path / "work", genes=genes)
+    counts = ad.read_h5ad(tmp_path / "work" / "rna" / "counts.h5ad")
+    rounding = counts.uns["ampflow"]["rounding"]
+    assert rounding["fractional_entries"] > 0 and rounding["total_before"] != rounding["total_after"]
+    assert np.array_equal(counts.X.data, np.round(counts.X.data))
+    rna = ad.read_h5ad(data / "rna.h5ad")
+    assert rna.n_obs == n and rna.n_vars > 50
+    assert rna.uns["ampflow"]["rounding"]["fractional_entries"] == rounding["fractional_entries"]
+    assert set(rna.var["chrom"]) <= set(sizes)
+
+    out = tmp_path / "train"
+    train = {"pretrain": {"epochs": 2}, "finetune": {"epochs": 1}, "batch_size": 4, "device": "cpu"}
+    assert main(["train", "--data", str(data), "--out", str(out), "--train", json.dumps(train)]) == 0
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, 3 * 3 + 1))
+    assert all(np.isfinite(r["loss"]["total"]) for r in rows)
+    emb = ad.read_h5ad(out / "embeddings.h5ad")
+    assert emb.obsm["X_joint"].shape == (n, ModelConfig().latent_dim)
+    assert np.isfinite(emb.obsm["X_joint"]).all()
