@@ -1,0 +1,1 @@
+"""AMP: profile the data and model, diagnose bottlenecks, plan the parallel strategies."""
