@@ -222,6 +222,22 @@ def cmd_graph(a):
     write_graph(a.out, nodes, edges, meta)
 
 
+def apply_plan(model_cfg, plan: dict):
+    """The model settings the plan prescribes for one process (S3 chunk size, S4)."""
+    import dataclasses
+
+    names = [s["name"] for s in plan.get("strategies", [])]
+    chunk = int(plan.get("chunk_size") or 0)
+    cfg = dataclasses.replace(model_cfg, chunk=chunk, key_first=bool(plan.get("key_first")))
+    log.info("plan: %s; chunk %s, key-first %s", ", ".join(names) or "no strategy", chunk or "-", cfg.key_first)
+    if plan.get("world_size", 1) > 1:
+        log.warning(
+            "the plan asks for %d processes (dp %d x tp %d); this run trains in one process with the plan's "
+            "single-process savers", plan["world_size"], plan["mesh"]["dp"], plan["mesh"]["tp"],
+        )  # fmt: skip
+    return cfg
+
+
 def cmd_train(a):
     from .model.config import ModelConfig
     from .train.config import TrainConfig
@@ -230,6 +246,8 @@ def cmd_train(a):
 
     model_cfg = ModelConfig.from_dict(json.loads(a.model) if a.model else {})
     train_cfg = TrainConfig.from_dict(json.loads(a.train) if a.train else {})
+    if a.plan:
+        model_cfg = apply_plan(model_cfg, json.loads(Path(a.plan).read_text()))
     data = load_paired(a.data)
     log.info("training %s: %d cells, %d genes, %d Hi-C features in %d strata", a.name or a.out, data.n_cells, data.rna.shape[1], data.hic.shape[1], data.n_strata)
     Trainer(data, model_cfg, train_cfg, a.out, name=a.name, stop_after=a.stop_after).fit()
@@ -240,6 +258,76 @@ def cmd_evaluate(a):
 
     scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed)
     log.info("scores: %s", json.dumps(scores, sort_keys=True))
+
+
+def _settings(json_text, path, section):
+    """A config section from --SECTION JSON or from a YAML/JSON file's SECTION key (or the whole file)."""
+    import yaml
+
+    if json_text:
+        return json.loads(json_text)
+    if path:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+        return doc.get(section, doc if section == "model" else {})
+    return {}
+
+
+def cmd_profile(a):
+    from .amp.profile import main_profile
+
+    model = _settings(a.model, a.model_config, "model")
+    train = _settings(a.train, a.model_config, "train")
+    main_profile(a.data_dir, model, train, a.out)
+    log.info("profile of %s written to %s", a.data_dir, a.out)
+
+
+def _device_memory(arg: str, devices_file: str | None = None) -> int:
+    """Bytes per device: a number of GB, or 'auto' = the least free memory among the
+    GPUs in ``devices_file`` (written by `ampflow devices` on a GPU node) or seen here."""
+    if arg != "auto":
+        try:
+            gb = float(arg)
+        except ValueError:
+            raise InputError("must be a number of GB or 'auto'", key="device_memory", value=arg) from None
+        return int(gb * 2**30)
+    from .devices import probe_devices
+
+    info = json.loads(Path(devices_file).read_text()) if devices_file else probe_devices()
+    free = [d["memory_free"] for d in info["devices"] if "memory_free" in d]
+    if not free:
+        raise InputError("'auto' needs visible NVIDIA GPUs (NVML); give the memory per device in GB", key="device_memory", value=info.get("nvml"))
+    return min(free)
+
+
+def cmd_diagnose(a):
+    from .amp.diagnose import diagnose, dumps
+    from .io.atomic import write_text_atomic
+
+    path = Path(a.profile)
+    if not path.is_file():
+        raise InputError("profile does not exist", path=path)
+    try:
+        profile = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
+    settings = {"dimensionality_ratio": a.dimensionality_ratio}
+    plan = diagnose(profile, a.devices, _device_memory(a.device_memory, a.devices_file), a.budget_fraction, settings=settings)
+    write_text_atomic(a.out, dumps(plan))
+    names = ", ".join(f"{s['id']} {s['name']}" for s in plan["strategies"]) or "none"
+    log.info("plan: %s; mesh dp %d x tp %d; fits=%s -> %s", names, plan["mesh"]["dp"], plan["mesh"]["tp"], plan["fits"], a.out)
+
+
+def cmd_plan_explain(a):
+    from .amp.diagnose import explain
+
+    path = Path(a.plan)
+    if not path.is_file():
+        raise InputError("plan does not exist", path=path)
+    try:
+        plan = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
+    sys.stdout.write(explain(plan))
 
 
 def cmd_devices(a):
@@ -349,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", default="", help="configuration name recorded in the outputs")
     s.add_argument("--model", default="", help="model settings as JSON (config section 'model')")
     s.add_argument("--train", default="", help="training settings as JSON (config section 'train')")
+    s.add_argument("--plan", default=None, help="plan.json from `ampflow diagnose` (chunk size, key-first decode)")
     s.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop as if killed
     s.set_defaults(func=cmd_train)
 
@@ -358,6 +447,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--label-key", default="cell_type")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser("profile", help="profile a data folder from metadata only (AMP step 1)")
+    s.add_argument("data_dir")
+    s.add_argument("--model-config", default=None, help="YAML/JSON with 'model' (and 'train') sections, or a model dict")
+    s.add_argument("--model", default="", help="model settings as JSON (instead of --model-config)")
+    s.add_argument("--train", default="", help="training settings as JSON (batch size)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_profile)
+
+    s = sub.add_parser("diagnose", help="signals -> strategies, mesh, chunk size: plan.json (AMP step 2)")
+    s.add_argument("profile")
+    s.add_argument("--devices", type=int, required=True)
+    s.add_argument("--device-memory", required=True, help="GB per device, or 'auto' (free memory from NVML)")
+    s.add_argument("--devices-file", default=None, help="devices.json from `ampflow devices`, for --device-memory auto")
+    s.add_argument("--budget-fraction", type=float, default=0.9)
+    s.add_argument("--dimensionality-ratio", type=float, default=10.0, help="HIGH_INPUT_DIMENSIONALITY threshold")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_diagnose)
+
+    s = sub.add_parser("plan-explain", help="print a plan as a readable table")
+    s.add_argument("plan")
+    s.set_defaults(func=cmd_plan_explain)
 
     s = sub.add_parser("devices", help="record the visible accelerators (NVML) as JSON")
     s.add_argument("--out", required=True)

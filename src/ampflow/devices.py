@@ -39,7 +39,12 @@ def probe_devices() -> dict:
             name = pynvml.nvmlDeviceGetName(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             info["devices"].append(
-                {"index": i, "name": name if isinstance(name, str) else name.decode(), "memory_total": int(mem.total)}
+                {
+                    "index": i,
+                    "name": name if isinstance(name, str) else name.decode(),
+                    "memory_total": int(mem.total),
+                    "memory_free": int(mem.free),
+                }
             )
         info["nvml"] = "ok"
     finally:

@@ -1,5 +1,4 @@
-# Model-ready data -> trained paired model, embeddings and evaluation.
-# (Profile/diagnose and the multi-process launch come with the AMP stages.)
+# AMP: profile the data (metadata only) -> diagnose a plan -> train with it -> evaluate.
 import json
 import shlex
 
@@ -8,11 +7,54 @@ def json_arg(section):
     return shlex.quote(json.dumps(config[section], sort_keys=True))
 
 
+rule profile:
+    input:
+        rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
+        graph=f"{RESULTS}/data/{{cfg}}/graph",
+    output:
+        f"{RESULTS}/amp/{{cfg}}/profile.json",
+    log:
+        f"{LOGS}/profile.{{cfg}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    params:
+        data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
+        model=json_arg("model"),
+        train=json_arg("train"),
+    shell:
+        "ampflow profile {params.data} --model {params.model} --train {params.train}"
+        " --out {output} > {log} 2>&1"
+
+
+rule diagnose:
+    input:
+        profile=rules.profile.output[0],
+        devices=rules.devices.output[0],
+    output:
+        f"{RESULTS}/amp/{{cfg}}/plan.json",
+    log:
+        f"{LOGS}/diagnose.{{cfg}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    params:
+        devices=config["amp"]["devices"],
+        memory=config["amp"]["device_memory_gb"],
+        fraction=config["amp"]["budget_fraction"],
+        ratio=config["amp"]["dimensionality_ratio"],
+    shell:
+        "ampflow diagnose {input.profile} --devices {params.devices}"
+        " --device-memory {params.memory} --devices-file {input.devices}"
+        " --budget-fraction {params.fraction} --dimensionality-ratio {params.ratio}"
+        " --out {output} > {log} 2>&1"
+
+
 rule train:
     input:
         rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
         hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
         graph=f"{RESULTS}/data/{{cfg}}/graph",
+        plan=rules.diagnose.output[0],
     output:
         model=f"{RESULTS}/train/{{cfg}}/model.pt",
         embeddings=f"{RESULTS}/train/{{cfg}}/embeddings.h5ad",
@@ -36,7 +78,7 @@ rule train:
         train=json_arg("train"),
     shell:
         "ampflow train --data {params.data} --out {params.out} --name {wildcards.cfg}"
-        " --model {params.model} --train {params.train} > {log} 2>&1"
+        " --model {params.model} --train {params.train} --plan {input.plan} > {log} 2>&1"
 
 
 rule evaluate:

@@ -62,6 +62,7 @@ def all_outputs():
             f"{RESULTS}/data/{cfg}/rna.h5ad",
             f"{RESULTS}/data/{cfg}/hic.h5ad",
             f"{RESULTS}/data/{cfg}/graph",
+            f"{RESULTS}/amp/{cfg}/plan.json",
             f"{RESULTS}/train/{cfg}/model.pt",
             f"{RESULTS}/eval/{cfg}/scores.json",
         ]

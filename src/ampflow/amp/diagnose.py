@@ -1,0 +1,192 @@
+"""Diagnose: from a profile, the device count and memory, to a deterministic plan.
+
+Walks the strategy registry (:mod:`.strategies`) in order; signals come from the
+signal registry (:mod:`.signals`); predictions from the memory model. Beyond the
+fixed mapping it chooses the largest chunk size that fits and the smallest
+tensor-parallel degree that fits (the remaining devices doing data parallelism), and
+recommends a device count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..io.errors import InputError
+from .signals import evaluate_signals
+from .strategies import Context, ordered
+
+PLAN_VERSION = 1
+MIN_CHUNK = 16
+MAX_RECOMMENDED = 1024
+
+
+def _chunk_candidates(n_anchors: int) -> list[int]:
+    """Powers of two from the largest below ``n_anchors`` down to MIN_CHUNK."""
+    out, c = [], MIN_CHUNK
+    while c < n_anchors:
+        out.append(c)
+        c *= 2
+    return sorted(out, reverse=True) or [max(1, n_anchors)]
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_profile(profile: dict) -> None:
+    for key in ("modalities", "model", "train"):
+        if key not in profile:
+            raise InputError("profile lacks a required section", key=key)
+
+
+def _decide(profile, signals, devices, budget, estimate):
+    """Strategy names, reasons, mesh, chunk and estimate for ``devices`` devices."""
+    hic = profile["modalities"].get("hic", {})
+    chunks = _chunk_candidates(int(hic.get("n_anchors", 0))) if hic else []
+    strategies = {s.name: s for s in ordered()}
+
+    def peak(names, dp, tp, chunk):
+        return estimate(profile, tuple(names), dp, tp, chunk).total
+
+    ctx = Context(profile=profile, signals=signals, devices=devices, budget=budget, peak=peak)
+    reasons = []
+    for st in ordered():
+        if st.multi_process and devices < 2:
+            continue
+        why = st.rule(ctx)
+        if not why:
+            continue
+        ctx.chosen.append(st.name)
+        reasons.append(f"{st.id} {st.name}: {why}")
+        if st.knob == "chunk" and chunks:
+            fitting = [c for c in chunks if peak(ctx.chosen, devices, 1, c) <= budget]
+            ctx.best_chunk = fitting[0] if fitting else chunks[-1]
+
+    uses_chunk = any(strategies[n].knob == "chunk" for n in ctx.chosen) and chunks
+    chunk_options = chunks if uses_chunk else [0]
+    tp_options = _divisors(devices) if any(strategies[n].uses_tp for n in ctx.chosen) else [1]
+    choice = None
+    for tp in tp_options:
+        for c in chunk_options:
+            if peak(ctx.chosen, devices // tp, tp, c) <= budget:
+                choice = (tp, c, True)
+                break
+        if choice:
+            break
+    if choice is None:
+        choice = (tp_options[-1], chunk_options[-1], False)
+    tp, chunk, fits = choice
+    est = estimate(profile, tuple(ctx.chosen), devices // tp, tp, chunk)
+    return ctx.chosen, reasons, {"dp": devices // tp, "tp": tp}, chunk, fits, est
+
+
+def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None) -> dict:
+    """The plan for running ``profile``'s configuration on ``devices`` devices.
+
+    Parameters
+    ----------
+    profile : dict
+        From :func:`ampflow.amp.profile.profile_data` (signals are re-evaluated here).
+    devices : int
+    device_memory : int
+        Bytes per device.
+    budget_fraction : float
+        Share of ``device_memory`` the plan may use.
+    settings : dict, optional
+        Signal thresholds (e.g. ``dimensionality_ratio``).
+    estimate : callable, optional
+        ``estimate(profile, names, dp, tp, chunk) -> Estimate``; default the analytic
+        memory model.
+    """
+    from .memory_model import estimate_for_profile
+    from .profile import profile_hash
+
+    _check_profile(profile)
+    if devices < 1:
+        raise InputError("must be >= 1", key="devices", value=devices)
+    if device_memory <= 0:
+        raise InputError("must be > 0", key="device_memory", value=device_memory)
+    if not 0 < budget_fraction <= 1:
+        raise InputError("must be in (0, 1]", key="budget_fraction", value=budget_fraction)
+    estimate = estimate or estimate_for_profile
+    signals = evaluate_signals(profile, settings)
+    budget = math.floor(device_memory * budget_fraction)
+    names, reasons, mesh, chunk, fits, est = _decide(profile, signals, devices, budget, estimate)
+
+    recommended = None
+    d = 1
+    while d <= MAX_RECOMMENDED:
+        if _decide(profile, signals, d, budget, estimate)[4]:
+            recommended = d
+            break
+        d *= 2
+    by_name = {s.name: s for s in ordered()}
+    if not names:
+        reasons.append("no signal calls for a strategy: plain single-process training.")
+    if mesh["tp"] > 1:
+        reasons.append(f"mesh: tp {mesh['tp']} is the smallest tensor-parallel degree that fits; dp {mesh['dp']} uses the other devices.")
+    if chunk:
+        reasons.append(f"chunk size {chunk} is the largest power of two that fits (larger chunks run faster).")
+    if fits:
+        reasons.append(f"predicted peak {est.total / 2**30:.3f} GiB per device fits the budget {budget / 2**30:.3f} GiB.")
+    else:
+        reasons.append(f"predicted peak {est.total / 2**30:.3f} GiB per device exceeds the budget {budget / 2**30:.3f} GiB even with every applicable strategy.")
+    if recommended is None:
+        reasons.append(f"no device count up to {MAX_RECOMMENDED} fits this budget per device.")
+    elif recommended != devices:
+        reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits.")
+    hic = profile["modalities"].get("hic", {})
+    return {
+        "version": PLAN_VERSION,
+        "inputs": {
+            "profile_hash": profile_hash(profile),
+            "devices": devices,
+            "device_memory_bytes": int(device_memory),
+            "budget_fraction": budget_fraction,
+            "budget_bytes": int(budget),
+        },
+        "signals": signals,
+        "strategies": [{"id": by_name[n].id, "name": n, "summary": by_name[n].summary} for n in names],
+        "mesh": mesh,
+        "world_size": devices,
+        "chunk_size": int(chunk) or None,
+        "key_first": any(by_name[n].knob == "key_first" for n in names),
+        "predicted_peak_bytes": int(est.total),
+        "M_base_bytes": int(est.base),
+        "M_stratum_bytes": int(est.per_stratum),
+        "n_strata": int(hic.get("n_strata", 0)),
+        "memory_components": {k: int(v) for k, v in sorted(est.components.items())},
+        "fits": bool(fits),
+        "recommended_devices": recommended,
+        "reasons": reasons,
+    }
+
+
+def dumps(plan: dict) -> str:
+    """Canonical text of a plan: identical plans give identical bytes."""
+    return json.dumps(plan, indent=2, sort_keys=True) + "\n"
+
+
+def explain(plan: dict) -> str:
+    """The plan as a readable table."""
+    gib = 2**30
+    inp = plan["inputs"]
+    rows = [
+        ("devices", f"{inp['devices']} x {inp['device_memory_bytes'] / gib:.2f} GiB (budget {inp['budget_fraction']:g}: {inp['budget_bytes'] / gib:.2f} GiB)"),
+        ("mesh", f"dp {plan['mesh']['dp']} x tp {plan['mesh']['tp']}"),
+        ("strategies", ", ".join(f"{s['id']} {s['name']}" for s in plan["strategies"]) or "none"),
+        ("chunk size", str(plan["chunk_size"] or "-")),
+        ("predicted peak", f"{plan['predicted_peak_bytes'] / gib:.3f} GiB per device"),
+        ("M(L)", f"{plan['M_base_bytes'] / gib:.3f} + L x {plan['M_stratum_bytes'] / gib:.4f} GiB (L = {plan['n_strata']})"),
+        ("fits", "yes" if plan["fits"] else "NO"),
+        ("recommended devices", str(plan["recommended_devices"] or "none up to 1024")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = ["plan", "----"] + [f"{k.ljust(width)}  {v}" for k, v in rows]
+    lines += ["", "signals", "-------"]
+    for name, s in sorted(plan["signals"].items()):
+        ev = ", ".join(f"{k}={v}" for k, v in sorted(s["evidence"].items()))
+        lines.append(f"{'RAISED' if s['raised'] else 'no    '}  {name}  ({ev})")
+    lines += ["", "why", "---"] + [f"- {r}" for r in plan["reasons"]]
+    return "\n".join(lines) + "\n"

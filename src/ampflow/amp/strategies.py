@@ -1,0 +1,116 @@
+"""Parallel strategies (S-numbers in docs and plans, names in code) and when they apply.
+
+A strategy is added by registering it (:func:`register_strategy`) with a rule that,
+given the diagnosis so far, returns the sentence saying why it applies (or None).
+:mod:`.diagnose` walks the registry in ``order`` and never names strategies itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIONALITY
+
+
+@dataclass
+class Context:
+    """What a strategy's rule may look at."""
+
+    profile: dict
+    signals: dict  # name -> {"raised", "evidence", ...}
+    devices: int
+    budget: float  # bytes per device
+    chosen: list[str] = field(default_factory=list)  # strategy names chosen so far, in order
+    peak: Callable[..., float] | None = None  # peak(names, dp, tp, chunk) -> bytes per device
+    best_chunk: int = 0  # the chunk size that would be used (0: none)
+
+    def raised(self, name: str) -> bool:
+        return bool(self.signals.get(name, {}).get("raised"))
+
+    @property
+    def has_hic(self) -> bool:
+        return "hic" in self.profile.get("modalities", {})
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A strategy: ``rule(ctx)`` returns why it applies, or None.
+
+    ``multi_process``: needs more than one device. ``uses_tp``: shards over the
+    tensor-parallel group (so the mesh gets a tp degree). ``knob``: a setting the
+    diagnosis tunes for it (``"chunk"``: the largest chunk size that fits) or a
+    switch it turns on (``"key_first"``).
+    """
+
+    id: str
+    name: str
+    summary: str
+    order: int
+    multi_process: bool
+    uses_tp: bool
+    rule: Callable[[Context], str | None]
+    knob: str | None = None
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register_strategy(strategy: Strategy) -> Strategy:
+    if strategy.name in STRATEGIES:
+        raise ValueError(f"strategy {strategy.name} is registered already")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def unregister_strategy(name: str) -> None:
+    STRATEGIES.pop(name, None)
+
+
+def ordered() -> list[Strategy]:
+    return sorted(STRATEGIES.values(), key=lambda s: (s.order, s.name))
+
+
+def _data_parallel(ctx: Context) -> str | None:
+    if ctx.devices > 1:
+        return f"{ctx.devices} devices: data parallelism is the multi-process substrate (cells split over the dp groups)."
+    return None
+
+
+def _feature_parallel(ctx: Context) -> str | None:
+    if ctx.raised(HIGH_INPUT_DIMENSIONALITY):
+        ev = ctx.signals[HIGH_INPUT_DIMENSIONALITY]["evidence"]
+        return f"Hi-C has {ev['ratio']:g}x the features of {ev['next_largest']} (>= {ev['threshold']:g}): shard every stratum's features over the tp group."
+    return None
+
+
+def _chunked_attention(ctx: Context) -> str | None:
+    if ctx.raised(ATTENTION_DECODER):
+        return "the Hi-C decoder uses local attention: evaluate it in query chunks against their windows only (memory O(N(C+2w)) instead of O(N^2))."
+    return None
+
+
+def _key_first(ctx: Context) -> str | None:
+    if ctx.raised(HIGH_INPUT_DIMENSIONALITY):
+        return "many Hi-C features: gather each stratum's keys before the product, avoiding the batch x anchors intermediate."
+    return None
+
+
+def _hidden_parallel(ctx: Context) -> str | None:
+    if not ctx.raised(HEAVY_DECOMPOSITION) or ctx.peak is None:
+        return None
+    peak = ctx.peak(ctx.chosen, ctx.devices, 1, ctx.best_chunk)
+    if peak > ctx.budget:
+        n = ctx.signals[HEAVY_DECOMPOSITION]["evidence"]["attention_strata"]
+        return (
+            f"{n} attention strata keep their activations until backward and the predicted peak "
+            f"{peak / 2**30:.2f} GiB exceeds the budget {ctx.budget / 2**30:.2f} GiB without it: split the decoder width D over the tp group."
+        )
+    return None
+
+
+register_strategy(Strategy("S1", "data_parallel", "ranks take different cells; gradients averaged", 10, True, False, _data_parallel))
+register_strategy(Strategy("S2", "feature_parallel", "each tp rank owns a shard of every stratum's features", 20, True, True, _feature_parallel))
+register_strategy(Strategy("S3", "chunked_attention", "local attention by query chunks against their windows", 30, False, False, _chunked_attention, "chunk"))
+register_strategy(Strategy("S4", "key_first_decode", "u . key[F_k]^T instead of (u . key^T)[:, F_k]", 40, False, False, _key_first, "key_first"))
+register_strategy(Strategy("S5", "hidden_parallel", "the decoder width D split over the tp group", 50, True, True, _hidden_parallel))
