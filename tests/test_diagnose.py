@@ -151,3 +151,21 @@ def test_bad_inputs_are_clear():
         plan(make_profile(False, False, False), 0, 8)
     with pytest.raises(InputError, match="budget_fraction"):
         dg.diagnose(make_profile(False, False, False), 1, GIB, 1.5, estimate=toy_estimate)
+
+
+def test_cli_diagnose_and_explain(tmp_path, capsys):
+    from ampflow.cli import main
+
+    bad = tmp_path / "profile.json"
+    bad.write_text("{not json")
+    assert main(["diagnose", str(bad), "--devices", "2", "--device-memory", "8", "--out", str(tmp_path / "plan.json")]) == 2
+    assert f"{bad}:1" in capsys.readouterr().err
+    assert not (tmp_path / "plan.json").exists()
+    assert main(["diagnose", str(tmp_path / "missing.json"), "--devices", "2", "--device-memory", "8", "--out", str(tmp_path / "plan.json")]) == 2
+    assert main(["plan-explain", str(tmp_path / "missing.json")]) == 2
+
+
+def test_explain_prints_a_table():
+    text = dg.explain(plan(make_profile(True, True, True), 4, 9.0))
+    for word in ("mesh", "strategies", "chunk size", "predicted peak", "RAISED", "HIGH_INPUT_DIMENSIONALITY", "why"):
+        assert word in text

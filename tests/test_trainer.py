@@ -7,6 +7,7 @@ Everything trains on the CPU, where resumed runs are bit-identical.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import logging
@@ -403,3 +404,16 @@ def test_train_on_real_rna_matrix(shared_data, tmp_path):
     emb = ad.read_h5ad(out / "embeddings.h5ad")
     assert emb.obsm["X_joint"].shape == (n, ModelConfig().latent_dim)
     assert np.isfinite(emb.obsm["X_joint"]).all()
+
+
+def test_checkpoints_of_another_run_are_not_resumed(paired, reference, tmp_path, caplog):
+    """After the settings change, old checkpoints are deleted and training starts fresh."""
+    out = tmp_path / "run"
+    other = dataclasses.replace(MODEL, hidden_dim=16)
+    Trainer(paired, other, TRAIN, out, stop_after=7).fit()
+    assert checkpoint.list_checkpoints(out / "checkpoints")
+    with caplog.at_level(logging.WARNING):
+        fit(paired, out)
+    assert "from another run" in caplog.text
+    assert_same_model(out, reference)
+    assert_same_metrics(out, reference)

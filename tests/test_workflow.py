@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,7 +22,6 @@ BIN = Path(sys.executable).parent
 # a few training steps of a small model: the workflow is under test here, not the fit
 QUICK_CONFIG = """
 train: {pretrain: {epochs: 2}, finetune: {epochs: 1}}
-model: {latent_dim: 8, hidden_dim: 32, heads: 2}
 """
 QUICK = ["--configfile", "config/config.yaml", "config/quick.yaml"]
 
@@ -54,22 +54,25 @@ def test_every_output_written(run_dir):
     for rel in [
         "qc/cells.tsv",
         "binned/500kb.scool",
-        "binned/1mb.scool",
+        "binned/250kb.scool",
         "binned/pseudobulk.mcool",
         "data/500kb_s10/hic.h5ad",
         "data/500kb_s10/rna.h5ad",
         "data/500kb_s10/graph/nodes.parquet",
         "data/500kb_s10/graph/edges.parquet",
-        "data/1mb_s5/hic.h5ad",
+        "data/250kb_s12/hic.h5ad",
+        "amp/500kb_s10/profile.json",
+        "amp/500kb_s10/plan.json",
+        "amp/250kb_s12/plan.json",
         "amp/devices.json",
         "train/500kb_s10/model.pt",
         "train/500kb_s10/embeddings.h5ad",
         "train/500kb_s10/metrics.jsonl",
         "train/500kb_s10/config.yaml",
-        "train/1mb_s5/model.pt",
+        "train/250kb_s12/model.pt",
         "eval/500kb_s10/scores.json",
         "eval/500kb_s10/umap.png",
-        "eval/1mb_s5/scores.json",
+        "eval/250kb_s12/scores.json",
     ]:
         assert (res / rel).exists(), rel
     # nothing temporary left under the results
@@ -82,8 +85,20 @@ def test_every_output_written(run_dir):
     assert "contacts" in qc.loc["cell0001", "reason"]
     assert not qc.loc["orphan0001", "in_pairs"] and qc.loc["orphan0001", "in_rna"]
     assert set(cooler.fileops.list_coolers(str(res / "binned/pseudobulk.mcool"))) == {
-        f"/resolutions/{r}" for r in (500000, 1000000, 2000000, 5000000)
+        f"/resolutions/{r}" for r in (250000, 500000, 1000000, 2000000, 5000000)
     }
+
+
+def test_demo_plans_light_and_heavy(run_dir):
+    """The light configuration diagnoses to data parallelism (+ S3); the heavy one to S2-S5, tp >= 2."""
+    amp = run_dir / "results/demo/amp"
+    light = json.loads((amp / "500kb_s10/plan.json").read_text())
+    heavy = json.loads((amp / "250kb_s12/plan.json").read_text())
+    assert [s["id"] for s in light["strategies"]] == ["S1", "S3"] and light["mesh"] == {"dp": 2, "tp": 1}
+    assert [s["id"] for s in heavy["strategies"]] == ["S1", "S2", "S3", "S4", "S5"] and heavy["mesh"]["tp"] >= 2
+    assert light["fits"] and heavy["fits"]
+    log = (run_dir / "logs/demo/train.250kb_s12.log").read_text()
+    assert f"chunk {heavy['chunk_size']}, key-first True" in log
 
 
 def test_pseudobulk_levels_equal_summed_cells(run_dir):
@@ -92,7 +107,7 @@ def test_pseudobulk_levels_equal_summed_cells(run_dir):
     qc = pd.read_csv(res / "qc/cells.tsv", sep="\t", index_col="cell_id")
     passing = [c for c, ok in qc["pass"].items() if ok]
     mcool = str(res / "binned/pseudobulk.mcool")
-    for r, label in ((500000, "500kb"), (1000000, "1mb")):
+    for r, label in ((250000, "250kb"), (500000, "500kb")):
         total = None
         for cell in passing:
             px = cooler.Cooler(f"{res}/binned/{label}.scool::/cells/{cell}").pixels()[:].set_index(["bin1_id", "bin2_id"])
@@ -104,7 +119,7 @@ def test_pseudobulk_levels_equal_summed_cells(run_dir):
 def test_strata_round_trip(run_dir):
     """Σ features of stratum k per cell == that cell's cis contacts at bin distance k."""
     res = run_dir / "results" / "demo"
-    for cfg, label, n_strata in (("500kb_s10", "500kb", 10), ("1mb_s5", "1mb", 5)):
+    for cfg, label, n_strata in (("500kb_s10", "500kb", 10), ("250kb_s12", "250kb", 12)):
         hic = ad.read_h5ad(res / f"data/{cfg}/hic.h5ad")
         meta = hic.uns["ampflow"]
         assert meta["modality"] == "hic" and meta["prob_model"] == "HiCZINB" and meta["n_strata"] == n_strata

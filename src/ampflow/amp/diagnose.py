@@ -178,7 +178,7 @@ def explain(plan: dict) -> str:
         ("strategies", ", ".join(f"{s['id']} {s['name']}" for s in plan["strategies"]) or "none"),
         ("chunk size", str(plan["chunk_size"] or "-")),
         ("predicted peak", f"{plan['predicted_peak_bytes'] / gib:.3f} GiB per device"),
-        ("M(L)", f"{plan['M_base_bytes'] / gib:.3f} + L x {plan['M_stratum_bytes'] / gib:.4f} GiB (L = {plan['n_strata']})"),
+        ("M(L)", f"{plan['M_base_bytes'] / gib:.3f} + (L-1) x {plan['M_stratum_bytes'] / gib:.4f} GiB (L = {plan['n_strata']}; stratum 0 has no attention block)"),
         ("fits", "yes" if plan["fits"] else "NO"),
         ("recommended devices", str(plan["recommended_devices"] or "none up to 1024")),
     ]

@@ -79,12 +79,23 @@ def remove_stale_temps(folder) -> None:
                 p.unlink(missing_ok=True)
 
 
-def load_latest(folder) -> tuple[dict, Path] | tuple[None, None]:
-    """The newest checkpoint that loads, or (None, None)."""
+def load_latest(folder, run_key: str | None = None) -> tuple[dict, Path] | tuple[None, None]:
+    """The newest checkpoint that loads and belongs to ``run_key``, or (None, None).
+
+    Checkpoints of another run (different data or settings, e.g. after the config
+    changed) cannot be resumed from: they are deleted with a warning, so that they
+    neither shadow nor mix with this run's.
+    """
     remove_stale_temps(folder)
     for path in list_checkpoints(folder):
         try:
-            return torch.load(path, map_location="cpu", weights_only=True), path
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file means: try the previous one
             log.warning("checkpoint %s is unreadable (%s: %s); falling back to the previous one", path, type(e).__name__, e)
+            continue
+        if run_key is not None and state.get("run_key") != run_key:
+            log.warning("checkpoint %s is from another run (data or settings changed); deleting it", path)
+            path.unlink(missing_ok=True)
+            continue
+        return state, path
     return None, None

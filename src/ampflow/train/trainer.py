@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -77,8 +78,23 @@ class Trainer:
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
 
     # ----------------------------------------------------------- state
+    def run_key(self) -> str:
+        """Fingerprint of everything that decides this run's results: the data (cells,
+        shapes, counts), the model settings and the training settings (less those that
+        only decide how often checkpoints are kept or where the run is scheduled)."""
+        h = hashlib.sha256()
+        d = self.data
+        h.update("\n".join(map(str, d.obs.index)).encode())
+        for m in (d.rna, d.hic):
+            h.update(np.asarray(m.shape, dtype=np.int64).tobytes())
+            h.update(np.asarray([m.nnz, float(m.data.sum(dtype=np.float64))]).tobytes())
+        train = {k: v for k, v in self.cfg.to_dict().items() if k not in ("checkpoint_every", "keep_checkpoints", "gpus")}
+        h.update(json.dumps([self.model_cfg.to_dict(), _plain(train)], sort_keys=True).encode())
+        return h.hexdigest()
+
     def _payload(self) -> dict:
         return {
+            "run_key": self.run_key(),
             "step": self.step,
             "position": list(self.position),
             "model": self.model.state_dict(),
@@ -87,7 +103,7 @@ class Trainer:
         }
 
     def _resume(self) -> bool:
-        state, path = checkpoint.load_latest(self.ckpt_dir)
+        state, path = checkpoint.load_latest(self.ckpt_dir, self.run_key())
         if state is None:
             return False
         self.model.load_state_dict(state["model"])
