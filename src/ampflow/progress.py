@@ -44,3 +44,12 @@ class Progress:
         pct = 100.0 * self.done / self.total if self.total else 100.0
         eta = f"{left:.0f}s" if left != float("inf") else "?"
         return f"{self.verb} {self.done}/{self.total} {self.what} ({pct:.1f}%), {rate:.1f} {self.what}/s, ETA {eta}"
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'; binary units up to TiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.2f} TiB"

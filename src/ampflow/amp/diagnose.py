@@ -13,6 +13,7 @@ import json
 import math
 
 from ..io.errors import InputError
+from ..progress import human_bytes
 from .signals import evaluate_signals
 from .strategies import Context, ordered
 
@@ -129,9 +130,9 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     if chunk:
         reasons.append(f"chunk size {chunk} is the largest power of two that fits (larger chunks run faster).")
     if fits:
-        reasons.append(f"predicted peak {est.total / 2**30:.3f} GiB per device fits the budget {budget / 2**30:.3f} GiB.")
+        reasons.append(f"predicted peak {human_bytes(est.total)} per device fits the budget {human_bytes(budget)}.")
     else:
-        reasons.append(f"predicted peak {est.total / 2**30:.3f} GiB per device exceeds the budget {budget / 2**30:.3f} GiB even with every applicable strategy.")
+        reasons.append(f"predicted peak {human_bytes(est.total)} per device exceeds the budget {human_bytes(budget)} even with every applicable strategy.")
     if recommended is None:
         reasons.append(f"no device count up to {MAX_RECOMMENDED} fits this budget per device.")
     elif recommended != devices:
@@ -170,15 +171,15 @@ def dumps(plan: dict) -> str:
 
 def explain(plan: dict) -> str:
     """The plan as a readable table."""
-    gib = 2**30
+    hb = human_bytes
     inp = plan["inputs"]
     rows = [
-        ("devices", f"{inp['devices']} x {inp['device_memory_bytes'] / gib:.2f} GiB (budget {inp['budget_fraction']:g}: {inp['budget_bytes'] / gib:.2f} GiB)"),
+        ("devices", f"{inp['devices']} x {hb(inp['device_memory_bytes'])} (budget {inp['budget_fraction']:g}: {hb(inp['budget_bytes'])})"),
         ("mesh", f"dp {plan['mesh']['dp']} x tp {plan['mesh']['tp']}"),
         ("strategies", ", ".join(f"{s['id']} {s['name']}" for s in plan["strategies"]) or "none"),
         ("chunk size", str(plan["chunk_size"] or "-")),
-        ("predicted peak", f"{plan['predicted_peak_bytes'] / gib:.3f} GiB per device"),
-        ("M(L)", f"{plan['M_base_bytes'] / gib:.3f} + (L-1) x {plan['M_stratum_bytes'] / gib:.4f} GiB (L = {plan['n_strata']}; stratum 0 has no attention block)"),
+        ("predicted peak", f"{hb(plan['predicted_peak_bytes'])} per device"),
+        ("M(L)", f"{hb(plan['M_base_bytes'])} + (L-1) x {hb(plan['M_stratum_bytes'])} (L = {plan['n_strata']}; stratum 0 has no attention block)"),
         ("fits", "yes" if plan["fits"] else "NO"),
         ("recommended devices", str(plan["recommended_devices"] or "none up to 1024")),
     ]

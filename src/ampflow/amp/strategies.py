@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..progress import human_bytes
 from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIONALITY
 
 
@@ -104,7 +105,7 @@ def _hidden_parallel(ctx: Context) -> str | None:
         n = ctx.signals[HEAVY_DECOMPOSITION]["evidence"]["attention_strata"]
         return (
             f"{n} attention strata keep their activations until backward and the predicted peak "
-            f"{peak / 2**30:.2f} GiB exceeds the budget {ctx.budget / 2**30:.2f} GiB without it: split the decoder width D over the tp group."
+            f"{human_bytes(peak)} exceeds the budget {human_bytes(ctx.budget)} without it: split the decoder width D over the tp group."
         )
     return None
 
