@@ -35,15 +35,15 @@ def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """Demo of 16 cells; the first run sees only 14 of them (the sheet grows later)."""
+    """The demo dataset (120 cells, seed 0, as `make demo`); the first run sees 118 of them (the sheet grows later)."""
     from ampflow.demo import write_demo
 
     root = workflow_copy(tmp_path_factory.mktemp("wf"))
     (root / "config/quick.yaml").write_text(QUICK_CONFIG)
-    write_demo(root / "resources" / "demo", n_cells=16, seed=3)
+    write_demo(root / "resources" / "demo", n_cells=120, seed=0)
     sheet = pd.read_csv(root / "resources/demo/cells.tsv", sep="\t")
     sheet.to_csv(root / "resources/demo/cells.full.tsv", sep="\t", index=False)
-    sheet.iloc[:14].to_csv(root / "resources/demo/cells.tsv", sep="\t", index=False)
+    sheet.iloc[:118].to_csv(root / "resources/demo/cells.tsv", sep="\t", index=False)
     r = snakemake(root, "--profile", "profiles/local")
     assert r.returncode == 0, r.stderr[-3000:]
     return root
@@ -176,6 +176,6 @@ def test_nothing_to_do_then_only_new_cells_binned(run_dir):
     r = snakemake(run_dir, "--profile", "profiles/local")
     assert r.returncode == 0, r.stderr[-3000:]
     log = (run_dir / "logs/demo/bin_cells.log").read_text()
-    assert "2 cell(s) binned now, 14 reused from cache" in log
+    assert "2 cell(s) binned now, 118 reused from cache" in log
     hic = ad.read_h5ad(run_dir / "results/demo/data/500kb_s10/hic.h5ad", backed="r")
-    assert "cell0015" in hic.obs_names or "cell0014" in hic.obs_names
+    assert "cell0117" in hic.obs_names or "cell0118" in hic.obs_names
