@@ -1,12 +1,4 @@
 # AMP: profile the data (metadata only) -> diagnose a plan -> train with it -> evaluate.
-import json
-import shlex
-
-
-def json_arg(section):
-    return shlex.quote(json.dumps(config[section], sort_keys=True))
-
-
 rule profile:
     input:
         rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",

@@ -1,4 +1,7 @@
 # Config and cell-sheet validation, derived names, and input functions.
+import json
+import shlex
+
 from snakemake.utils import validate
 
 from ampflow.io.genome import resolution_label
@@ -67,3 +70,8 @@ def all_outputs():
             f"{RESULTS}/eval/{cfg}/scores.json",
         ]
     return out
+
+
+def json_arg(section):
+    """A config section as one shell-quoted JSON argument."""
+    return shlex.quote(json.dumps(config[section], sort_keys=True))
