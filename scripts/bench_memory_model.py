@@ -5,7 +5,7 @@ synthetic shapes (no data files): Hi-C features in stratum-major order with anch
 ``0..n-1`` at stratum 0 and a random subset of the valid pairs ``(a, a + k)`` for
 ``k >= 1``, and a random guidance graph (gene-anchor and anchor-anchor edges, both
 directions, self-loops). One training step then runs on CPU exactly as the trainer runs
-it (``model.train()``, Adam, ``SavedTensorBytes(exclude=[rna, hic])`` around the forward,
+it (``ampflow.train.memory.measured_step``: ``model.train()``, Adam, ``SavedTensorBytes`` around the forward,
 backward, ``optimizer.step()``, then ``state_bytes``), and the measured bytes are
 compared with :func:`~ampflow.amp.memory_model.predict` from shapes alone.
 
@@ -32,7 +32,7 @@ import torch
 from ampflow.amp.memory_model import Estimate, ShapeSpec, fit_linear, predict
 from ampflow.model.config import ModelConfig
 from ampflow.model.paired import GraphSpec, LossWeights, PairedModel
-from ampflow.train.memory import SavedTensorBytes, state_bytes
+from ampflow.train.memory import measured_step
 
 MIB = 2**20
 
@@ -124,16 +124,9 @@ def train_step(model: PairedModel, rna: torch.Tensor, hic: torch.Tensor) -> tupl
     marks : list of int
         The same after each stratum of the Hi-C decoder.
     """
-    model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    optimizer.zero_grad(set_to_none=True)
-    meter = SavedTensorBytes(exclude=[rna, hic])
-    with meter:
-        terms = model(rna, hic, LossWeights(), generator=torch.Generator().manual_seed(1), on_stratum=meter.mark)
-    terms["total"].backward()
-    optimizer.step()
-    base = state_bytes(model, optimizer)
-    return base + meter.nbytes, [base + m for m in meter.marks]
+    _, peak, marks = measured_step(model, optimizer, rna, hic, LossWeights(), torch.Generator().manual_seed(1))
+    return peak, marks
 
 
 def run(cfg: Config) -> tuple[int, list[int], Estimate, float]:
@@ -246,7 +239,7 @@ def main(argv=None) -> int:
         print(f"  {k:26s} {v / MIB:12.2f}")
     print(f"  {'M_base':26s} {big[2].base / MIB:12.2f}")
     print(f"  {'M_stratum':26s} {big[2].per_stratum / MIB:12.2f}")
-    print(f"  transient (not in total): " + ", ".join(f"{k} {v / MIB:.2f}" for k, v in big[2].transient.items()))
+    print("  transient (not in total): " + ", ".join(f"{k} {v / MIB:.2f}" for k, v in big[2].transient.items()))
 
     print()
     print("summary")

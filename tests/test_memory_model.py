@@ -19,7 +19,7 @@ from ampflow.amp.memory_model import (
 from ampflow.model.attention import chunk_blocks
 from ampflow.model.config import ModelConfig
 from ampflow.model.paired import GraphSpec, LossWeights, PairedModel
-from ampflow.train.memory import SavedTensorBytes, state_bytes
+from ampflow.train.memory import measured_step
 
 
 def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0):
@@ -52,16 +52,9 @@ def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0):
 
 def _measure(model, rna, hic):
     """One step as the trainer runs it on CPU: (peak bytes, per-stratum marks)."""
-    model.train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    opt.zero_grad(set_to_none=True)
-    meter = SavedTensorBytes(exclude=[rna, hic])
-    with meter:
-        terms = model(rna, hic, LossWeights(), generator=torch.Generator().manual_seed(1), on_stratum=meter.mark)
-    terms["total"].backward()
-    opt.step()
-    base = state_bytes(model, opt)
-    return base + meter.nbytes, [base + m for m in meter.marks]
+    _, peak, marks = measured_step(model, opt, rna, hic, LossWeights(), torch.Generator().manual_seed(1))
+    return peak, marks
 
 
 @pytest.mark.parametrize(

@@ -299,17 +299,21 @@ def _device_memory(arg: str, devices_file: str | None = None) -> int:
     return min(free)
 
 
+def _read_json(path, what: str) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{what} does not exist", path=path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
+
+
 def cmd_diagnose(a):
     from .amp.diagnose import diagnose, dumps
     from .io.atomic import write_text_atomic
 
-    path = Path(a.profile)
-    if not path.is_file():
-        raise InputError("profile does not exist", path=path)
-    try:
-        profile = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
+    profile = _read_json(a.profile, "profile")
     settings = {"dimensionality_ratio": a.dimensionality_ratio}
     plan = diagnose(profile, a.devices, _device_memory(a.device_memory, a.devices_file), a.budget_fraction, settings=settings)
     write_text_atomic(a.out, dumps(plan))
@@ -320,14 +324,7 @@ def cmd_diagnose(a):
 def cmd_plan_explain(a):
     from .amp.diagnose import explain
 
-    path = Path(a.plan)
-    if not path.is_file():
-        raise InputError("plan does not exist", path=path)
-    try:
-        plan = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
-    sys.stdout.write(explain(plan))
+    sys.stdout.write(explain(_read_json(a.plan, "plan")))
 
 
 def cmd_devices(a):

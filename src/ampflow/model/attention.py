@@ -39,8 +39,6 @@ __all__ = [
     "local_attention",
     "local_attention_full",
     "local_attention_chunked",
-    "SavedTensorBytes",
-    "saved_activation_bytes",
 ]
 
 

@@ -182,3 +182,30 @@ def saved_activation_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     with SavedTensorBytes(exclude=inputs) as saved:
         fn(*args, **kwargs)
     return saved.nbytes
+
+
+def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None) -> tuple[dict, int, list[int]]:
+    """One optimisation step in train mode, with its memory peak.
+
+    Returns the loss terms, the peak bytes and the bytes after each Hi-C stratum. On
+    CUDA these are ``max_memory_allocated`` and ``memory_allocated``; on CPU the
+    bytes saved for backward (:class:`SavedTensorBytes`, the batch excluded) plus
+    :func:`state_bytes`. The trainer, the memory-model benchmark and its tests all
+    measure through this one function.
+    """
+    cuda = rna.is_cuda
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    meter = SavedTensorBytes(exclude=[rna, hic])
+    marks_cuda: list[int] = []
+    on_stratum = (lambda k: marks_cuda.append(torch.cuda.memory_allocated())) if cuda else meter.mark
+    with meter:
+        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum)
+    terms["total"].backward()
+    optimizer.step()
+    if cuda:
+        return terms, int(torch.cuda.max_memory_allocated()), marks_cuda
+    base = state_bytes(model, optimizer)
+    return terms, base + meter.nbytes, [base + m for m in meter.marks]

@@ -23,7 +23,7 @@ from ..progress import Progress
 from . import checkpoint
 from .config import TrainConfig
 from .data import PairedData
-from .memory import SavedTensorBytes, state_bytes
+from .memory import measured_step
 
 log = logging.getLogger(__name__)
 
@@ -128,25 +128,9 @@ class Trainer:
     def _train_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
         rna, hic = self.data.batch(idx)
         rna, hic = rna.to(self.device), hic.to(self.device)
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        meter = SavedTensorBytes(exclude=[rna, hic])
-        marks_cuda: list[int] = []
-        on_stratum = (lambda k: marks_cuda.append(torch.cuda.memory_allocated())) if cuda else meter.mark
-        with meter:
-            terms = self.model(rna, hic, stage_cfg.weights, generator=self.generator, on_stratum=on_stratum)
-        terms["total"].backward()
-        self.optimizer.step()
+        terms, peak, per_stratum = measured_step(self.model, self.optimizer, rna, hic, stage_cfg.weights, self.generator)
         seconds = time.perf_counter() - t0
-        if cuda:
-            peak, per_stratum = torch.cuda.max_memory_allocated(), marks_cuda
-        else:
-            base = state_bytes(self.model, self.optimizer)
-            peak, per_stratum = base + meter.nbytes, [base + m for m in meter.marks]
         return {
             "stage": stage_name,
             "epoch": epoch,
