@@ -55,6 +55,11 @@ class PairedModel(nn.Module):
     graph : GraphSpec
     """
 
+    #: Terms that are means over the batch's cells.
+    CELL_TERMS = ("rna_nll", "hic_nll", "rna_kl", "hic_kl", "align", "cross")
+    #: Terms of the graph alone: the same whichever cells are in the batch.
+    SHARED_TERMS = ("graph_nll", "graph_kl")
+
     def __init__(self, cfg: ModelConfig, n_genes: int, feature_anchor, feature_stratum, n_strata: int, graph: GraphSpec):
         super().__init__()
         self.cfg = cfg
@@ -82,23 +87,46 @@ class PairedModel(nn.Module):
             self.hic_encoder(hic_input(hic, self.feature_stratum, self.n_strata)),
         )
 
-    def node_latents(self, sample: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(v, loc, std) of the graph nodes, v a reparameterised sample when ``sample``."""
+    def node_latents(self, sample: bool, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(v, loc, std) of the graph nodes, each (n_nodes, d); v is a reparameterised
+        sample when ``sample``, with standard-normal ``eps`` (n_nodes, d) if given."""
         loc, std = self.graph_encoder()
-        v = loc + std * torch.randn_like(std) if sample else loc
-        return v, loc, std
+        if not sample:
+            return loc, loc, std
+        return loc + std * (torch.randn_like(std) if eps is None else eps), loc, std
 
-    def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None) -> dict:
+    def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None, noise=None) -> dict:
         """Loss terms and their weighted total for one batch of paired cells.
 
-        rna: (B, G) counts, hic: (B, F) counts (float). Every term is normalised per
-        element (as GLUE does) so that their sizes are comparable across datasets.
+        Every term is normalised per element (as GLUE does) so that their sizes are
+        comparable across datasets.
+
+        Parameters
+        ----------
+        rna : (B, G) counts (float)
+        hic : (B, F) counts (float)
+        weights : LossWeights
+        generator : torch.Generator, optional
+            Edge and negative sampling of the graph loss (None: the global RNG).
+        on_stratum : callable, optional
+            Called with k after stratum k of the Hi-C decoder is built.
+        noise : (eps_rna, eps_hic, eps_nodes), optional
+            Standard-normal draws of shapes (B, d), (B, d) and (n_nodes, d) used for the
+            reparameterised samples instead of the model's own ``randn_like`` draws (in
+            training mode only). Data parallelism passes each rank its rows of one
+            full-batch draw so that the ranks together sample what one process would.
+
+        Returns
+        -------
+        dict of 0-d tensors: the terms named in :attr:`CELL_TERMS` and
+        :attr:`SHARED_TERMS` (``cross`` only when ``weights.cross``) and ``total``.
         """
         (r_loc, r_std), (h_loc, h_std) = self.encode(rna, hic)
         sample = self.training
-        u_rna = r_loc + r_std * torch.randn_like(r_std) if sample else r_loc
-        u_hic = h_loc + h_std * torch.randn_like(h_std) if sample else h_loc
-        v, v_loc, v_std = self.node_latents(sample)
+        eps_rna, eps_hic, eps_nodes = noise if noise is not None else (None, None, None)
+        u_rna = (r_loc + r_std * (torch.randn_like(r_std) if eps_rna is None else eps_rna)) if sample else r_loc
+        u_hic = (h_loc + h_std * (torch.randn_like(h_std) if eps_hic is None else eps_hic)) if sample else h_loc
+        v, v_loc, v_std = self.node_latents(sample, eps_nodes)
         v_genes, v_anchors = v[self.gene_nodes], v[self.anchor_nodes]
         rna_lib, hic_lib = rna.sum(1), hic.sum(1)
 
@@ -115,21 +143,42 @@ class PairedModel(nn.Module):
         # the Hi-C latent is pulled onto the RNA latent, not both onto each other: a
         # symmetric pull lets both shrink towards one point before either is informative
         terms["align"] = (r_loc.detach() - h_loc).square().sum(1).mean() / r_loc.shape[1]
-        total = (
-            terms["rna_nll"]
-            + terms["hic_nll"]
-            + weights.kl * (terms["rna_kl"] + terms["hic_kl"])
-            + weights.graph * (terms["graph_nll"] + terms["graph_kl"])
-            + weights.align * terms["align"]
-        )
         if weights.cross:
             terms["cross"] = (
                 -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()
                 - self.hic_decoder(u_rna, v_anchors, hic_lib).log_prob(hic).mean()
             )
-            total = total + weights.cross * terms["cross"]
-        terms["total"] = total
+        terms["total"] = self.weighted_total(terms, weights)
         return terms
+
+    @staticmethod
+    def weighted_total(terms: dict, weights: LossWeights, cell_scale: float = 1.0, shared_scale: float = 1.0) -> torch.Tensor:
+        """The weighted sum of the loss terms, cell terms times ``cell_scale`` and graph
+        terms times ``shared_scale``.
+
+        Data parallelism needs the two scales apart: a rank holding B_r of B cells
+        weighs its cell terms by B_r / B and the graph terms, which every rank computes
+        alike, by 1 / dp, so that the ranks' totals sum to the full batch's. The terms
+        are added in one fixed order; with both scales 1 this is the total that
+        :meth:`forward` reports, bit for bit (multiplying by 1.0 is exact).
+
+        Parameters
+        ----------
+        terms : dict of 0-d tensors, as :meth:`forward` returns them
+        weights : LossWeights
+        cell_scale, shared_scale : float
+
+        Returns
+        -------
+        0-d tensor
+        """
+        c, s = cell_scale, shared_scale
+        total = c * (terms["rna_nll"] + terms["hic_nll"] + weights.kl * (terms["rna_kl"] + terms["hic_kl"]))
+        total = total + s * (weights.graph * (terms["graph_nll"] + terms["graph_kl"]))
+        total = total + c * (weights.align * terms["align"])
+        if weights.cross:
+            total = total + c * (weights.cross * terms["cross"])
+        return total
 
     @torch.no_grad()
     def embed(self, rna: torch.Tensor, hic: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
