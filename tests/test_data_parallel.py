@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 
 from ampflow.model.config import ModelConfig
-from ampflow.model.paired import GraphSpec, LossWeights, PairedModel
+from ampflow.model.paired import LossWeights, PairedModel
+from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import (
     DataParallelStep,
     balanced_split,
@@ -37,20 +38,8 @@ def _problem(dtype, dropout=0.0, n_anchors=9, L=3, G=7, seed=0):
     """A small PairedModel (random strata features and graph) and a batch of B cells
     whose Hi-C depth follows :func:`_skewed_contacts`."""
     g = torch.Generator().manual_seed(seed)
-    feats = [(a, 0) for a in range(n_anchors)]
-    for k in range(1, L):
-        keep = torch.rand(n_anchors - k, generator=g) < 0.7
-        feats += [(a, k) for a in range(n_anchors - k) if keep[a]]
-    anchor, stratum = torch.tensor([a for a, _ in feats]), torch.tensor([k for _, k in feats])
-    n_nodes = G + n_anchors
-    pairs = torch.randint(n_nodes, (2, 2 * n_nodes), generator=g)
-    loops = torch.arange(n_nodes)
-    src, dst = torch.cat([pairs[0], pairs[1], loops]), torch.cat([pairs[1], pairs[0], loops])
-    graph = GraphSpec(
-        src=src, dst=dst, weight=torch.rand(src.numel(), generator=g) * 0.9 + 0.1,
-        sign=torch.where(torch.rand(src.numel(), generator=g) < 0.8, 1.0, -1.0),
-        n_nodes=n_nodes, gene_nodes=torch.arange(G), anchor_nodes=torch.arange(G, n_nodes),
-    )  # fmt: skip
+    anchor, stratum = synthetic_features(n_anchors, L, 0.7, 0, g)
+    graph = synthetic_graph(G, n_anchors, g)
     cfg = ModelConfig(latent_dim=6, hidden_dim=16, heads=2, window=2, dropout=dropout, graph_batch=64)
     torch.manual_seed(seed)
     model = PairedModel(cfg, G, anchor, stratum, L, graph).to(dtype)
@@ -58,8 +47,8 @@ def _problem(dtype, dropout=0.0, n_anchors=9, L=3, G=7, seed=0):
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=dtype))
     rna = torch.poisson(torch.full((B, G), 3.0, dtype=F64), generator=g).to(dtype)
-    depth = (_skewed_contacts() + 1).to(F64) / len(feats)
-    hic = torch.poisson(depth.unsqueeze(1).expand(B, len(feats)), generator=g).to(dtype)
+    depth = (_skewed_contacts() + 1).to(F64) / len(anchor)
+    hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g).to(dtype)
     return model, rna, hic
 
 

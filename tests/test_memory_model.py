@@ -18,7 +18,8 @@ from ampflow.amp.memory_model import (
 )
 from ampflow.model.attention import chunk_blocks
 from ampflow.model.config import ModelConfig
-from ampflow.model.paired import GraphSpec, LossWeights, PairedModel
+from ampflow.model.paired import LossWeights, PairedModel
+from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.train.memory import measured_step
 
 
@@ -26,27 +27,14 @@ def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0):
     """A PairedModel on random shapes: all anchors at stratum 0, a random half of the
     valid pairs at each k >= 1, a random graph with both directions and self-loops."""
     g = torch.Generator().manual_seed(seed)
-    feats = [(a, 0) for a in range(n)]
-    for k in range(1, L):
-        keep = torch.rand(n - k, generator=g) < 0.5
-        feats += [(a, k) for a in range(n - k) if keep[a]]
-    anchor = torch.tensor([a for a, _ in feats])
-    stratum = torch.tensor([k for _, k in feats])
-    n_nodes = G + n
-    one = torch.randint(n_nodes, (2, 3 * n), generator=g)
-    loops = torch.arange(n_nodes)
-    src, dst = torch.cat([one[0], one[1], loops]), torch.cat([one[1], one[0], loops])
-    graph = GraphSpec(
-        src=src, dst=dst, weight=torch.rand(src.numel(), generator=g) * 0.9 + 0.1,
-        sign=torch.where(torch.rand(src.numel(), generator=g) < 0.8, 1.0, -1.0),
-        n_nodes=n_nodes, gene_nodes=torch.arange(G), anchor_nodes=torch.arange(G, n_nodes),
-    )  # fmt: skip
+    anchor, stratum = synthetic_features(n, L, 0.5, 0, g)
+    graph = synthetic_graph(G, n, g)
     torch.manual_seed(seed)
     model = PairedModel(cfg, G, anchor, stratum, L, graph).to(dtype)
     rna = torch.poisson(torch.full((B, G), 2.0), generator=g).to(dtype)
-    hic = torch.poisson(torch.full((B, len(feats)), 0.5), generator=g).to(dtype)
+    hic = torch.poisson(torch.full((B, len(anchor)), 0.5), generator=g).to(dtype)
     fps = torch.bincount(stratum, minlength=L).tolist()
-    spec = ShapeSpec.from_model(cfg, B, G, fps, n, n_nodes, src.numel(), dtype_bytes=torch.finfo(dtype).bits // 8)
+    spec = ShapeSpec.from_model(cfg, B, G, fps, n, graph.n_nodes, graph.src.numel(), dtype_bytes=torch.finfo(dtype).bits // 8)
     return model, rna, hic, spec
 
 
