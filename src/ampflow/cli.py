@@ -230,12 +230,33 @@ def apply_plan(model_cfg, plan: dict):
     chunk = int(plan.get("chunk_size") or 0)
     cfg = dataclasses.replace(model_cfg, chunk=chunk, key_first=bool(plan.get("key_first")))
     log.info("plan: %s; chunk %s, key-first %s", ", ".join(names) or "no strategy", chunk or "-", cfg.key_first)
-    if plan.get("world_size", 1) > 1:
+    mesh = plan.get("mesh") or {}
+    if int(mesh.get("tp", 1)) > 1:
         log.warning(
-            "the plan asks for %d processes (dp %d x tp %d); this run trains in one process with the plan's "
-            "single-process savers", plan["world_size"], plan["mesh"]["dp"], plan["mesh"]["tp"],
+            "the plan asks for %d processes (dp %d x tp %d), but tensor parallelism (S2, S5; plan key mesh.tp) "
+            "is not available yet: this run trains in one process with the plan's single-process savers",
+            plan.get("world_size", 1), mesh.get("dp", 1), mesh["tp"],
         )  # fmt: skip
     return cfg
+
+
+def plan_processes(plan: dict | None) -> int:
+    """How many processes train a plan: its world size for pure data parallelism
+    (tp = 1), one otherwise (tensor parallelism is not available yet)."""
+    mesh = (plan or {}).get("mesh") or {}
+    if int(mesh.get("tp", 1)) > 1:
+        return 1
+    return int(mesh.get("dp", 1))
+
+
+def _launch(a, n: int) -> int:
+    """Run this very command under ``torchrun`` with ``n`` processes; its exit status."""
+    import subprocess
+
+    argv = [x for x in a.argv if x != "--launch"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "ampflow.cli", *argv]
+    log.info("launching %d data-parallel processes: %s", n, " ".join(cmd))
+    return subprocess.run(cmd).returncode
 
 
 def cmd_train(a):
@@ -244,13 +265,30 @@ def cmd_train(a):
     from .train.data import load_paired
     from .train.trainer import Trainer
 
+    from .parallel.mesh import init_distributed, launched_world
+
     model_cfg = ModelConfig.from_dict(json.loads(a.model) if a.model else {})
     train_cfg = TrainConfig.from_dict(json.loads(a.train) if a.train else {})
-    if a.plan:
-        model_cfg = apply_plan(model_cfg, json.loads(Path(a.plan).read_text()))
-    data = load_paired(a.data)
-    log.info("training %s: %d cells, %d genes, %d Hi-C features in %d strata", a.name or a.out, data.n_cells, data.rna.shape[1], data.hic.shape[1], data.n_strata)
-    Trainer(data, model_cfg, train_cfg, a.out, name=a.name, stop_after=a.stop_after).fit()
+    plan = _read_json(a.plan, "plan") if a.plan else None
+    if a.launch and launched_world() == 1 and (n := plan_processes(plan)) > 1:
+        return _launch(a, n)
+    if plan is not None:
+        model_cfg = apply_plan(model_cfg, plan)
+    world = init_distributed(train_cfg.device)
+    try:
+        if world > 1:
+            import torch.distributed as dist
+
+            if dist.get_rank() > 0:  # rank 0 speaks for the group
+                logging.getLogger().setLevel(logging.WARNING)
+        data = load_paired(a.data)
+        log.info("training %s: %d cells, %d genes, %d Hi-C features in %d strata", a.name or a.out, data.n_cells, data.rna.shape[1], data.hic.shape[1], data.n_strata)
+        Trainer(data, model_cfg, train_cfg, a.out, name=a.name, stop_after=a.stop_after, plan=plan).fit()
+    finally:
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
 
 
 def cmd_evaluate(a):
@@ -435,6 +473,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default="", help="model settings as JSON (config section 'model')")
     s.add_argument("--train", default="", help="training settings as JSON (config section 'train')")
     s.add_argument("--plan", default=None, help="plan.json from `ampflow diagnose` (chunk size, key-first decode)")
+    s.add_argument(
+        "--launch", action="store_true",
+        help="for a data-parallel plan (world size > 1, tp 1) start the plan's world of processes with torchrun; "
+        "without it (or under torchrun) train in this process",
+    )  # fmt: skip
     s.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop as if killed
     s.set_defaults(func=cmd_train)
 
@@ -475,14 +518,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else map(str, argv))
     _setup_logging(args.log, args.verbose)
     try:
-        args.func(args)
+        rc = args.func(args)
     except InputError as e:
         log.error("%s", e)
         print(f"ampflow {args.command}: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return rc or 0
 
 
 if __name__ == "__main__":

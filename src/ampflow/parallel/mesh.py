@@ -1,4 +1,5 @@
-"""Who am I in the dp x tp mesh: the one object that reads the process rank and world size.
+"""Who am I in the dp x tp mesh: the one place that reads the process rank and world size
+(:class:`Mesh`, and :func:`init_distributed` for torchrun's environment).
 
 Ranks are laid out tp-major inside dp: rank = dp_rank * tp + tp_rank, so the ranks of
 one tensor-parallel group are contiguous (on GPUs: the same node where possible).
@@ -6,8 +7,10 @@ one tensor-parallel group are contiguous (on GPUs: the same node where possible)
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 from ..io.errors import InputError
@@ -74,3 +77,28 @@ class Mesh:
     def from_plan(cls, plan: dict) -> "Mesh":
         m = plan.get("mesh") or {}
         return cls.build(int(m.get("dp", 1)), int(m.get("tp", 1)))
+
+
+def init_distributed(device: str = "auto") -> int:
+    """Join the process group that ``torchrun`` set up, if any; returns the world size.
+
+    ``torchrun`` exports RANK, WORLD_SIZE and LOCAL_RANK; without them (or with a world
+    of one) nothing is initialised and 1 is returned. The backend is NCCL when the run
+    trains on CUDA (``device`` "cuda", or "auto" with a GPU visible; each process then
+    takes GPU LOCAL_RANK) and gloo otherwise.
+    """
+    world = launched_world()
+    if world <= 1 or not dist.is_available():
+        return 1
+    if dist.is_initialized():
+        return dist.get_world_size()
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return dist.get_world_size()
+
+
+def launched_world() -> int:
+    """The number of processes torchrun launched this one among (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))

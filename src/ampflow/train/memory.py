@@ -209,3 +209,23 @@ def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator
         return terms, int(torch.cuda.max_memory_allocated()), marks_cuda
     base = state_bytes(model, optimizer)
     return terms, base + meter.nbytes, [base + m for m in meter.marks]
+
+
+def measured_dp_step(dp_step, model, optimizer, rna: Tensor, hic: Tensor, weights, rows: Tensor, batch_size: int,
+                     generator) -> tuple[dict, int, list[int]]:  # fmt: skip
+    """:func:`measured_step` for one rank of an S1 data-parallel step
+    (:meth:`~ampflow.parallel.data_parallel.DataParallelStep.step` on this rank's rows
+    ``rna`` / ``hic`` of a batch of ``batch_size`` cells). The peak is this rank's."""
+    cuda = rna.is_cuda
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model.train()
+    meter = SavedTensorBytes(exclude=[rna, hic])
+    marks_cuda: list[int] = []
+    on_stratum = (lambda k: marks_cuda.append(torch.cuda.memory_allocated())) if cuda else meter.mark
+    with meter:  # backward saves nothing new: the count is the forward's
+        terms = dp_step.step(model, optimizer, rna, hic, weights, rows, batch_size=batch_size, generator=generator, on_stratum=on_stratum)
+    if cuda:
+        return terms, int(torch.cuda.max_memory_allocated()), marks_cuda
+    base = state_bytes(model, optimizer)
+    return terms, base + meter.nbytes, [base + m for m in meter.marks]

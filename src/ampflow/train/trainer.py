@@ -1,4 +1,17 @@
-"""The training loop: stages, batches in a seeded order, metrics, checkpoints, resume."""
+"""The training loop: stages, batches in a seeded order, metrics, checkpoints, resume.
+
+Launched by ``torchrun`` (torch.distributed initialised with more than one process) and
+given a plan whose mesh is dp = world size, tp = 1, the trainer runs S1 data
+parallelism: every batch's cells are split over the ranks by Hi-C contacts
+(:func:`~ampflow.parallel.data_parallel.balanced_split`) and each step is a
+:class:`~ampflow.parallel.data_parallel.DataParallelStep`, whose noise and graph
+sampling come from the trainer's generator (seeded from the train seed, alike on every
+rank). With ``model.dropout = 0`` such a run computes the single-process losses and
+gradients (to rounding) of a run that draws its noise from that generator; with dropout
+> 0 each rank draws its own dropout masks, so the run is a correct data-parallel
+training but not equal to one process. Rank 0 alone writes the outputs and the
+checkpoints; a checkpoint holds every rank's RNG states, and each rank resumes its own.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +27,20 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 import torch
+import torch.distributed as dist
 import yaml
 
 from ..io.atomic import atomic_path
+from ..io.errors import InputError
 from ..model.config import ModelConfig
 from ..model.paired import PairedModel
+from ..parallel.data_parallel import DataParallelStep, balanced_split, parallelize_data_parallel, work_ratio
+from ..parallel.mesh import Mesh
 from ..progress import Progress
 from . import checkpoint
 from .config import TrainConfig
 from .data import PairedData
-from .memory import measured_step
+from .memory import measured_dp_step, measured_step
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +63,28 @@ def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) ->
     return batches
 
 
+def data_parallel_mesh(plan: dict | None) -> Mesh | None:
+    """The S1 mesh (dp = world, tp = 1) of a run launched by torchrun; None in one process.
+
+    Raises InputError for a plan this world cannot run: tensor parallelism (``mesh.tp``
+    > 1, strategies S2 and S5) is not available yet, and such plans train in one process;
+    ``mesh.dp`` must equal the world size.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    world = dist.get_world_size()
+    m = (plan or {}).get("mesh") or {}
+    tp, dp = int(m.get("tp", 1)), int(m.get("dp", world))
+    if tp > 1:
+        raise InputError(
+            "tensor parallelism (S2, S5) is not available yet: a plan with tp > 1 trains in one process "
+            "(run `ampflow train` without torchrun)", key="mesh.tp", value=tp,
+        )  # fmt: skip
+    if dp != world:
+        raise InputError(f"the plan's data-parallel degree must equal the {world} launched processes", key="mesh.dp", value=dp)
+    return Mesh.build(dp, 1)
+
+
 def seed_everything(seed: int) -> torch.Generator:
     random.seed(seed)
     np.random.seed(seed)
@@ -58,10 +97,15 @@ class Trainer:
 
     Writes ``model.pt``, ``embeddings.h5ad``, ``metrics.jsonl`` and ``config.yaml``
     (each atomically, at the end) and keeps resumable state in ``checkpoints/``.
+    ``plan`` (from ``ampflow diagnose``) matters only under torchrun: see the module
+    docstring.
     """
 
-    def __init__(self, data: PairedData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir, name: str = "", stop_after: int | None = None):
+    def __init__(self, data: PairedData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir, name: str = "",
+                 stop_after: int | None = None, plan: dict | None = None):  # fmt: skip
         self.data, self.model_cfg, self.cfg = data, model_cfg, train_cfg
+        self.mesh = data_parallel_mesh(plan)
+        self.rank = self.mesh.rank if self.mesh is not None else 0
         self.out = Path(out_dir)
         self.ckpt_dir = self.out / "checkpoints"
         self.name = name or self.out.name
@@ -73,6 +117,10 @@ class Trainer:
         torch.set_num_threads(train_cfg.threads)
         self.generator = seed_everything(train_cfg.seed)
         self.model = build_model(model_cfg, data).to(self.device)
+        if self.mesh is not None:
+            self.model = parallelize_data_parallel(self.model, self.mesh)
+            self.dp_step = DataParallelStep(self.mesh)
+            self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr)
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
@@ -90,6 +138,8 @@ class Trainer:
             h.update(np.asarray([m.nnz, float(m.data.sum(dtype=np.float64))]).tobytes())
         train = {k: v for k, v in self.cfg.to_dict().items() if k not in ("checkpoint_every", "keep_checkpoints", "gpus")}
         h.update(json.dumps([self.model_cfg.to_dict(), _plain(train)], sort_keys=True).encode())
+        if self.mesh is not None:  # another world draws other noise: not resumable across
+            h.update(json.dumps({"dp": self.mesh.dp}).encode())
         return h.hexdigest()
 
     def _payload(self) -> dict:
@@ -102,8 +152,36 @@ class Trainer:
             "rng": checkpoint.rng_state(self.generator),
         }
 
+    def _save_checkpoint(self) -> None:
+        """Rank 0 writes the checkpoint, with every rank's RNG states under data parallelism."""
+        if self.mesh is None:
+            checkpoint.save(self.ckpt_dir, self.step, self._payload(), self.cfg.keep_checkpoints)
+            return
+        states: list = [None] * self.mesh.world
+        dist.all_gather_object(states, checkpoint.rng_state(self.generator))
+        if self.rank == 0:
+            payload = {**self._payload(), "rng_ranks": states}
+            checkpoint.save(self.ckpt_dir, self.step, payload, self.cfg.keep_checkpoints)
+
+    def _load_latest(self) -> tuple[dict | None, Path | None]:
+        if self.mesh is None:
+            return checkpoint.load_latest(self.ckpt_dir, self.run_key())
+        # rank 0 chooses (and cleans up); every rank then loads that file
+        state, path = checkpoint.load_latest(self.ckpt_dir, self.run_key()) if self.rank == 0 else (None, None)
+        chosen = [str(path) if path is not None else None]
+        dist.broadcast_object_list(chosen, src=0)
+        if chosen[0] is None:
+            return None, None
+        if state is None:
+            state = torch.load(chosen[0], map_location="cpu", weights_only=True)
+        ranks = state.get("rng_ranks")
+        if ranks is None or len(ranks) != self.mesh.world:
+            raise InputError(f"checkpoint has no RNG states for {self.mesh.world} processes", path=chosen[0])
+        state["rng"] = ranks[self.rank]
+        return state, Path(chosen[0])
+
     def _resume(self) -> bool:
-        state, path = checkpoint.load_latest(self.ckpt_dir, self.run_key())
+        state, path = self._load_latest()
         if state is None:
             return False
         self.model.load_state_dict(state["model"])
@@ -126,6 +204,8 @@ class Trainer:
 
     # ----------------------------------------------------------- loop
     def _train_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
+        if self.mesh is not None:
+            return self._train_step_dp(idx, stage_name, stage_cfg, epoch)
         rna, hic = self.data.batch(idx)
         rna, hic = rna.to(self.device), hic.to(self.device)
         t0 = time.perf_counter()
@@ -142,10 +222,42 @@ class Trainer:
             "stratum_bytes": [int(x) for x in per_stratum[: self.data.n_strata]],
         }
 
+    def _train_step_dp(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
+        """This rank's share of the batch (split by Hi-C contacts), one S1 step; the
+        metrics row carries every rank's work share and peak bytes."""
+        contacts = self.contacts[idx]
+        split = balanced_split(contacts, self.mesh.dp)
+        rows = split[self.mesh.dp_rank]
+        rna, hic = self.data.batch(idx[rows.numpy()])
+        rna, hic = rna.to(self.device), hic.to(self.device)
+        t0 = time.perf_counter()
+        terms, peak, per_stratum = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx), self.generator)
+        seconds = time.perf_counter() - t0
+        ranks: list = [None] * self.mesh.world
+        dist.all_gather_object(ranks, (int(peak), seconds))
+        seconds = max(s for _, s in ranks)
+        totals = [float(contacts[r.numpy()].sum()) for r in split]
+        mean = sum(totals) / len(totals)
+        return {
+            "stage": stage_name,
+            "epoch": epoch,
+            "step": self.step,
+            "loss": {k: float(v.detach()) for k, v in terms.items()},
+            "seconds": seconds,
+            "cells_per_s": len(idx) / seconds,
+            "peak_bytes": max(p for p, _ in ranks),
+            "stratum_bytes": [int(x) for x in per_stratum[: self.data.n_strata]],  # rank 0's
+            "work_ratio": work_ratio(contacts, split),
+            "rank_work": [t / mean if mean > 0 else 1.0 for t in totals],
+            "rank_cells": [int(r.numel()) for r in split],
+            "rank_peak_bytes": [p for p, _ in ranks],
+        }
+
     def fit(self) -> bool:
         """Train to the end (resuming if checkpoints exist). Returns False if stopped early."""
         resumed = self._resume()
-        metrics_path = self._metrics_file(resumed)
+        main = self.rank == 0
+        metrics_path = self._metrics_file(resumed) if main else Path(os.devnull)
         n = self.data.n_cells
         total_steps = sum(cfg.epochs * len(epoch_batches(n, self.cfg.batch_size, 0, 0, 0)) for _, cfg in self.cfg.stages)
         progress = Progress(total_steps, "steps", log, verb="trained")
@@ -169,14 +281,18 @@ class Trainer:
                         progress.update()
                         self.position = (s, epoch, b + 1) if b + 1 < len(batches) else (s, epoch + 1, 0)
                         if self.step % self.cfg.checkpoint_every == 0:
-                            os.fsync(mfh.fileno())
-                            checkpoint.save(self.ckpt_dir, self.step, self._payload(), self.cfg.keep_checkpoints)
+                            if main:
+                                os.fsync(mfh.fileno())
+                            self._save_checkpoint()
                         if self.stop_after is not None and self.step >= self.stop_after:
                             return False
                     if math.isnan(row["loss"]["total"]):
                         raise FloatingPointError(f"loss became NaN at step {self.step} ({stage_name}, epoch {epoch})")
                 self.position = (s + 1, 0, 0)
-        self._write_outputs(metrics_path)
+        if main:
+            self._write_outputs(metrics_path)
+        if self.mesh is not None:
+            dist.barrier()
         return True
 
     # ----------------------------------------------------------- outputs
