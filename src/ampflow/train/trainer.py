@@ -210,16 +210,20 @@ class Trainer:
         rna, hic = rna.to(self.device), hic.to(self.device)
         t0 = time.perf_counter()
         terms, peak, per_stratum = measured_step(self.model, self.optimizer, rna, hic, stage_cfg.weights, self.generator)
-        seconds = time.perf_counter() - t0
+        return self._metrics_row(stage_name, epoch, len(idx), terms, time.perf_counter() - t0, peak, per_stratum)
+
+    def _metrics_row(self, stage_name, epoch, n_cells, terms, seconds, peak, per_stratum, **extra) -> dict:
+        """One line of metrics.jsonl."""
         return {
             "stage": stage_name,
             "epoch": epoch,
             "step": self.step,
             "loss": {k: float(v.detach()) for k, v in terms.items()},
             "seconds": seconds,
-            "cells_per_s": len(idx) / seconds,
+            "cells_per_s": n_cells / seconds,
             "peak_bytes": int(peak),
             "stratum_bytes": [int(x) for x in per_stratum[: self.data.n_strata]],
+            **extra,
         }
 
     def _train_step_dp(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
@@ -238,20 +242,14 @@ class Trainer:
         seconds = max(s for _, s in ranks)
         totals = [float(contacts[r.numpy()].sum()) for r in split]
         mean = sum(totals) / len(totals)
-        return {
-            "stage": stage_name,
-            "epoch": epoch,
-            "step": self.step,
-            "loss": {k: float(v.detach()) for k, v in terms.items()},
-            "seconds": seconds,
-            "cells_per_s": len(idx) / seconds,
-            "peak_bytes": max(p for p, _ in ranks),
-            "stratum_bytes": [int(x) for x in per_stratum[: self.data.n_strata]],  # rank 0's
-            "work_ratio": work_ratio(contacts, split),
-            "rank_work": [t / mean if mean > 0 else 1.0 for t in totals],
-            "rank_cells": [int(r.numel()) for r in split],
-            "rank_peak_bytes": [p for p, _ in ranks],
-        }
+        # peak over the ranks; the per-stratum marks are this (rank 0's) process's
+        return self._metrics_row(
+            stage_name, epoch, len(idx), terms, seconds, max(p for p, _ in ranks), per_stratum,
+            work_ratio=work_ratio(contacts, split),
+            rank_work=[t / mean if mean > 0 else 1.0 for t in totals],
+            rank_cells=[int(r.numel()) for r in split],
+            rank_peak_bytes=[p for p, _ in ranks],
+        )  # fmt: skip
 
     def fit(self) -> bool:
         """Train to the end (resuming if checkpoints exist). Returns False if stopped early."""
