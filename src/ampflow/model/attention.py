@@ -29,7 +29,7 @@ block-mask builder evaluates the full ``N x N`` grid on CPU.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -173,7 +173,7 @@ class _ChunkedLocalAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int) -> Tensor:
+    def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int, combine=None) -> Tensor:
         n = q_s.shape[-2]
         out = q_s.new_empty(*q_s.shape[:-1], v.shape[-1])
         # Interior blocks share one mask shape and offset: build it once.
@@ -184,10 +184,12 @@ class _ChunkedLocalAttention(torch.autograd.Function):
             if key not in masks:
                 masks[key] = _outside_band(*key, window, q_s.device)
             scores = q_s[..., s:e, :] @ k[..., ks:ke, :].transpose(-2, -1)
+            if combine is not None:
+                scores = combine(scores)
             p = torch.softmax(scores.masked_fill_(masks[key], float("-inf")), dim=-1)
             out[..., s:e, :] = p @ v[..., ks:ke, :]
             probs.append(p)
-        ctx.window, ctx.chunk = window, chunk
+        ctx.window, ctx.chunk, ctx.combine = window, chunk, combine
         ctx.save_for_backward(q_s, k, v, *probs)
         return out
 
@@ -209,13 +211,15 @@ class _ChunkedLocalAttention(torch.autograd.Function):
             if not (need_q or need_k):
                 continue
             dp = g @ v[..., ks:ke, :].transpose(-2, -1)
+            if ctx.combine is not None:  # dL/dp sums over every rank's value channels
+                dp = ctx.combine(dp)
             # softmax backward: p * (dp - sum_j p_j dp_j)
             ds = dp.sub_((dp * p).sum(dim=-1, keepdim=True)).mul_(p)
             if need_q:
                 dq[..., s:e, :] = ds @ k[..., ks:ke, :]
             if need_k:
                 dk[..., ks:ke, :] += ds.transpose(-2, -1) @ q_s[..., s:e, :]
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
 def local_attention_chunked(
@@ -225,6 +229,7 @@ def local_attention_chunked(
     window: int,
     chunk: int,
     scale: float | None = None,
+    combine: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Exact sliding-window attention by query chunks (strategy S3).
 
@@ -253,6 +258,11 @@ def local_attention_chunked(
         computation over keys ``[0, N)``).
     scale : float, optional
         Multiplier of the dot products; default ``1 / sqrt(Dk)``.
+    combine : callable, optional
+        For callers that hold a slice of ``Dk`` and ``Dv`` (hidden parallelism, S5):
+        applied to each block's partial scores before the softmax, and in backward to
+        the gradient of each block's probabilities (partial over the ``Dv`` slices).
+        A sum over the ranks' slices serves both. None: the plain computation.
 
     Returns
     -------
@@ -271,7 +281,7 @@ def local_attention_chunked(
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     # expand() is a view; its backward sums the gradient back to each input's shape.
     q_s, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q_s, k, v))
-    return _ChunkedLocalAttention.apply(q_s, k, v, window, chunk)
+    return _ChunkedLocalAttention.apply(q_s, k, v, window, chunk, combine)
 
 
 def local_attention(

@@ -139,3 +139,13 @@ class StratifiedZINBDecoder(nn.Module):
                 on_stratum(k)
         mu = torch.cat(means, dim=1)
         return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))
+
+    def mean_nll(
+        self, u: torch.Tensor, v_anchors: torch.Tensor, library: torch.Tensor, x: torch.Tensor, on_stratum: Callable[[int], None] | None = None
+    ) -> torch.Tensor:
+        """Negative log-likelihood of counts ``x`` (B, F), averaged over cells and features.
+
+        The one place the model turns the decoder into its loss term, so that a sharded
+        decoder (S2, S5) can compute the same number from its share of the features.
+        """
+        return -self(u, v_anchors, library, on_stratum).log_prob(x).mean()

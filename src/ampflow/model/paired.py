@@ -132,7 +132,7 @@ class PairedModel(nn.Module):
 
         terms = {}
         terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib).log_prob(rna).mean()
-        terms["hic_nll"] = -self.hic_decoder(u_hic, v_anchors, hic_lib, on_stratum).log_prob(hic).mean()
+        terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, hic_lib, hic, on_stratum)
         terms["rna_kl"] = kl_normal(r_loc, r_std).sum(1).mean() / rna.shape[1]
         terms["hic_kl"] = kl_normal(h_loc, h_std).sum(1).mean() / hic.shape[1]
         terms["graph_nll"] = graph_nll(
@@ -146,7 +146,7 @@ class PairedModel(nn.Module):
         if weights.cross:
             terms["cross"] = (
                 -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()
-                - self.hic_decoder(u_rna, v_anchors, hic_lib).log_prob(hic).mean()
+                + self.hic_decoder.mean_nll(u_rna, v_anchors, hic_lib, hic)
             )
         terms["total"] = self.weighted_total(terms, weights)
         return terms

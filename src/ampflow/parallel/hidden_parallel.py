@@ -1,0 +1,134 @@
+"""S5 hidden parallelism: a stratum block whose width D is split over the tp group.
+
+Each rank holds channels ``I`` of D (:func:`~.shards.head_channels`: an equal share of
+every head) and a contiguous slice ``J`` of the feed-forward width ``ffn * D``. With
+``h = LN(V)`` replicated:
+
+* ``x_I = h W_v[I]^T`` and ``q_I = h W_k[I]^T``: local rows of the projections; ``h``
+  enters through ``copy_to_group`` so that its gradient sums the ranks' parts.
+* attention: each block's scores are the all-reduced sum of the ranks' partial dot
+  products, scaled by ``1 / sqrt(D / heads)`` of the *global* head width; the values
+  and the output stay local. Built on the chunked evaluation (S3 composes; without S3
+  the whole sequence is one chunk).
+* ``LN(key)`` over D from all-reduced sums (mean, then the centred sum of squares).
+* GEGLU: ``z = LN(key) W_ff^T`` is a partial sum over the local channels; the ranks
+  all-reduce it and keep their slice ``J`` of both halves (a reduce-scatter), so only
+  ``a_J``, ``g_J`` are saved; ``W_out`` acts the same way in reverse (partial products
+  over ``J``, all-reduced, slice ``I`` kept).
+
+Every collective whose result feeds sharded computation is ``all_reduce_sum`` (sum in
+both directions), so every parameter's gradient is exactly its slice of the
+single-process gradient. Saved activations proportional to D shrink by ``tp``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..model.attention import local_attention_chunked
+from ..model.decoders import StratumBlock
+from .collectives import _all_reduce, all_reduce_sum, copy_to_group
+from .shards import Shard, sharded_parameter, split_range
+
+
+def sharded_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, width: int, group) -> torch.Tensor:
+    """LayerNorm over a last dimension of global size ``width`` split over ``group``.
+
+    x: (..., width / tp) local channels; weight, bias: their (width / tp,) slices.
+    """
+    mean = all_reduce_sum(x.sum(-1, keepdim=True), group) / width
+    xc = x - mean
+    var = all_reduce_sum(xc.square().sum(-1, keepdim=True), group) / width
+    return xc * torch.rsqrt(var + eps) * weight + bias
+
+
+class LocalLinear(nn.Module):
+    """A slice of an ``nn.Linear``: ``weight`` / ``bias`` keep the plain names."""
+
+    def __init__(self, plain: nn.Linear, weight_shard: Shard | None, bias_shard: Shard | None):
+        super().__init__()
+        self.weight = sharded_parameter(plain.weight, weight_shard)
+        self.bias = sharded_parameter(plain.bias, bias_shard) if plain.bias is not None else None
+
+
+class LocalNorm(nn.Module):
+    def __init__(self, plain: nn.LayerNorm, shard: Shard | None):
+        super().__init__()
+        self.weight = sharded_parameter(plain.weight, shard)
+        self.bias = sharded_parameter(plain.bias, shard)
+        self.eps = plain.eps
+
+
+class HiddenParallelStratumBlock(nn.Module):
+    """:class:`~ampflow.model.decoders.StratumBlock` with D split over ``group``.
+
+    Parameters
+    ----------
+    plain : StratumBlock
+        The block to shard (left unchanged).
+    channels : (D / tp,) long
+        This rank's channels of D.
+    tp, rank : int
+        Group size and this rank's place in it.
+    group : process group
+
+    Attributes
+    ----------
+    shards : dict
+        Parameter name -> :class:`Shard` for each parameter held in part.
+    """
+
+    def __init__(self, plain: StratumBlock, channels: torch.Tensor, tp: int, rank: int, group):
+        super().__init__()
+        D = plain.w_v.out_features
+        width = plain.w_out.in_features  # ffn * D
+        lo, hi = split_range(width, tp, rank)
+        ffn = torch.arange(lo, hi)
+        ffn2 = torch.cat([ffn, ffn + width])  # both GEGLU halves
+        I, F2, J = Shard(0, channels, D), Shard(0, ffn2, 2 * width), Shard(0, ffn, width)
+        cols_I, cols_J = Shard(1, channels, D), Shard(1, ffn, width)
+        self.heads, self.window, self.attention, self.chunk = plain.heads, plain.window, plain.attention, plain.chunk
+        self.group, self.D = group, D
+        self.register_buffer("channels", channels.clone(), persistent=False)
+        self.register_buffer("ffn_cols", ffn2, persistent=False)
+        self.norm_in = LocalNorm(plain.norm_in, None)
+        self.w_v = LocalLinear(plain.w_v, I, None)
+        self.w_k = LocalLinear(plain.w_k, I, None) if plain.w_k is not None else None
+        self.norm_ff = LocalNorm(plain.norm_ff, I)
+        self.w_ff = LocalLinear(plain.w_ff, cols_I, F2)
+        self.w_out = LocalLinear(plain.w_out, cols_J, I)
+        self.shards = {
+            "w_v.weight": I, "norm_ff.weight": I, "norm_ff.bias": I,
+            "w_ff.weight": cols_I, "w_ff.bias": F2, "w_out.weight": cols_J, "w_out.bias": I,
+        }  # fmt: skip
+        if self.w_k is not None:
+            self.shards["w_k.weight"] = I
+
+    def forward(self, v: torch.Tensor) -> torch.Tensor:
+        """v: (n_anchors, latent), replicated -> this rank's channels of the key: (n_anchors, D / tp)."""
+        g = self.group
+        h = F.layer_norm(v, v.shape[-1:], self.norm_in.weight, self.norm_in.bias, self.norm_in.eps)
+        h = copy_to_group(h, g)
+        x = h @ self.w_v.weight.T
+        key = x
+        if self.attention:
+            n, d_local = x.shape
+            dh = d_local // self.heads
+            qk = (h @ self.w_k.weight.T).view(n, self.heads, dh).transpose(0, 1)  # (H, n, dh / tp)
+            val = x.view(n, self.heads, dh).transpose(0, 1)
+            scale = 1.0 / math.sqrt(self.D // self.heads)
+            combine = None if g is None else (lambda t: _all_reduce(t, g))
+            att = local_attention_chunked(qk, qk, val, self.window, self.chunk or max(n, 1), scale, combine)
+            key = x + att.transpose(0, 1).reshape(n, d_local)
+        y = sharded_layer_norm(key, self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps, self.D, g)
+        z = all_reduce_sum(y @ self.w_ff.weight.T, g)  # (n, 2 * ffn * D): partial sums over D
+        half = self.w_ff.bias.numel() // 2
+        z = z[:, self.ffn_cols] + self.w_ff.bias
+        a, gate = z[:, :half], z[:, half:]
+        hidden = a * F.gelu(gate)  # (n, ffn * D / tp)
+        out = all_reduce_sum(hidden @ self.w_out.weight.T, g)  # (n, D): partial sums over J
+        return key + out[:, self.channels] + self.w_out.bias

@@ -1,0 +1,140 @@
+"""The stratified ZINB Hi-C decoder sharded over a tensor-parallel group (S2 and/or S5).
+
+Built from a plain :class:`~ampflow.model.decoders.StratifiedZINBDecoder`, with the same
+parameter names in the same order, and answering the same :meth:`mean_nll` that
+:class:`~ampflow.model.paired.PairedModel` calls, so the model's code is not touched.
+
+* S5 (``hidden``): every stratum block is a
+  :class:`~.hidden_parallel.HiddenParallelStratumBlock`, ``u_D`` holds this rank's
+  channels, and the decode ``u_D . key[F_k]^T`` is a partial product over the channels,
+  all-reduced.
+* S2 (``features``): this rank decodes its piece of every stratum's features: logits,
+  the stratum softmax (normaliser combined over the ranks), the mean and the ZINB
+  likelihood, whose sum is all-reduced. The replicated tensors that enter this
+  feature-sharded computation (keys, ``u``, strata weights) pass ``copy_to_group`` so
+  that their gradients sum the ranks' parts.
+* Both: the partial products are all-reduced for all of the stratum's features and each
+  rank keeps its piece (a reduce-scatter: sum forward, sum backward, then a slice).
+
+S3 (chunk) and S4 (key-first) are read from the plain decoder and compose.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..model.decoders import StratifiedZINBDecoder
+from ..model.prob import ZINB
+from .collectives import all_reduce_sum, copy_to_group, reduce_from_group
+from .feature_parallel import sharded_softmax
+from .hidden_parallel import HiddenParallelStratumBlock, LocalLinear
+from .shards import Shard, feature_shards, head_channels, sharded_parameter
+
+
+class ShardedStratifiedZINBDecoder(nn.Module):
+    """See the module docstring.
+
+    Parameters
+    ----------
+    plain : StratifiedZINBDecoder
+    group : process group (None for a group of one)
+    tp, rank : int
+        Group size and this rank's place in it.
+    features, hidden : bool
+        Apply S2, S5.
+
+    Attributes
+    ----------
+    shards : dict
+        Parameter name -> :class:`~.shards.Shard` of the parameters held in part.
+    """
+
+    def __init__(self, plain: StratifiedZINBDecoder, group, tp: int, rank: int, features: bool, hidden: bool):
+        super().__init__()
+        self.group, self.features, self.hidden = group, features, hidden
+        self.n_strata, self.key_first = plain.n_strata, plain.key_first
+        n_features = plain.scale_lin.numel()
+        if features:
+            local, self.local_bounds = feature_shards(plain.bounds, tp, rank)
+        else:
+            local, self.local_bounds = torch.arange(n_features), list(plain.bounds)
+        fshard = Shard(0, local, n_features) if features else None
+        # own parameters first, in the plain order (named_parameters lists them first)
+        for name in ("scale_lin", "bias", "log_theta", "zi_logits"):
+            setattr(self, name, sharded_parameter(getattr(plain, name), fshard))
+        self.register_buffer("local_features", local, persistent=False)
+        self.register_buffer("feature_anchor", plain.feature_anchor.clone(), persistent=False)
+        self.bounds = list(plain.bounds)
+        self.shards: dict[str, Shard] = {}
+        if fshard is not None:
+            self.shards.update({name: fshard for name in ("scale_lin", "bias", "log_theta", "zi_logits")})
+        if hidden:
+            D = plain.u_proj.out_features if plain.u_proj is not None else plain.strata_head.in_features
+            heads = plain.blocks[0].heads if len(plain.blocks) else 1
+            channels = head_channels(D, heads, tp, rank)
+            self.register_buffer("channels", channels, persistent=False)
+            self.blocks = nn.ModuleList(HiddenParallelStratumBlock(b, channels, tp, rank, group) for b in plain.blocks)
+            for i, b in enumerate(self.blocks):
+                self.shards.update({f"blocks.{i}.{n}": s for n, s in b.shards.items()})
+            if plain.u_proj is not None:
+                self.u_proj = LocalLinear(plain.u_proj, Shard(0, channels, D), None)
+                self.shards["u_proj.weight"] = Shard(0, channels, D)
+            else:
+                self.u_proj = None
+        else:
+            self.blocks = plain.blocks
+            self.u_proj = plain.u_proj
+        self.strata_head = plain.strata_head
+
+    # ------------------------------------------------------------------ pieces
+    def _u_D(self, u: torch.Tensor) -> torch.Tensor:
+        """The query of strata k >= 1: (B, D), or this rank's (B, D / tp) under S5."""
+        if not self.hidden:
+            return self.u_proj(u) if self.u_proj is not None else u
+        u = copy_to_group(u, self.group)
+        return u @ self.u_proj.weight.T if self.u_proj is not None else u[:, self.channels]
+
+    def _stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor) -> torch.Tensor:
+        """Logits of this rank's features of stratum k: (B, |local piece of F_k|)."""
+        lo, hi = self.local_bounds[k], self.local_bounds[k + 1]
+        fg = self.group if self.features else None
+        if k == 0 or not self.hidden:
+            key, q = (v_anchors, u) if k == 0 else (self.blocks[k - 1](v_anchors), u_D)
+            key, q = copy_to_group(key, fg), copy_to_group(q, fg)
+            raw = self._product(q, key, self.feature_anchor[self.local_features[lo:hi]])
+        else:
+            key = self.blocks[k - 1](v_anchors)  # (n, D / tp)
+            if self.features:  # partial over channels for the whole stratum; keep this rank's piece
+                full_lo = self.bounds[k]
+                partial = self._product(u_D, key, self.feature_anchor[self.bounds[k] : self.bounds[k + 1]])
+                raw = all_reduce_sum(partial, self.group)[:, self.local_features[lo:hi] - full_lo]
+            else:
+                raw = reduce_from_group(self._product(u_D, key, self.feature_anchor[lo:hi]), self.group)
+        return F.softplus(self.scale_lin[lo:hi]) * raw + self.bias[lo:hi]
+
+    def _product(self, q: torch.Tensor, key: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """``q . key[anchors]^T`` (S4) or ``(q . key^T)[:, anchors]``: (B, len(anchors))."""
+        return q @ key[anchors].T if self.key_first else (q @ key.T)[:, anchors]
+
+    # ------------------------------------------------------------------ loss
+    def mean_nll(self, u: torch.Tensor, v_anchors: torch.Tensor, library: torch.Tensor, x: torch.Tensor, on_stratum=None) -> torch.Tensor:
+        """The plain decoder's ``mean_nll`` from this rank's share; equal on every rank.
+
+        u: (B, latent), v_anchors: (n_anchors, latent), library: (B,) and x: (B, F)
+        replicated over the group -> 0-d.
+        """
+        fg = self.group if self.features else None
+        u_D = self._u_D(u)
+        w = copy_to_group(torch.softmax(self.strata_head(u), dim=1), fg)  # (B, L)
+        means = []
+        for k in range(self.n_strata):
+            p = sharded_softmax(self._stratum_logits(k, u, u_D, v_anchors), fg)
+            means.append(p * (library * w[:, k]).unsqueeze(1))
+            if on_stratum is not None:
+                on_stratum(k)
+        mu = torch.cat(means, dim=1)
+        x_local = x.index_select(1, self.local_features) if self.features else x
+        log_p = ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu)).log_prob(x_local).sum()
+        return -reduce_from_group(log_p, fg) / x.numel()

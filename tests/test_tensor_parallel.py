@@ -1,0 +1,192 @@
+"""Every composition of strategies against the single-process model: the same loss terms,
+every parameter's gradient (each rank's slice of it), and the parameters after one Adam
+step, in fp64 and fp32, on 2 and 4 gloo processes.
+
+The reference is the plain model with neither S3 nor S4 (full masked attention, the
+naive decode); the sharded runs apply the plan's strategies to the same plain model.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ampflow.model.config import ModelConfig
+from ampflow.model.paired import PairedModel
+from ampflow.model.synthetic import synthetic_features, synthetic_graph
+from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, draw_noise
+from ampflow.parallel.mesh import Mesh
+from ampflow.parallel.parallelize import full_state, load_full_state, parallelize
+from ampflow.parallel.shards import feature_shards, head_channels, split_range
+from dist_helpers import run_world
+from test_data_parallel import LR, WEIGHTS, _adam_tolerance, _snapshot
+
+F64 = torch.float64
+B = 12
+NOISE_SEED, GLOBAL_SEED = 5, 7
+
+# strategy sets of the acceptance list: (ids, dp, tp) for a world of W processes
+SETS = {
+    "S1": lambda W: (["S1"], W, 1),
+    "S2+S4": lambda W: (["S2", "S4"], 1, W),
+    "S3": lambda W: (["S3"], 1, W),
+    "S3+S5": lambda W: (["S3", "S5"], 1, W),
+    "S2+S3+S4+S5": lambda W: (["S2", "S3", "S4", "S5"], 1, W),
+    "dp2xtp2 all": lambda W: (["S1", "S2", "S3", "S4", "S5"], 2, W // 2),
+}
+NAMES = {"S1": "data_parallel", "S2": "feature_parallel", "S3": "chunked_attention", "S4": "key_first_decode", "S5": "hidden_parallel"}
+CONFIGS = {
+    # D != latent (a u projection), heads of width 8
+    "wide": dict(latent_dim=6, hidden_dim=16, decoder_dim=16, heads=2, window=2),
+    # D == latent: u itself is split over the channels
+    "narrow": dict(latent_dim=8, hidden_dim=16, heads=2, window=3),
+}
+
+
+def _assert_close(a, b, dtype, what):
+    """fp64: elementwise to 1e-9 relative (1e-11 absolute). fp32: the relative error of
+    the tensor, ||a - b|| / ||b|| in the 2-norm, to 1e-5 (single elements near zero
+    carry nothing but rounding)."""
+    if dtype == F64:
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=lambda m: f"{what}: {m}")
+    else:
+        a, b = a.double(), b.double()
+        err = float((a - b).norm() / b.norm().clamp_min(1e-12))
+        assert err <= 1e-5, f"{what}: relative error {err:.3g}"
+        WORST[0] = max(WORST[0], err)
+
+
+WORST = [0.0]
+
+
+def _plan(ids, dp, tp, chunk=3):
+    return {
+        "mesh": {"dp": dp, "tp": tp},
+        "strategies": [{"id": i, "name": NAMES[i]} for i in ids],
+        "chunk_size": chunk if "S3" in ids else 0,
+        "key_first": "S4" in ids,
+    }
+
+
+def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    anchor, stratum = synthetic_features(n_anchors, L, 0.7, 0, g)
+    graph = synthetic_graph(G, n_anchors, g)
+    cfg = ModelConfig(dropout=0.0, graph_batch=64, **CONFIGS[config])
+    torch.manual_seed(seed)
+    model = PairedModel(cfg, G, anchor, stratum, L, graph).to(F64)
+    with torch.no_grad():  # move the zero-initialised decoder parameters off zero
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=F64))
+    rna = torch.poisson(torch.full((B, G), 0.8, dtype=F64), generator=g)  # sparse, as scRNA is
+    depth = torch.linspace(2.0, 0.2, B, dtype=F64)
+    hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g)
+    # one problem in both precisions: the fp32 one is the fp64 one rounded
+    return model.to(dtype), rna.to(dtype), hic.to(dtype)
+
+
+def _reference(dtype, config, dp):
+    """One process, the full batch. With dp > 1 the noise comes from the shared
+    generator (as the data-parallel step draws it); with dp = 1 from the global RNG."""
+    model, rna, hic = _problem(dtype, config)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    gen = torch.Generator().manual_seed(NOISE_SEED)
+    torch.manual_seed(GLOBAL_SEED)
+    noise = draw_noise(model, B, gen) if dp > 1 else None
+    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise)
+    terms["total"].backward()
+    opt.step()
+    return _snapshot(model, terms)
+
+
+def _tp_worker(rank, world, cases):
+    out = {}
+    for name, config, dtype in cases:
+        ids, dp, tp = SETS[name](world)
+        model, rna, hic = _problem(dtype, config)
+        mesh = Mesh.build(dp, tp)
+        model = parallelize(model, _plan(ids, dp, tp), mesh)
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=LR)
+        gen = torch.Generator().manual_seed(NOISE_SEED)
+        torch.manual_seed(GLOBAL_SEED)
+        rows = balanced_split(hic.sum(1), dp)[mesh.dp_rank]
+        terms = DataParallelStep(mesh).step(model, opt, rna[rows], hic[rows], WEIGHTS, rows, batch_size=B, generator=gen)
+        snap = _snapshot(model, terms)
+        snap["shards"] = dict(model.shards)
+        # the consolidated state is the single-process one, and loads back
+        state, opt_state = full_state(model, opt)
+        snap["full_params"] = {n: state[n] for n in snap["params"]}
+        load_full_state(model, state, opt, opt_state)
+        snap["reloaded"] = all(torch.equal(p, snap["params"][n]) for n, p in model.named_parameters())
+        out[(name, config, dtype)] = snap
+    return out
+
+
+def _check(world, results, cases):
+    for name, config, dtype in cases:
+        _, dp, _ = SETS[name](world)
+        ref = _reference(dtype, config, dp)
+        for rank, res in enumerate(results):
+            got = res[(name, config, dtype)]
+            tag = f"{name} {config} world {world} rank {rank} {dtype}"
+            shards = got["shards"]
+
+            def local(n, full):
+                return shards[n].take(full) if n in shards else full
+
+            assert got["terms"].keys() == ref["terms"].keys()
+            for k in ref["terms"]:
+                _assert_close(got["terms"][k], ref["terms"][k], dtype, f"{tag} term {k}")
+            assert got["grads"].keys() == ref["grads"].keys()
+            for n in ref["grads"]:
+                _assert_close(got["grads"][n], local(n, ref["grads"][n]), dtype, f"{tag} grad {n}")
+            for n in ref["params"]:
+                tol = _adam_tolerance(local(n, ref["grads"][n]), dtype)
+                err = (got["params"][n] - local(n, ref["params"][n])).abs()
+                assert bool((err <= tol).all()), f"{tag} param {n}: max error {float(err.max())}"
+                full_tol = _adam_tolerance(ref["grads"][n], dtype)
+                full_err = (got["full_params"][n] - ref["params"][n]).abs()
+                assert bool((full_err <= full_tol).all()), f"{tag} consolidated {n}: max error {float(full_err.max())}"
+            assert got["reloaded"], tag
+            if world > 1 and name != "S1" and name != "S3":  # something is really sharded
+                assert shards, tag
+
+
+ALL = [(name, config, dtype) for name in SETS for config in CONFIGS for dtype in (F64, torch.float32)]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_strategy_set_equals_one_process(tmp_path, world):
+    cases = [c for c in ALL if not (world == 2 and c[0] == "dp2xtp2 all")]  # dp2 x tp2 needs 4
+    results = run_world(_tp_worker, world, tmp_path, cases)
+    _check(world, results, cases)
+    print(f"world {world}: largest fp32 relative error {WORST[0]:.3g}")
+
+
+# ----------------------------------------------------------------- shard layouts
+def test_head_channels_cover_every_head_equally():
+    for tp in (1, 2, 4):
+        parts = [head_channels(16, 2, tp, r) for r in range(tp)]
+        assert torch.equal(torch.cat(parts).sort().values, torch.arange(16))
+        for p in parts:  # the same share of each head of width 8
+            assert torch.equal((p // 8).bincount(minlength=2), torch.tensor([8 // tp] * 2))
+
+
+def test_head_channels_refuse_a_head_width_not_divisible():
+    with pytest.raises(ValueError, match="mesh.tp"):
+        head_channels(12, 2, 4, 0)  # head width 6
+
+
+def test_feature_shards_partition_every_stratum():
+    bounds = [0, 9, 15, 16, 16]  # a stratum of one feature and an empty one
+    for tp in (1, 2, 4):
+        pieces = [feature_shards(bounds, tp, r) for r in range(tp)]
+        assert torch.equal(torch.cat([p for p, _ in pieces]).sort().values, torch.arange(16))
+        for index, local in pieces:
+            for k in range(4):
+                part = index[local[k] : local[k + 1]]
+                assert bool(((part >= bounds[k]) & (part < bounds[k + 1])).all())
+    assert [split_range(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 8), (8, 10)]
