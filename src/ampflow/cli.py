@@ -223,40 +223,43 @@ def cmd_graph(a):
 
 
 def apply_plan(model_cfg, plan: dict):
-    """The model settings the plan prescribes for one process (S3 chunk size, S4)."""
+    """The model settings the plan prescribes (S3 chunk size, S4); the sharding (S1, S2,
+    S5) is applied to the built model by :func:`ampflow.parallel.parallelize.parallelize`."""
     import dataclasses
 
     names = [s["name"] for s in plan.get("strategies", [])]
     chunk = int(plan.get("chunk_size") or 0)
     cfg = dataclasses.replace(model_cfg, chunk=chunk, key_first=bool(plan.get("key_first")))
-    log.info("plan: %s; chunk %s, key-first %s", ", ".join(names) or "no strategy", chunk or "-", cfg.key_first)
     mesh = plan.get("mesh") or {}
-    if int(mesh.get("tp", 1)) > 1:
-        log.warning(
-            "the plan asks for %d processes (dp %d x tp %d), but tensor parallelism (S2, S5; plan key mesh.tp) "
-            "is not available yet: this run trains in one process with the plan's single-process savers",
-            plan.get("world_size", 1), mesh.get("dp", 1), mesh["tp"],
-        )  # fmt: skip
+    log.info(
+        "plan: %s; mesh dp %s x tp %s; chunk %s, key-first %s",
+        ", ".join(names) or "no strategy", mesh.get("dp", 1), mesh.get("tp", 1), chunk or "-", cfg.key_first,
+    )  # fmt: skip
     return cfg
 
 
 def plan_processes(plan: dict | None) -> int:
-    """How many processes train a plan: its world size for pure data parallelism
-    (tp = 1), one otherwise (tensor parallelism is not available yet)."""
+    """How many processes train a plan: its mesh's dp x tp."""
     mesh = (plan or {}).get("mesh") or {}
-    if int(mesh.get("tp", 1)) > 1:
-        return 1
-    return int(mesh.get("dp", 1))
+    return int(mesh.get("dp", 1)) * int(mesh.get("tp", 1))
 
 
 def _launch(a, n: int) -> int:
-    """Run this very command under ``torchrun`` with ``n`` processes; its exit status."""
+    """Run this very command under ``torchrun`` with ``n`` processes; its exit status.
+
+    Standalone (one node). On a cluster the job script runs torchrun itself, one per
+    node, with a rendezvous (see profiles/slurm-gpu), and ``--launch`` sees a world > 1
+    and does nothing.
+    """
     import subprocess
 
     argv = [x for x in a.argv if x != "--launch"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "ampflow.cli", *argv]
-    log.info("launching %d data-parallel processes: %s", n, " ".join(cmd))
-    return subprocess.run(cmd).returncode
+    log.info("launching %d processes: %s", n, " ".join(cmd))
+    res = subprocess.run(cmd)
+    if res.returncode != 0:
+        log.error("torchrun exited with status %d (a rank failed or was killed); running the same command again resumes from the last checkpoint", res.returncode)
+    return res.returncode
 
 
 def cmd_train(a):

@@ -42,6 +42,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     threads: int = 1
     device: str = "auto"
+    dtype: str = "float32"
     gpus: int = 1
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 2e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 5e-4, LossWeights()))
@@ -53,6 +54,8 @@ class TrainConfig:
             raise InputError("checkpoint_every, keep_checkpoints and threads must be >= 1", key="train", value=asdict(self))
         if self.device not in ("auto", "cpu", "cuda"):
             raise InputError("must be auto, cpu or cuda", key="train.device", value=self.device)
+        if self.dtype not in ("float32", "float64"):
+            raise InputError("must be float32 or float64", key="train.dtype", value=self.dtype)
 
     @property
     def stages(self) -> list[tuple[str, StageConfig]]:

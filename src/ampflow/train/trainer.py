@@ -1,16 +1,22 @@
 """The training loop: stages, batches in a seeded order, metrics, checkpoints, resume.
 
-Launched by ``torchrun`` (torch.distributed initialised with more than one process) and
-given a plan whose mesh is dp = world size, tp = 1, the trainer runs S1 data
-parallelism: every batch's cells are split over the ranks by Hi-C contacts
-(:func:`~ampflow.parallel.data_parallel.balanced_split`) and each step is a
-:class:`~ampflow.parallel.data_parallel.DataParallelStep`, whose noise and graph
-sampling come from the trainer's generator (seeded from the train seed, alike on every
-rank). With ``model.dropout = 0`` such a run computes the single-process losses and
-gradients (to rounding) of a run that draws its noise from that generator; with dropout
-> 0 each rank draws its own dropout masks, so the run is a correct data-parallel
-training but not equal to one process. Rank 0 alone writes the outputs and the
-checkpoints; a checkpoint holds every rank's RNG states, and each rank resumes its own.
+Launched by ``torchrun`` (torch.distributed initialised with more than one process),
+the trainer runs the plan on its dp x tp mesh: the plain model is built alike on every
+rank and :func:`~ampflow.parallel.parallelize.parallelize` applies the plan's strategies
+(S2, S5 over the tp group; S3, S4 as settings); every batch's cells are split over the
+dp groups by Hi-C contacts (:func:`~ampflow.parallel.data_parallel.balanced_split`) and
+each step is a :class:`~ampflow.parallel.data_parallel.DataParallelStep`. With dp > 1
+the noise and graph sampling come from the trainer's generator (seeded from the train
+seed, alike on every rank); with dp = 1 they are drawn as one process draws them, so a
+tensor-parallel run follows the single-process run (to rounding). With dp > 1 and
+``model.dropout = 0`` the run computes the single-process losses and gradients of a run
+that draws its noise from that generator; with dropout > 0 each dp group draws its own
+dropout masks, so the run is a correct data-parallel training but not equal to one
+process.
+
+Rank 0 alone writes the outputs and the checkpoints. A checkpoint holds the
+consolidated single-process model and optimizer state (so it resumes on any tp degree)
+and every rank's RNG states.
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ from ..io.atomic import atomic_path
 from ..io.errors import InputError
 from ..model.config import ModelConfig
 from ..model.paired import PairedModel
-from ..parallel.data_parallel import DataParallelStep, balanced_split, parallelize_data_parallel, work_ratio
+from ..parallel.data_parallel import DataParallelStep, balanced_split, work_ratio
 from ..parallel.mesh import Mesh
+from ..parallel.parallelize import full_state, load_full_state, parallelize
 from ..progress import Progress
 from . import checkpoint
 from .config import TrainConfig
@@ -63,26 +70,20 @@ def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) ->
     return batches
 
 
-def data_parallel_mesh(plan: dict | None) -> Mesh | None:
-    """The S1 mesh (dp = world, tp = 1) of a run launched by torchrun; None in one process.
+def plan_mesh(plan: dict | None) -> Mesh | None:
+    """The dp x tp mesh of a run launched by torchrun; None in one process.
 
-    Raises InputError for a plan this world cannot run: tensor parallelism (``mesh.tp``
-    > 1, strategies S2 and S5) is not available yet, and such plans train in one process;
-    ``mesh.dp`` must equal the world size.
+    Raises InputError when the plan's mesh does not multiply to the world size.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None
     world = dist.get_world_size()
     m = (plan or {}).get("mesh") or {}
-    tp, dp = int(m.get("tp", 1)), int(m.get("dp", world))
-    if tp > 1:
-        raise InputError(
-            "tensor parallelism (S2, S5) is not available yet: a plan with tp > 1 trains in one process "
-            "(run `ampflow train` without torchrun)", key="mesh.tp", value=tp,
-        )  # fmt: skip
-    if dp != world:
-        raise InputError(f"the plan's data-parallel degree must equal the {world} launched processes", key="mesh.dp", value=dp)
-    return Mesh.build(dp, 1)
+    tp = int(m.get("tp", 1))
+    dp = int(m.get("dp", world // tp))
+    if dp * tp != world:
+        raise InputError(f"the plan's mesh dp x tp must equal the {world} launched processes", key="mesh", value={"dp": dp, "tp": tp})
+    return Mesh.build(dp, tp)
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -104,7 +105,7 @@ class Trainer:
     def __init__(self, data: PairedData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir, name: str = "",
                  stop_after: int | None = None, plan: dict | None = None):  # fmt: skip
         self.data, self.model_cfg, self.cfg = data, model_cfg, train_cfg
-        self.mesh = data_parallel_mesh(plan)
+        self.mesh = plan_mesh(plan)
         self.rank = self.mesh.rank if self.mesh is not None else 0
         self.out = Path(out_dir)
         self.ckpt_dir = self.out / "checkpoints"
@@ -116,9 +117,10 @@ class Trainer:
             self.device = torch.device("cpu")
         torch.set_num_threads(train_cfg.threads)
         self.generator = seed_everything(train_cfg.seed)
-        self.model = build_model(model_cfg, data).to(self.device)
+        self.dtype = getattr(torch, train_cfg.dtype)
+        self.model = build_model(model_cfg, data).to(self.device, self.dtype)
         if self.mesh is not None:
-            self.model = parallelize_data_parallel(self.model, self.mesh)
+            self.model = parallelize(self.model, plan, self.mesh)
             self.dp_step = DataParallelStep(self.mesh)
             self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr)
@@ -138,29 +140,33 @@ class Trainer:
             h.update(np.asarray([m.nnz, float(m.data.sum(dtype=np.float64))]).tobytes())
         train = {k: v for k, v in self.cfg.to_dict().items() if k not in ("checkpoint_every", "keep_checkpoints", "gpus")}
         h.update(json.dumps([self.model_cfg.to_dict(), _plain(train)], sort_keys=True).encode())
-        if self.mesh is not None:  # another world draws other noise: not resumable across
+        if self.mesh is not None and self.mesh.dp > 1:  # other dp degrees draw other noise
             h.update(json.dumps({"dp": self.mesh.dp}).encode())
         return h.hexdigest()
 
     def _payload(self) -> dict:
+        """What a checkpoint holds; the model and optimizer consolidated to their
+        single-process state (a collective over the tp group: every rank calls it)."""
+        model, optimizer = full_state(self.model, self.optimizer)
         return {
             "run_key": self.run_key(),
             "step": self.step,
             "position": list(self.position),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model,
+            "optimizer": optimizer,
             "rng": checkpoint.rng_state(self.generator),
         }
 
     def _save_checkpoint(self) -> None:
-        """Rank 0 writes the checkpoint, with every rank's RNG states under data parallelism."""
+        """Rank 0 writes the checkpoint, with every rank's RNG states and the mesh."""
+        payload = self._payload()
         if self.mesh is None:
-            checkpoint.save(self.ckpt_dir, self.step, self._payload(), self.cfg.keep_checkpoints)
+            checkpoint.save(self.ckpt_dir, self.step, payload, self.cfg.keep_checkpoints)
             return
         states: list = [None] * self.mesh.world
-        dist.all_gather_object(states, checkpoint.rng_state(self.generator))
+        dist.all_gather_object(states, payload["rng"])
         if self.rank == 0:
-            payload = {**self._payload(), "rng_ranks": states}
+            payload.update(rng_ranks=states, mesh={"dp": self.mesh.dp, "tp": self.mesh.tp})
             checkpoint.save(self.ckpt_dir, self.step, payload, self.cfg.keep_checkpoints)
 
     def _load_latest(self) -> tuple[dict | None, Path | None]:
@@ -174,18 +180,24 @@ class Trainer:
             return None, None
         if state is None:
             state = torch.load(chosen[0], map_location="cpu", weights_only=True)
-        ranks = state.get("rng_ranks")
-        if ranks is None or len(ranks) != self.mesh.world:
-            raise InputError(f"checkpoint has no RNG states for {self.mesh.world} processes", path=chosen[0])
-        state["rng"] = ranks[self.rank]
+        state["rng"] = self._own_rng(state, chosen[0])
         return state, Path(chosen[0])
+
+    def _own_rng(self, state: dict, path: str) -> dict:
+        """This rank's RNG states from a checkpoint written on any mesh of the same dp
+        degree (the run key guarantees that): the ranks of one tp group share theirs."""
+        ranks, saved = state.get("rng_ranks"), state.get("mesh") or {"dp": 1, "tp": 1}
+        if ranks is None:  # written by one process
+            return state["rng"]
+        if int(saved["dp"]) != self.mesh.dp or len(ranks) != int(saved["dp"]) * int(saved["tp"]):
+            raise InputError(f"checkpoint has RNG states for a mesh {saved}, not dp {self.mesh.dp}", path=path)
+        return ranks[self.mesh.dp_rank * int(saved["tp"])]
 
     def _resume(self) -> bool:
         state, path = self._load_latest()
         if state is None:
             return False
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_full_state(self.model, state["model"], self.optimizer, state["optimizer"])
         checkpoint.set_rng_state(state["rng"], self.generator)
         self.step = int(state["step"])
         self.position = tuple(int(x) for x in state["position"])
@@ -207,7 +219,7 @@ class Trainer:
         if self.mesh is not None:
             return self._train_step_dp(idx, stage_name, stage_cfg, epoch)
         rna, hic = self.data.batch(idx)
-        rna, hic = rna.to(self.device), hic.to(self.device)
+        rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
         t0 = time.perf_counter()
         terms, peak, per_stratum = measured_step(self.model, self.optimizer, rna, hic, stage_cfg.weights, self.generator)
         return self._metrics_row(stage_name, epoch, len(idx), terms, time.perf_counter() - t0, peak, per_stratum)
@@ -227,28 +239,30 @@ class Trainer:
         }
 
     def _train_step_dp(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
-        """This rank's share of the batch (split by Hi-C contacts), one S1 step; the
-        metrics row carries every rank's work share and peak bytes."""
+        """This dp group's share of the batch (split by Hi-C contacts), one step on the
+        mesh; the metrics row carries every rank's work share, peak and per-stratum bytes."""
         contacts = self.contacts[idx]
         split = balanced_split(contacts, self.mesh.dp)
         rows = split[self.mesh.dp_rank]
         rna, hic = self.data.batch(idx[rows.numpy()])
-        rna, hic = rna.to(self.device), hic.to(self.device)
+        rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
         t0 = time.perf_counter()
         terms, peak, per_stratum = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx), self.generator)
         seconds = time.perf_counter() - t0
         ranks: list = [None] * self.mesh.world
-        dist.all_gather_object(ranks, (int(peak), seconds))
-        seconds = max(s for _, s in ranks)
+        dist.all_gather_object(ranks, (int(peak), seconds, [int(x) for x in per_stratum[: self.data.n_strata]]))
+        seconds = max(s for _, s, _ in ranks)
         totals = [float(contacts[r.numpy()].sum()) for r in split]
         mean = sum(totals) / len(totals)
-        # peak over the ranks; the per-stratum marks are this (rank 0's) process's
+        # peak over the ranks; stratum_bytes are rank 0's, rank_stratum_bytes every rank's
         return self._metrics_row(
-            stage_name, epoch, len(idx), terms, seconds, max(p for p, _ in ranks), per_stratum,
+            stage_name, epoch, len(idx), terms, seconds, max(p for p, _, _ in ranks), per_stratum,
             work_ratio=work_ratio(contacts, split),
             rank_work=[t / mean if mean > 0 else 1.0 for t in totals],
             rank_cells=[int(r.numel()) for r in split],
-            rank_peak_bytes=[p for p, _ in ranks],
+            rank_peak_bytes=[p for p, _, _ in ranks],
+            rank_stratum_bytes=[m for _, _, m in ranks],
+            mesh={"dp": self.mesh.dp, "tp": self.mesh.tp},
         )  # fmt: skip
 
     def fit(self) -> bool:
@@ -287,26 +301,32 @@ class Trainer:
                     if math.isnan(row["loss"]["total"]):
                         raise FloatingPointError(f"loss became NaN at step {self.step} ({stage_name}, epoch {epoch})")
                 self.position = (s + 1, 0, 0)
+        model_state, _ = full_state(self.model)  # every rank takes part; rank 0 writes
         if main:
-            self._write_outputs(metrics_path)
+            self._write_outputs(metrics_path, model_state)
         if self.mesh is not None:
             dist.barrier()
         return True
 
     # ----------------------------------------------------------- outputs
     @torch.no_grad()
-    def embeddings(self, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-        self.model.eval()
+    def embeddings(self, model: PairedModel, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+        """RNA and Hi-C latent means of every cell from a plain (single-process) model."""
+        model.eval()
         xr, xh = [], []
         for i in range(0, self.data.n_cells, batch_size):
             rna, hic = self.data.batch(np.arange(i, min(i + batch_size, self.data.n_cells)))
-            r, h = self.model.embed(rna.to(self.device), hic.to(self.device))
+            r, h = model.embed(rna.to(self.device, self.dtype), hic.to(self.device, self.dtype))
             xr.append(r.cpu().numpy())
             xh.append(h.cpu().numpy())
         return np.concatenate(xr), np.concatenate(xh)
 
-    def _write_outputs(self, metrics_path: Path) -> None:
-        x_rna, x_hic = self.embeddings()
+    def _write_outputs(self, metrics_path: Path, model_state: dict) -> None:
+        """Embeddings, model.pt, config and metrics from the consolidated model state
+        (in a plain model: the same files whatever mesh trained it)."""
+        model = build_model(self.model_cfg, self.data).to(self.device, self.dtype)
+        model.load_state_dict(model_state)
+        x_rna, x_hic = self.embeddings(model)
         emb = ad.AnnData(obs=self.data.obs.copy())
         emb.obsm["X_rna"] = x_rna.astype(np.float32)
         emb.obsm["X_hic"] = x_hic.astype(np.float32)
@@ -317,7 +337,7 @@ class Trainer:
         with atomic_path(self.out / "model.pt") as tmp:
             torch.save(
                 {
-                    "state_dict": self.model.state_dict(),
+                    "state_dict": model_state,
                     "model_config": self.model_cfg.to_dict(),
                     "train_config": _plain(self.cfg.to_dict()),
                     "steps": self.step,
