@@ -19,9 +19,11 @@ from conftest import workflow_copy
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
-# a few training steps of a small model: the workflow is under test here, not the fit
+# 20 training steps (5 epochs of 4 batches): the workflow is under test here, not the
+# fit. float64, so that the sharded runs can be compared with one process beyond the
+# rounding drift that Adam amplifies in float32 (see test_train_dist).
 QUICK_CONFIG = """
-train: {pretrain: {epochs: 2}, finetune: {epochs: 1}}
+train: {pretrain: {epochs: 4}, finetune: {epochs: 1}, dtype: float64}
 """
 QUICK = ["--configfile", "config/config.yaml", "config/quick.yaml"]
 
@@ -99,6 +101,35 @@ def test_demo_plans_light_and_heavy(run_dir):
     assert light["fits"] and heavy["fits"]
     log = (run_dir / "logs/demo/train.250kb_s12.log").read_text()
     assert f"chunk {heavy['chunk_size']}, key-first True" in log
+
+
+def test_heavy_plan_trains_sharded_like_one_process(run_dir, tmp_path):
+    """The heavy configuration trains under torchrun on its dp x tp mesh (tp >= 2), and
+    its first 20 steps' losses equal a single-process run of the same command."""
+    plan = json.loads((run_dir / "results/demo/amp/250kb_s12/plan.json").read_text())
+    mesh = plan["mesh"]
+    log = (run_dir / "logs/demo/train.250kb_s12.log").read_text()
+    assert f"launching {mesh['dp'] * mesh['tp']} processes" in log
+    rows = [json.loads(x) for x in (run_dir / "results/demo/train/250kb_s12/metrics.jsonl").read_text().splitlines()]
+    assert len(rows) >= 20
+    for r in rows:
+        assert r["mesh"] == mesh
+        assert len(r["rank_stratum_bytes"]) == mesh["dp"] * mesh["tp"]
+    config = (run_dir / "results/demo/train/250kb_s12/config.yaml").read_text()
+    import yaml
+
+    saved = yaml.safe_load(config)
+    one = tmp_path / "one"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [str(BIN / "ampflow"), "train", "--data", str(run_dir / "results/demo/data/250kb_s12"), "--out", str(one),
+           "--model", json.dumps(saved["model"]), "--train", json.dumps(saved["train"]),
+           "--plan", str(run_dir / "results/demo/amp/250kb_s12/plan.json")]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ref = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(rows[:20], ref[:20], strict=True):
+        for term, value in b["loss"].items():
+            assert a["loss"][term] == pytest.approx(value, rel=1e-4), f"step {a['step']} {term}"
 
 
 def test_pseudobulk_levels_equal_summed_cells(run_dir):

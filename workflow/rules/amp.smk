@@ -68,8 +68,8 @@ rule train:
         out=lambda wc: f"{RESULTS}/train/{wc.cfg}",
         model=json_arg("model"),
         train=json_arg("train"),
-    # --launch: a data-parallel plan (dp > 1, tp 1) trains in dp processes under torchrun
-    # (gloo on CPU, NCCL on GPUs); any other plan trains in this one process
+    # --launch: a plan of dp x tp > 1 processes trains under torchrun --standalone
+    # (gloo on CPU, NCCL on GPUs); a one-device plan trains in this process
     shell:
         "ampflow train --launch --data {params.data} --out {params.out} --name {wildcards.cfg}"
         " --model {params.model} --train {params.train} --plan {input.plan} > {log} 2>&1"
