@@ -222,3 +222,99 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
         assert Path(value(args, "-D")).resolve() == work.resolve()
     # the jobs lack their outputs, so nothing beyond the three independent rules was submitted
     assert set(by_rule) == {"bin_cells", "load_rna", "devices"}, sorted(by_rule)
+
+
+# ------------------------------------------------------------ multi-node training
+def _multi_node_profile(work: Path) -> dict:
+    """profiles/slurm-gpu with its documented multi-node `train:` block uncommented."""
+    path = work / "profiles" / "slurm-gpu" / "profile.yaml"
+    lines = path.read_text().splitlines()
+    start = lines.index("  # train:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("  #"):
+            break
+        block.append("  " + line[len("  # ") :])
+    text = path.read_text().replace("\n".join(lines[start : start + len(block)]), "\n".join(block))
+    path.write_text(text)
+    prof = yaml.safe_load(text)
+    assert prof["set-resources"]["train"]["mpi"] == "'srun'"
+    return prof
+
+
+def _fake_train_inputs(work: Path, cfg: str) -> None:
+    """Files standing in for the train rule's inputs (only train may run)."""
+    data = work / "results" / "demo" / "data" / cfg
+    (data / "graph").mkdir(parents=True)
+    for name in ("rna.h5ad", "hic.h5ad", "graph/nodes.parquet"):
+        (data / name).write_text("stand-in")
+    plan = work / "results" / "demo" / "amp" / cfg / "plan.json"
+    plan.parent.mkdir(parents=True)
+    plan.write_text(json.dumps({"mesh": {"dp": 2, "tp": 4}, "world_size": 8}))
+
+
+@pytest.mark.slow
+def test_slurm_multi_node_train_sbatch_and_srun(tmp_path):
+    work = tmp_path / "wf"
+    work.mkdir()
+    for name in ("workflow", "config", "profiles", "envs"):
+        shutil.copytree(REPO / name, work / name)
+    res = _multi_node_profile(work)["set-resources"]["train"]
+    name = "500kb_s10"  # the first configuration of config/config.yaml
+    _fake_train_inputs(work, name)
+    bindir, calls = fake_slurm(tmp_path)
+    env = {**clean_env(os.pathsep.join([str(bindir), str(BIN), os.environ.get("PATH", "")])), "FAKE_SLURM_STATE": "COMPLETED"}
+    subprocess.run([str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "8", "--seed", "0"],
+                   cwd=work, env=env, check=True, capture_output=True, text=True, timeout=120)  # fmt: skip
+    target = f"results/demo/train/{name}/model.pt"
+    base = [str(BIN / "snakemake"), target, "--profile", "profiles/slurm-gpu", "--allowed-rules", "train", "--rerun-triggers", "mtime"]
+
+    # the job's command: srun (one task per node) before ampflow train --launch
+    dry = subprocess.run([*base, "-n", "-p"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    shell = [ln.strip().removeprefix("Shell command:").strip() for ln in (dry.stdout + dry.stderr).splitlines() if "ampflow train" in ln]
+    assert shell and shell[0].startswith("srun ampflow train --launch "), shell
+
+    cmd = [*base, "--latency-wait", "1", "--retries", "0", "--seconds-between-status-checks", "1",
+           "--slurm-init-seconds-before-status-checks", "1"]  # fmt: skip
+    try:
+        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=90)
+        log = r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        log = f"(timed out)\n{e.stdout or ''}{e.stderr or ''}"
+    args = sbatch_by_rule(calls).get("train")
+    assert args is not None, log[-4000:]
+    assert value(args, "-p") == unquote(res["slurm_partition"])
+    assert value(args, "--nodes") == "2" and value(args, "--ntasks") == "2", args
+    assert value(args, "--cpus-per-task") == str(res["cpus_per_task"]), args
+    assert value(args, "--mem") == str(res["mem_mb"]), args
+    assert "--gpus-per-node=4" in args or "--gpus-per-node=4" in " ".join(args), args
+    for flag in ("--gpus", "--ntasks-per-gpu", "--gres"):
+        assert flag not in flags(args), (flag, args)
+
+
+def _scontrol(tmp_path: Path) -> str:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    exe = bindir / "scontrol"
+    exe.write_text("#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && printf 'gpu017\\ngpu018\\n'\n")
+    exe.chmod(0o755)
+    return os.pathsep.join([str(bindir), os.environ.get("PATH", "")])
+
+
+def test_torchrun_command_one_node_and_across_nodes(tmp_path, monkeypatch):
+    from ampflow.cli import torchrun_command
+    from ampflow.io.errors import InputError
+
+    argv = ["train", "--data", "d"]
+    one = torchrun_command(4, argv, env={})
+    assert one[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "ampflow.cli", *argv]
+    # inside `srun` with one task on each of 2 nodes (what the mpi resource gives)
+    monkeypatch.setenv("PATH", _scontrol(tmp_path))
+    step = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_JOB_ID": "4242"}
+    multi = torchrun_command(8, argv, env=step)
+    assert multi[3:9] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=gpu017:29500", "--rdzv-id=4242", "-m"]
+    with pytest.raises(InputError, match="do not divide"):
+        torchrun_command(3, argv, env=step)
+    with pytest.raises(InputError, match="one task per node"):
+        torchrun_command(8, argv, env={**step, "SLURM_STEP_NUM_TASKS": "8"})

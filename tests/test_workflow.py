@@ -200,6 +200,66 @@ def test_paired_files_share_cells(run_dir):
     assert set(edges["kind"]) == {"gene_bin", "bin_bin", "self"}
 
 
+def _rank_pid(rank: int, cwd: Path) -> int | None:
+    """The pid of a running torchrun worker of ``ampflow train`` with this RANK, started in ``cwd``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+            if Path(os.readlink(proc / "cwd")) != cwd.resolve():
+                continue
+        except (OSError, ValueError):
+            continue
+        if b"ampflow.cli" in cmd and b"train" in cmd and f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID" in b" ".join(env):
+            return int(proc.name)
+    return None
+
+
+def test_kill_one_rank_then_resume_bit_identical(run_dir, tmp_path):
+    """SIGKILL rank 1 of the heavy configuration's training after a checkpoint: torchrun
+    fails, Snakemake reports the failed job; the same command again resumes from the
+    checkpoint and ends with the model and metrics of the uninterrupted run."""
+    import shutil
+    import signal
+    import time
+
+    import torch
+
+    root = tmp_path / "wf"
+    shutil.copytree(run_dir, root, symlinks=True)
+    train = root / "results/demo/train/250kb_s12"
+    shutil.rmtree(train)
+    # a checkpoint every 2 steps (checkpoint settings do not enter the run's key)
+    (root / "config/quick.yaml").write_text(QUICK_CONFIG.replace("dtype: float64}", "dtype: float64, checkpoint_every: 2}"))
+    target = "results/demo/train/250kb_s12/model.pt"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [str(BIN / "snakemake"), "--cores", "2", *QUICK, "--profile", "profiles/local", target]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed, deadline = None, time.time() + 300
+    while proc.poll() is None and time.time() < deadline and killed is None:
+        if list((train / "checkpoints").glob("step-*.pt")) and (pid := _rank_pid(1, root)) is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed = pid
+        time.sleep(0.02)
+    out = proc.communicate(timeout=300)[0]
+    assert killed is not None, "rank 1 was not found running after a checkpoint:\n" + out[-3000:]
+    assert proc.returncode != 0, out[-3000:]
+    assert "Error in rule train" in out
+    log = (root / "logs/demo/train.250kb_s12.log").read_text()
+    assert "torchrun exited with status" in log
+    assert not (train / "model.pt").exists()
+    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (root / "logs/demo/train.250kb_s12.log").read_text()
+    assert "resumed from" in log
+    a = torch.load(run_dir / target, weights_only=True)["state_dict"]
+    b = torch.load(root / target, weights_only=True)["state_dict"]
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    ma = [json.loads(x)["loss"] for x in (run_dir / "results/demo/train/250kb_s12/metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x)["loss"] for x in (train / "metrics.jsonl").read_text().splitlines()]
+    assert ma == mb
+
+
 def test_nothing_to_do_then_only_new_cells_binned(run_dir):
     r = snakemake(run_dir, "--profile", "profiles/local", "-n")
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr

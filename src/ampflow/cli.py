@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -244,17 +245,42 @@ def plan_processes(plan: dict | None) -> int:
     return int(mesh.get("dp", 1)) * int(mesh.get("tp", 1))
 
 
-def _launch(a, n: int) -> int:
-    """Run this very command under ``torchrun`` with ``n`` processes; its exit status.
+RDZV_PORT = 29500
 
-    Standalone (one node). On a cluster the job script runs torchrun itself, one per
-    node, with a rendezvous (see profiles/slurm-gpu), and ``--launch`` sees a world > 1
-    and does nothing.
+
+def torchrun_command(n: int, argv: list[str], env=os.environ) -> list[str]:
+    """The torchrun command that runs ``ampflow <argv>`` in a world of ``n`` processes.
+
+    One node: ``--standalone``. Inside a SLURM job step that srun started with one task
+    on each of several nodes (the train rule under ``mpi: srun``, ``nodes = tasks = N``):
+    this task's node runs ``n / N`` processes and the nodes meet through a c10d
+    rendezvous on the allocation's first node, keyed by the job id.
     """
+    head = [sys.executable, "-m", "torch.distributed.run"]
+    nodes = int(env.get("SLURM_STEP_NUM_NODES") or 1)
+    if nodes <= 1:
+        return [*head, "--standalone", f"--nproc-per-node={n}", "-m", "ampflow.cli", *argv]
+    tasks = int(env.get("SLURM_STEP_NUM_TASKS") or 0)
+    if tasks != nodes:
+        raise InputError(f"multi-node training needs one task per node (srun with tasks = nodes = {nodes})", key="SLURM_STEP_NUM_TASKS", value=tasks)
+    if n % nodes:
+        raise InputError(f"the plan's {n} processes do not divide over {nodes} nodes", key="mesh", value=n)
     import subprocess
 
-    argv = [x for x in a.argv if x != "--launch"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "-m", "ampflow.cli", *argv]
+    hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True)
+    first = hosts.stdout.split()[0]
+    port = int(env.get("AMPFLOW_RDZV_PORT") or RDZV_PORT)
+    return [*head, f"--nnodes={nodes}", f"--nproc-per-node={n // nodes}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={first}:{port}", f"--rdzv-id={env.get('SLURM_JOB_ID', 'ampflow')}",
+            "-m", "ampflow.cli", *argv]  # fmt: skip
+
+
+def _launch(a, n: int) -> int:
+    """Run this very command under ``torchrun`` with ``n`` processes (see
+    :func:`torchrun_command`); its exit status."""
+    import subprocess
+
+    cmd = torchrun_command(n, [x for x in a.argv if x != "--launch"])
     log.info("launching %d processes: %s", n, " ".join(cmd))
     res = subprocess.run(cmd)
     if res.returncode != 0:

@@ -68,10 +68,13 @@ rule train:
         out=lambda wc: f"{RESULTS}/train/{wc.cfg}",
         model=json_arg("model"),
         train=json_arg("train"),
-    # --launch: a plan of dp x tp > 1 processes trains under torchrun --standalone
-    # (gloo on CPU, NCCL on GPUs); a one-device plan trains in this process
+        # multi-node (profile sets mpi="srun", nodes = tasks = N): one ampflow per node
+        launcher=lambda wc, resources: resources.get("mpi", ""),
+    # --launch: a plan of dp x tp > 1 processes trains under torchrun (--standalone on
+    # one node; c10d rendezvous across the nodes of an srun step); gloo on CPU, NCCL on
+    # GPUs. A one-device plan trains in this process.
     shell:
-        "ampflow train --launch --data {params.data} --out {params.out} --name {wildcards.cfg}"
+        "{params.launcher} ampflow train --launch --data {params.data} --out {params.out} --name {wildcards.cfg}"
         " --model {params.model} --train {params.train} --plan {input.plan} > {log} 2>&1"
 
 

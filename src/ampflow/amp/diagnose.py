@@ -13,6 +13,7 @@ import json
 import math
 
 from ..io.errors import InputError
+from ..model.config import ModelConfig
 from ..progress import human_bytes
 from .signals import evaluate_signals
 from .strategies import Context, ordered
@@ -67,6 +68,9 @@ def _decide(profile, signals, devices, budget, estimate):
     uses_chunk = any(strategies[n].knob == "chunk" for n in ctx.chosen) and chunks
     chunk_options = chunks if uses_chunk else [0]
     tp_options = _divisors(devices) if any(strategies[n].uses_tp for n in ctx.chosen) else [1]
+    if "hidden_parallel" in ctx.chosen:  # every rank takes an equal share of every head
+        cfg = ModelConfig.from_dict(profile.get("model"))
+        tp_options = [t for t in tp_options if (cfg.D // cfg.heads) % t == 0] or [1]
     choice = None
     for tp in tp_options:
         for c in chunk_options:

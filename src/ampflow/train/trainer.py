@@ -126,6 +126,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr)
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
+        self.work_ratios: list[float] = []  # per step, under data parallelism
 
     # ----------------------------------------------------------- state
     def run_key(self) -> str:
@@ -252,12 +253,13 @@ class Trainer:
         ranks: list = [None] * self.mesh.world
         dist.all_gather_object(ranks, (int(peak), seconds, [int(x) for x in per_stratum[: self.data.n_strata]]))
         seconds = max(s for _, s, _ in ranks)
+        self.work_ratios.append(work_ratio(contacts, split))
         totals = [float(contacts[r.numpy()].sum()) for r in split]
         mean = sum(totals) / len(totals)
         # peak over the ranks; stratum_bytes are rank 0's, rank_stratum_bytes every rank's
         return self._metrics_row(
             stage_name, epoch, len(idx), terms, seconds, max(p for p, _, _ in ranks), per_stratum,
-            work_ratio=work_ratio(contacts, split),
+            work_ratio=self.work_ratios[-1],
             rank_work=[t / mean if mean > 0 else 1.0 for t in totals],
             rank_cells=[int(r.numel()) for r in split],
             rank_peak_bytes=[p for p, _, _ in ranks],
@@ -301,6 +303,11 @@ class Trainer:
                     if math.isnan(row["loss"]["total"]):
                         raise FloatingPointError(f"loss became NaN at step {self.step} ({stage_name}, epoch {epoch})")
                 self.position = (s + 1, 0, 0)
+        if self.mesh is not None and self.mesh.dp > 1 and self.work_ratios:
+            log.info(
+                "per-rank work over %d data-parallel groups (max/mean Hi-C contacts per step): mean %.4f, worst %.4f",
+                self.mesh.dp, sum(self.work_ratios) / len(self.work_ratios), max(self.work_ratios),
+            )  # fmt: skip
         model_state, _ = full_state(self.model)  # every rank takes part; rank 0 writes
         if main:
             self._write_outputs(metrics_path, model_state)
