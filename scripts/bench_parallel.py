@@ -41,8 +41,14 @@ def prepare(work: Path) -> tuple[Path, dict]:
             if not (work / name).exists():
                 shutil.copytree(REPO / name, work / name)
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-        subprocess.run([str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "120", "--seed", "0"], cwd=work, env=env, check=True)
-        subprocess.run([str(BIN / "snakemake"), "--profile", "profiles/local", "--cores", "2", str(plan.relative_to(work))], cwd=work, env=env, check=True)
+        print("preparing the demo's heavy configuration (Snakemake up to its plan) ...", flush=True)
+        for cmd in (
+            [str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "120", "--seed", "0"],
+            [str(BIN / "snakemake"), "--profile", "profiles/local", "--cores", "2", str(plan.relative_to(work))],
+        ):
+            res = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+            if res.returncode:
+                sys.exit(f"{' '.join(cmd[:2])} failed:\n{res.stderr[-3000:]}")
     return work / f"results/demo/data/{CFG}", json.loads(plan.read_text())
 
 
