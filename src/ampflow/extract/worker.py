@@ -105,7 +105,10 @@ def worker_main(wid: int, conn, job: Job) -> None:
         while True:
             chunk = conn.recv()
             if chunk is None:
-                break
+                # everything is on disk and acknowledged: skip the interpreter's slow
+                # teardown of torch and transformers (seconds the job would wait)
+                logging.shutdown()
+                os._exit(0)
             marker = compute_chunk(embedder, job, chunk, label, on_batch)
             if job.delay:
                 time.sleep(job.delay)
