@@ -393,11 +393,8 @@ def cmd_extract(a):
 
 
 def cmd_tiny_model(a):
-    from transformers.utils import logging as hf_logging
-
     from .extract.tiny import write_tiny
 
-    hf_logging.disable_progress_bar()
     write_tiny(a.kind, a.out, seed=a.seed)
     log.info("tiny %s model (random weights, seed %d) written to %s", a.kind, a.seed, a.out)
 

@@ -189,7 +189,9 @@ class Embedder:
 def load_embedder(spec: ModelSpec, folder, layer: int, device: str = "cpu") -> Embedder:
     """Load the model of ``spec`` from ``folder`` onto ``device`` (once per worker)."""
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     folder = Path(folder)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     if tokenizer.pad_token_id is None:

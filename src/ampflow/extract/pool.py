@@ -26,7 +26,8 @@ from multiprocessing.connection import wait
 
 from ..io.errors import InputError
 from ..progress import Progress
-from .worker import Job, worker_main
+from .markers import check_marker
+from .worker import Job, compute_chunk, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,12 @@ class WorkerPool:
         if w.task is None and w.proc.exitcode == 0:
             return
         why = _exit_text(w.proc.exitcode)
-        if w.task is not None:
+        if w.task is not None and self._finished(w.task):
+            # died after writing the chunk's output and marker, before saying so
+            log.warning("%s died (%s) after finishing %s", w.label, why, w.task["name"])
+            w.stats["chunks"] += 1
+            w.stats["sequences"] += w.task["n"]
+        elif w.task is not None:
             name = w.task["name"]
             self.attempts[name] += 1
             if progress is not None:
@@ -218,6 +224,10 @@ class WorkerPool:
             self._start(w.slot)
         elif pending:
             log.warning("not replacing %s: %d worker(s) on its device already", w.label, self.starts[w.slot])
+
+    def _finished(self, chunk: dict) -> bool:
+        expect = {**self.job.expect, "input_sha256": chunk["sha256"]}
+        return check_marker(self.job.out_dir, chunk["name"], chunk["n"], expect) is None
 
     # ---------------------------------------------------------------- run
     def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
@@ -261,3 +271,36 @@ class WorkerPool:
             s = out.setdefault(w.label, Counter())
             s.update(w.stats)
         return [{"worker": label, **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()}} for label, s in out.items()]
+
+
+class InlinePool:
+    """The pool's interface without processes: one worker in the calling process.
+
+    For tests and debugging (a debugger sees the model code). Loaded models are kept
+    per (folder, layer, device) for the life of the process.
+    """
+
+    _models: dict = {}
+
+    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2):
+        self.job = job
+        self.device = "cpu" if slots[0] is None else "cuda"
+
+    def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
+        from .models import load_embedder
+
+        key = (self.job.folder, self.job.layer, self.device, self.job.spec.pooling)
+        if key not in self._models:
+            self._models[key] = load_embedder(self.job.spec, self.job.folder, self.job.layer, device=self.device)
+        embedder = self._models[key]
+        stats = Counter()
+
+        def on_batch(n: int, tokens: int, padded: int) -> None:
+            stats.update(tokens=tokens, padded_tokens=padded)
+            if progress is not None:
+                progress.update(n)
+
+        for c in chunks:
+            marker = compute_chunk(embedder, self.job, c, "inline", on_batch)
+            stats.update(chunks=1, sequences=marker["n_sequences"], seconds=marker["seconds"])
+        return [{"worker": "inline", **stats}]

@@ -72,6 +72,7 @@ def extract_fasta(
     settings: ExtractSettings | None = None,
     model_folder=None,
     delay: float = 0.0,
+    pool=WorkerPool,
 ) -> dict:
     """Embed every sequence of ``fasta`` with one model; a summary of the run.
 
@@ -92,6 +93,9 @@ def extract_fasta(
         Where the model is, when not ``spec.source`` (tiny models built by the workflow).
     delay
         Seconds each worker waits after a chunk (tests only).
+    pool
+        The pool class: :class:`~ampflow.extract.pool.WorkerPool` (processes), or
+        :class:`~ampflow.extract.pool.InlinePool` (this process; tests, debugging).
     """
     settings = settings or ExtractSettings()
     fasta = require_file(fasta, "FASTA file")
@@ -131,7 +135,7 @@ def extract_fasta(
             try:
                 job = Job(spec, str(folder), layer, str(work), expect, device, settings.threads, delay)
                 progress = Progress(sum(c["n"] for c in todo), "sequences", log)
-                workers = WorkerPool(job, slots, settings.max_attempts).run(todo, progress)
+                workers = pool(job, slots, settings.max_attempts).run(todo, progress)
             finally:
                 gpu = sampler.stop()
             for w in workers:

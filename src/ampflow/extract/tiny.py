@@ -133,6 +133,9 @@ def write_dnabert_s(folder, seed: int = 0, hidden: int = 32, layers: int = 2, he
 
 def write_tiny(kind: str, folder, seed: int = 0) -> Path:
     """A tiny model folder of ``kind`` (``esm2`` or ``dnabert_s``)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     if kind == "esm2":
         return write_esm2(folder, seed)
     if kind == "dnabert_s":

@@ -91,11 +91,9 @@ def worker_main(wid: int, conn, job: Job) -> None:
 
     try:
         import torch
-        from transformers.utils import logging as hf_logging
 
         from .models import load_embedder
 
-        hf_logging.disable_progress_bar()
         torch.set_num_threads(job.threads)
         t0 = time.monotonic()
         embedder = load_embedder(job.spec, job.folder, job.layer, device=job.device)
