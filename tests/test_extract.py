@@ -24,7 +24,7 @@ from ampflow.extract.batching import fixed_batches, padding_fraction, token_budg
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.dnabert import DnabertModel, load_dnabert
 from ampflow.extract.markers import check_marker, marker_path, output_path
-from ampflow.extract.models import load_embedder, model_layers, resolve_layer
+from ampflow.extract.models import load_embedder, model_shape, resolve_layer
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 from ampflow.extract.tiny import write_tiny
@@ -63,7 +63,7 @@ def run(tmp_path, fasta, kind, folder, tag="run", pool=None, model=None, **setti
 
 def one_at_a_time(kind, folder, seqs) -> np.ndarray:
     spec = ModelSpec(kind=kind, tiny=True)
-    emb = load_embedder(spec, folder, resolve_layer(-1, model_layers(folder)))
+    emb = load_embedder(spec, folder, resolve_layer(-1, model_shape(folder)[0]))
     return np.stack([emb.embed_batch(emb.tokenize([s]))[0] for s in seqs])
 
 

@@ -103,8 +103,7 @@ def write_table(path: Path, columns, rows) -> None:
 def split_fasta(fasta, work, spec: ModelSpec, policy: FastaPolicy, sequences_per_file: int) -> Manifest:
     """Clean ``fasta`` under ``policy`` and write its chunks (or reuse the last split).
 
-    Raises InputError for a record whose problem's policy is ``fail`` and when no
-    sequence is left.
+    Raises InputError for a record whose problem's policy is ``fail``.
     """
     work = Path(work)
     stamp = input_stamp(fasta)
@@ -131,9 +130,7 @@ def split_fasta(fasta, work, spec: ModelSpec, policy: FastaPolicy, sequences_per
         chunks.append(_write_chunk(chunk_dir / f"{chunk_name(len(chunks))}.fa", pending))
     summary = cleaner.summary()
     if not rows:
-        from ..io.errors import InputError
-
-        raise InputError(f"no sequence left after the extract.fasta policies ({summary})", path=fasta)
+        log.warning("%s: no sequence left after the extract.fasta policies (%s): the outputs will be empty", fasta, summary)
 
     # chunks of an earlier, longer split are no longer part of this one
     names = {c["name"] for c in chunks}

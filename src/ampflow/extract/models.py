@@ -57,12 +57,13 @@ def fingerprint(folder) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def model_layers(folder) -> int:
-    """Number of transformer blocks, from the folder's ``config.json``."""
+def model_shape(folder) -> tuple[int, int]:
+    """Number of transformer blocks and hidden size, from the folder's ``config.json``."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise InputError("model folder has no config.json", path=folder)
-    return int(json.loads(path.read_text())["num_hidden_layers"])
+    cfg = json.loads(path.read_text())
+    return int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
 
 
 def resolve_layer(layer: int, n_layers: int) -> int:

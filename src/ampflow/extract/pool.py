@@ -287,6 +287,16 @@ class InlinePool:
         self.device = "cpu" if slots[0] is None else "cuda"
 
     def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.job.threads)
+        try:
+            return self._run(chunks, progress)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self, chunks: list[dict], progress: Progress | None) -> list[dict]:
         from .models import load_embedder
 
         key = (self.job.folder, self.job.layer, self.device, self.job.spec.pooling)

@@ -10,7 +10,6 @@ names only when complete.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import shutil
 import time
@@ -24,7 +23,7 @@ from .chunks import split_fasta
 from .config import ExtractSettings, ModelSpec
 from .markers import check_marker, marker_path
 from .merge import merge_chunks
-from .models import fingerprint, model_layers, resolve_layer, resolve_source
+from .models import fingerprint, model_shape, resolve_layer, resolve_source
 from .pool import WorkerPool, choose_devices
 from .telemetry import GpuSampler
 from .worker import Job
@@ -106,7 +105,7 @@ def extract_fasta(
         if n_temps:
             log.info("removed %d temporary file(s) left by an interrupted run", n_temps)
         folder = Path(model_folder) if model_folder else resolve_source(spec.source)
-        n_layers = model_layers(folder)
+        n_layers, dim = model_shape(folder)
         layer = resolve_layer(spec.layer, n_layers)
         device, slots = choose_devices(settings.device, settings.gpus, settings.cpu_workers)
         dtype = spec.dtype if device == "cuda" else "float32"
@@ -148,7 +147,6 @@ def extract_fasta(
             for entry, g in gpu.items():
                 log.info("GPU %s: mean utilisation %.1f%%, peak memory %.2f GiB", entry, g["mean_utilization_gpu"], g["peak_memory_used"] / 2**30)
 
-        dim = json.loads(marker_path(work / "out", manifest.chunks[0]["name"]).read_text())["dim"]
         truncated = int(manifest.summary.get("too_long_truncated", 0))
         uns = {
             "model": model_id,

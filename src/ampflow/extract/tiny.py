@@ -67,14 +67,15 @@ def write_esm2(folder, seed: int = 0, **shape) -> Path:
     return folder
 
 
-def dna_tokenizer(seed: int = 0, vocab_size: int = 64):
+def dna_tokenizer(seed: int = 0, vocab_size: int = 512):
     """A byte-pair-encoding tokenizer over A, C, G, T, N trained on random DNA, with
     DNABERT-2's special tokens and ``[CLS] $A [SEP]`` post-processing."""
     from tokenizers import Tokenizer, models, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     rng = random.Random(seed)
-    corpus = ["".join(rng.choice("ACGT") for _ in range(rng.randint(50, 400))) for _ in range(200)]
+    # enough text for merges up to ~5 bases a token, as DNABERT-S's 4096-token vocabulary gives
+    corpus = ["".join(rng.choice("ACGT") for _ in range(rng.randint(200, 2000))) for _ in range(200)]
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=DNA_SPECIALS, initial_alphabet=list("ACGTN"), show_progress=False
