@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_attention.py
 	$(BIN)/python scripts/bench_profile.py
 	$(BIN)/python scripts/bench_memory_model.py
+	$(BIN)/python scripts/bench_extract.py
 
 clean-demo:
 	rm -rf results/demo resources/demo logs/demo

@@ -30,11 +30,18 @@ ESM2_650M = {"hidden": 1280, "layers": 33, "heads": 20, "intermediate": 5120}
 TINY = {"hidden": 32, "layers": 2, "heads": 4, "intermediate": 64}
 
 
+def _quiet() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def esm2_model(seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4, intermediate: int = 64):
     """A randomly initialised transformers ``EsmModel`` of ESM-2's architecture."""
     import torch
     from transformers import EsmConfig, EsmModel
 
+    _quiet()
     cfg = EsmConfig(
         vocab_size=len(ESM_VOCAB),
         hidden_size=hidden,
@@ -134,9 +141,6 @@ def write_dnabert_s(folder, seed: int = 0, hidden: int = 32, layers: int = 2, he
 
 def write_tiny(kind: str, folder, seed: int = 0) -> Path:
     """A tiny model folder of ``kind`` (``esm2`` or ``dnabert_s``)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     if kind == "esm2":
         return write_esm2(folder, seed)
     if kind == "dnabert_s":
