@@ -37,19 +37,29 @@ RESOLUTIONS = {
 EXTRACT = config["extract"]
 EXTRACT_SETTINGS = ExtractSettings.from_dict(EXTRACT)
 EXTRACT_MODELS = {name: ModelSpec.from_dict(m) for name, m in EXTRACT["models"].items()}
-EXTRACT_INPUTS = {}
-for _name, _inp in EXTRACT["inputs"].items():
-    for _m in _inp["models"]:
-        if _m not in EXTRACT_MODELS:
-            raise InputError(
-                f"unknown model; known: {sorted(EXTRACT_MODELS)}",
-                key=f"extract.inputs.{_name}.models",
-                value=_m,
+
+
+def extract_inputs():
+    """extract.inputs less optional ones whose FASTA is absent; model names checked."""
+    inputs = {}
+    for name, inp in EXTRACT["inputs"].items():
+        for model in inp["models"]:
+            if model not in EXTRACT_MODELS:
+                raise InputError(
+                    f"unknown model; known: {sorted(EXTRACT_MODELS)}",
+                    key=f"extract.inputs.{name}.models",
+                    value=model,
+                )
+        if inp.get("optional", False) and not Path(inp["fasta"]).exists():
+            logger.info(
+                f"extract: {inp['fasta']} not found; optional input {name} left out"
             )
-    if _inp.get("optional", False) and not Path(_inp["fasta"]).exists():
-        logger.info(f"extract: {_inp['fasta']} not found; optional input {_name} left out")
-        continue
-    EXTRACT_INPUTS[_name] = _inp
+            continue
+        inputs[name] = inp
+    return inputs
+
+
+EXTRACT_INPUTS = extract_inputs()
 
 
 def alternatives(names):
@@ -140,5 +150,7 @@ def extract_uses_gpus():
 
 
 def extract_threads():
-    workers = EXTRACT_SETTINGS.gpus if extract_uses_gpus() else EXTRACT_SETTINGS.cpu_workers
+    workers = (
+        EXTRACT_SETTINGS.gpus if extract_uses_gpus() else EXTRACT_SETTINGS.cpu_workers
+    )
     return EXTRACT_SETTINGS.threads * max(workers, 1)
