@@ -36,9 +36,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_attention.py
+	$(BIN)/python scripts/bench_extract.py
 	$(BIN)/python scripts/bench_profile.py
 	$(BIN)/python scripts/bench_memory_model.py
-	$(BIN)/python scripts/bench_extract.py
 
 clean-demo:
 	rm -rf results/demo resources/demo logs/demo
