@@ -9,6 +9,9 @@ rule tiny_model:
         directory("resources/models/{model}"),
     log:
         f"{LOGS}/tiny_model.{{model}}.log",
+    wildcard_constraints:
+        # only models marked tiny: never write into a folder a real model is expected in
+        model=alternatives(m for m, spec in EXTRACT_MODELS.items() if spec.tiny),
     conda:
         "../../envs/extract.yaml"
     params:
