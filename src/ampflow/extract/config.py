@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
-from ..io.errors import InputError
+from ..io.errors import InputError, reject_unknown_keys
 from ..io.fasta import DNA, PROTEIN, Alphabet, FastaPolicy
 
 KINDS = ("esm2", "dnabert_s")
@@ -20,10 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 def _from_dict(cls, d: dict | None, key: str, **nested):
     d = dict(d or {})
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise InputError(f"unknown key(s); known: {sorted(known)}", key=key, value=unknown)
+    reject_unknown_keys(d, cls, key)
     for name, build in nested.items():
         if name in d:
             d[name] = build(d[name])

@@ -60,6 +60,12 @@ def _remove_temps(work: Path, outputs) -> int:
     return len(gone)
 
 
+def _publish(src: Path, dst: Path) -> None:
+    """Copy a work-folder file to its declared output atomically (empty if absent)."""
+    with atomic_path(dst) as tmp:
+        shutil.copyfile(src, tmp) if src.exists() else tmp.write_bytes(b"")
+
+
 def extract_fasta(
     fasta,
     spec: ModelSpec,
@@ -160,11 +166,8 @@ def extract_fasta(
             "fasta": {"file": fasta.name, "policy": settings.fasta.to_dict(), "summary": manifest.summary},
         }
         n = merge_chunks(work, manifest.chunks, dim, out, uns)
-        with atomic_path(report) as tmp:
-            shutil.copyfile(work / "report.tsv", tmp)
-        with atomic_path(telemetry) as tmp:
-            src = work / "telemetry.jsonl"
-            shutil.copyfile(src, tmp) if src.exists() else tmp.write_text("")
+        _publish(work / "report.tsv", report)
+        _publish(work / "telemetry.jsonl", telemetry)
         seconds = time.monotonic() - t_start
         computed = sum(c["n"] for c in todo)
         log.info(

@@ -13,11 +13,11 @@ the file, the record's header line and the value.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .errors import InputError
+from .errors import InputError, reject_unknown_keys
 from .textfile import numbered_lines
 
 
@@ -89,9 +89,7 @@ class FastaPolicy:
     @classmethod
     def from_dict(cls, d: dict | None) -> "FastaPolicy":
         d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        if set(d) - known:
-            raise InputError(f"unknown key(s); known: {sorted(known)}", key="extract.fasta", value=sorted(set(d) - known))
+        reject_unknown_keys(d, cls, "extract.fasta")
         return cls(**d)
 
     def to_dict(self) -> dict:
