@@ -258,3 +258,25 @@ def test_bad_input_exits_2_without_outputs(tiny_models, tmp_path):
         resolve_layer(5, 2)
     with pytest.raises(InputError, match="extract.models.kind"):
         ModelSpec(kind="esm3", source="x")
+
+
+def test_hub_name_from_the_local_cache(tiny_models, tmp_path):
+    """A hub name resolves to its snapshot in the local cache, offline; nothing is fetched."""
+    import shutil
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--acme--esm2-tiny"
+    shutil.copytree(tiny_models["esm2"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = (
+        "from ampflow.extract.models import resolve_source, model_shape;"
+        "p = resolve_source('acme/esm2-tiny'); print(p.name, model_shape(p))"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [commit, "(2,", "32)"]
+    code = "from ampflow.extract.models import resolve_source; resolve_source('acme/not-cached')"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "hf download" in r.stderr
