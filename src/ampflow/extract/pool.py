@@ -18,7 +18,6 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import time
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -104,7 +103,8 @@ class WorkerPool:
     slots
         One entry per worker: a ``CUDA_VISIBLE_DEVICES`` value, or None for a CPU worker.
     max_attempts
-        Workers one chunk may take down before the job fails; also the starts per slot.
+        Workers one chunk may take down before the job fails; also the deaths in a row
+        (without a finished chunk in between) after which a device gets no new worker.
     """
 
     def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2):
@@ -114,7 +114,7 @@ class WorkerPool:
         self.ctx = mp.get_context("spawn")
         self.workers: dict[int, _Worker] = {}
         self.finished: list[_Worker] = []
-        self.starts = Counter()
+        self.failures = Counter()  # deaths per slot since its last finished chunk
         self._next_wid = 0
 
     # ---------------------------------------------------------------- processes
@@ -135,7 +135,6 @@ class WorkerPool:
             proc = self.ctx.Process(target=worker_main, args=(wid, child_conn, self.job), name=f"extract-worker-{wid}", daemon=True)
             proc.start()
         child_conn.close()
-        self.starts[slot] += 1
         self.workers[wid] = _Worker(wid, slot, proc, parent_conn, label=f"worker {wid} ({'cpu' if dev is None else 'GPU ' + dev})")
 
     def _stop_all(self) -> None:
@@ -153,13 +152,16 @@ class WorkerPool:
         w.task = pending.popleft() if pending else None
         w.partial = 0
         w.state = "busy" if w.task is not None else "stopped"
-        w.conn.send(w.task)
+        try:
+            w.conn.send(w.task)
+        except (BrokenPipeError, OSError):
+            pass  # it just died: its sentinel fires next and the chunk goes back
 
     def _handle(self, w: _Worker, msg: tuple, pending: deque, progress: Progress | None) -> None:
         kind = msg[0]
         if kind == "ready":
             if progress is not None and progress.done == 0:
-                progress.start = progress._last = time.monotonic()  # rates from the first loaded model on
+                progress.restart_clock()  # rates from the first loaded model on
             self._give(w, pending)
         elif kind == "batch":
             _, _, n, tokens, padded = msg
@@ -173,6 +175,7 @@ class WorkerPool:
             w.stats["chunks"] += 1
             w.stats["sequences"] += info["n_sequences"]
             w.stats["seconds"] += info["seconds"]
+            self.failures[w.slot] = 0
             log.info("%s: %s done, %d sequences in %.1f s", w.label, name, info["n_sequences"], info["seconds"])
             self._give(w, pending)
         elif kind == "error":
@@ -219,11 +222,12 @@ class WorkerPool:
             pending.appendleft(w.task)
         else:
             log.warning("%s died (%s) before taking a chunk", w.label, why)
-        if pending and self.starts[w.slot] < self.max_attempts:
+        self.failures[w.slot] += 1
+        if pending and self.failures[w.slot] < self.max_attempts:
             log.info("starting a new worker in its place")
             self._start(w.slot)
         elif pending:
-            log.warning("not replacing %s: %d worker(s) on its device already", w.label, self.starts[w.slot])
+            log.warning("not replacing %s: %d worker(s) in a row died on its device", w.label, self.failures[w.slot])
 
     def _finished(self, chunk: dict) -> bool:
         expect = {**self.job.expect, "input_sha256": chunk["sha256"]}
@@ -262,6 +266,9 @@ class WorkerPool:
             for w in list(self.workers.values()):
                 if w.state == "stopped":
                     w.proc.join(timeout=2)
+                if w.proc.is_alive():
+                    w.proc.terminate()
+                    w.proc.join()
                 self.finished.append(w)
             self.workers.clear()
         finally:
