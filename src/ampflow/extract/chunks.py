@@ -92,12 +92,14 @@ def _write_chunk(path: Path, records) -> dict:
     return {"name": path.stem, "n": len(records), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def write_table(path: Path, columns, rows) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", newline="") as fh:
-            w = csv.writer(fh, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
-            w.writerow(columns)
-            w.writerows(rows)
+SEQUENCE_COLUMNS = ("index", "id", "length", "original_length", "record", "line")
+
+
+def _writer(fh, columns):
+    """A TSV writer with its header row written (fields with tabs or quotes are quoted)."""
+    w = csv.writer(fh, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+    w.writerow(columns)
+    return w
 
 
 def split_fasta(fasta, work, spec: ModelSpec, policy: FastaPolicy, sequences_per_file: int) -> Manifest:
@@ -117,19 +119,22 @@ def split_fasta(fasta, work, spec: ModelSpec, policy: FastaPolicy, sequences_per
     chunk_dir = work / "chunks"
     chunk_dir.mkdir(parents=True, exist_ok=True)
     chunks: list[dict] = []
-    rows: list[tuple] = []
     pending: list[tuple[int, str]] = []
-    for rec in cleaner.records():
-        index = len(rows)
-        rows.append((index, rec.id, len(rec.seq), rec.original_length, rec.number, rec.line))
-        pending.append((index, rec.seq))
-        if len(pending) == sequences_per_file:
+    n = 0
+    # one pass, streamed: only the current chunk's sequences are in memory
+    with atomic_path(work / "sequences.tsv") as tmp, open(tmp, "w", newline="") as fh:
+        table = _writer(fh, SEQUENCE_COLUMNS)
+        for rec in cleaner.records():
+            table.writerow((n, rec.id, len(rec.seq), rec.original_length, rec.number, rec.line))
+            pending.append((n, rec.seq))
+            n += 1
+            if len(pending) == sequences_per_file:
+                chunks.append(_write_chunk(chunk_dir / f"{chunk_name(len(chunks))}.fa", pending))
+                pending = []
+        if pending:
             chunks.append(_write_chunk(chunk_dir / f"{chunk_name(len(chunks))}.fa", pending))
-            pending = []
-    if pending:
-        chunks.append(_write_chunk(chunk_dir / f"{chunk_name(len(chunks))}.fa", pending))
     summary = cleaner.summary()
-    if not rows:
+    if not n:
         log.warning("%s: no sequence left after the extract.fasta policies (%s): the outputs will be empty", fasta, summary)
 
     # chunks of an earlier, longer split are no longer part of this one
@@ -139,13 +144,13 @@ def split_fasta(fasta, work, spec: ModelSpec, policy: FastaPolicy, sequences_per
             old.unlink()
             for p in (work / "out").glob(f"{old.stem}.*"):
                 p.unlink()
-    write_table(work / "sequences.tsv", ("index", "id", "length", "original_length", "record", "line"), rows)
-    write_table(work / "report.tsv", Problem.COLUMNS, (p.row() for p in cleaner.problems))
-    manifest = Manifest(stamp, settings, chunks, summary, len(rows))
+    with atomic_path(work / "report.tsv") as tmp, open(tmp, "w", newline="") as fh:
+        _writer(fh, Problem.COLUMNS).writerows(p.row() for p in cleaner.problems)
+    manifest = Manifest(stamp, settings, chunks, summary, n)
     write_text_atomic(work / "split.json", manifest.to_json())
     log.info(
         "%s: %d record(s) read, %d kept in %d chunk(s) of up to %d; %s",
-        fasta, summary.get("records", 0), len(rows), len(chunks), sequences_per_file,
+        fasta, summary.get("records", 0), n, len(chunks), sequences_per_file,
         ", ".join(f"{k} {v}" for k, v in summary.items() if k not in ("records", "kept")) or "no problem found",
     )  # fmt: skip
     return manifest
