@@ -36,6 +36,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_prepare.py
 	$(BIN)/python scripts/bench_attention.py
+	$(BIN)/python scripts/bench_extract.py
 	$(BIN)/python scripts/bench_profile.py
 	$(BIN)/python scripts/bench_memory_model.py
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_parallel.py

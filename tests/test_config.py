@@ -27,3 +27,18 @@ def test_schema_defaults_equal_dataclass_defaults():
     assert TrainConfig.from_dict(train) == TrainConfig()
     assert train["pretrain"]["weights"] == dataclasses.asdict(LossWeights())
     assert set(train) == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_extract_schema_defaults_equal_dataclass_defaults():
+    from ampflow.extract.config import ExtractSettings, ModelSpec
+    from ampflow.io.fasta import FastaPolicy
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())["properties"]["extract"]
+    settings = schema_defaults(schema)
+    assert settings.pop("inputs") == {} and settings.pop("models") == {}
+    assert settings == dataclasses.asdict(ExtractSettings())
+    assert settings["fasta"] == dataclasses.asdict(FastaPolicy())
+    model = schema["properties"]["models"]["additionalProperties"]["properties"]
+    fields = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+    assert set(model) == set(fields)
+    assert {k: v["default"] for k, v in model.items() if "default" in v} == {k: v for k, v in fields.items() if k != "kind"}

@@ -36,6 +36,10 @@ class Progress:
             self._last = now
             self.logger.info(self.line(now))
 
+    def restart_clock(self) -> None:
+        """Rates and ETA from now on (e.g. once workers have loaded their model)."""
+        self.start = self._last = time.monotonic()
+
     def line(self, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
         elapsed = max(now - self.start, 1e-9)

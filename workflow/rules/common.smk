@@ -1,9 +1,14 @@
 # Config and cell-sheet validation, derived names, and input functions.
 import json
+import re
 import shlex
+from pathlib import Path
 
+from snakemake.logging import logger
 from snakemake.utils import validate
 
+from ampflow.extract.config import ExtractSettings, ModelSpec
+from ampflow.io.errors import InputError
 from ampflow.io.genome import resolution_label
 from ampflow.io.sheet import read_sheet
 
@@ -29,9 +34,44 @@ RESOLUTIONS = {
 }
 
 
+EXTRACT = config["extract"]
+EXTRACT_SETTINGS = ExtractSettings.from_dict(EXTRACT)
+EXTRACT_MODELS = {name: ModelSpec.from_dict(m) for name, m in EXTRACT["models"].items()}
+
+
+def extract_inputs():
+    """extract.inputs less optional ones whose FASTA is absent; model names checked."""
+    inputs = {}
+    for name, inp in EXTRACT["inputs"].items():
+        for model in inp["models"]:
+            if model not in EXTRACT_MODELS:
+                raise InputError(
+                    f"unknown model; known: {sorted(EXTRACT_MODELS)}",
+                    key=f"extract.inputs.{name}.models",
+                    value=model,
+                )
+        if inp.get("optional", False) and not Path(inp["fasta"]).exists():
+            logger.info(
+                f"extract: {inp['fasta']} not found; optional input {name} left out"
+            )
+            continue
+        inputs[name] = inp
+    return inputs
+
+
+EXTRACT_INPUTS = extract_inputs()
+
+
+def alternatives(names):
+    """A wildcard pattern matching exactly these names (none: matching nothing)."""
+    return "|".join(re.escape(n) for n in names) or "(?!x)x"
+
+
 wildcard_constraints:
     cfg="|".join(TRAIN_CONFIGS),
     res="|".join(RESOLUTIONS),
+    name=alternatives(EXTRACT_INPUTS),
+    model=alternatives(EXTRACT_MODELS),
 
 
 def cfg_resolution(wildcards):
@@ -69,9 +109,48 @@ def all_outputs():
             f"{RESULTS}/train/{cfg}/model.pt",
             f"{RESULTS}/eval/{cfg}/scores.json",
         ]
+    for name, inp in EXTRACT_INPUTS.items():
+        out += [f"{RESULTS}/extract/{name}.{model}.h5ad" for model in inp["models"]]
     return out
 
 
 def json_arg(section):
     """A config section as one shell-quoted JSON argument."""
     return shlex.quote(json.dumps(config[section], sort_keys=True))
+
+
+def tiny_model_folder(model):
+    return f"resources/models/{model}"
+
+
+def extract_model_input(wildcards):
+    """The model folder when the workflow builds it or it is local (re-run on change)."""
+    spec = EXTRACT_MODELS[wildcards.model]
+    if spec.tiny:
+        return tiny_model_folder(wildcards.model)
+    return spec.source if Path(spec.source).is_dir() else []
+
+
+def extract_folder_arg(wildcards):
+    spec = EXTRACT_MODELS[wildcards.model]
+    return f"--model-folder {tiny_model_folder(wildcards.model)}" if spec.tiny else ""
+
+
+def extract_model_arg(wildcards):
+    return shlex.quote(json.dumps(EXTRACT["models"][wildcards.model], sort_keys=True))
+
+
+def extract_settings_arg():
+    settings = {k: v for k, v in EXTRACT.items() if k not in ("inputs", "models")}
+    return shlex.quote(json.dumps(settings, sort_keys=True))
+
+
+def extract_uses_gpus():
+    return EXTRACT_SETTINGS.device != "cpu" and EXTRACT_SETTINGS.gpus > 0
+
+
+def extract_threads():
+    workers = (
+        EXTRACT_SETTINGS.gpus if extract_uses_gpus() else EXTRACT_SETTINGS.cpu_workers
+    )
+    return EXTRACT_SETTINGS.threads * max(workers, 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +66,22 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def remove_stale_temps(final) -> list[Path]:
+    """Remove temporaries of ``final`` left by killed processes; the paths removed.
+
+    Call only while no other process can be writing ``final`` (e.g. under a lock).
+    """
+    final = Path(final)
+    pattern = re.compile(r"\.tmp-\d+-" + re.escape(final.name) + "$")
+    gone = []
+    if final.parent.is_dir():
+        for p in final.parent.iterdir():
+            if pattern.match(p.name):
+                _remove(p)
+                gone.append(p)
+    return gone
 
 
 def write_text_atomic(final, text: str) -> None:

@@ -53,3 +53,14 @@ def require_file(path, what: str = "input file") -> Path:
     if p.is_dir():
         raise InputError(f"{what} is a directory, expected a file", path=p)
     return p
+
+
+def reject_unknown_keys(d: dict, cls, key: str) -> None:
+    """Raise InputError if ``d`` (a config section) has keys that are not fields of the
+    dataclass ``cls``; ``key`` names the section in the message."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise InputError(f"unknown key(s); known: {sorted(known)}", key=key, value=unknown)

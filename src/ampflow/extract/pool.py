@@ -1,0 +1,323 @@
+"""A pool of extraction workers, one per visible GPU (or N on the CPU), fed chunk by chunk.
+
+The parent keeps the queue of chunks and hands the next one to whichever worker asks,
+so a slow device simply asks less often. Each worker has its own pipe: a worker that
+dies cannot corrupt a shared queue, its pipe just closes. The parent waits on every
+pipe and every process sentinel at once (``multiprocessing.connection.wait``): a worker
+that dies while computing a chunk has the chunk put back at the front of the queue and
+is replaced on the same device; after ``max_attempts`` deaths on one chunk, or when no
+worker is left, the job stops with a message that says so.
+
+Devices: ``CUDA_VISIBLE_DEVICES`` is set in each worker's environment before it starts
+(spawn, never fork), so torch in the worker sees exactly its own GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+from collections import Counter, deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from ..io.errors import InputError
+from ..progress import Progress
+from .markers import check_marker
+from .worker import Job, compute_chunk, worker_main
+
+log = logging.getLogger(__name__)
+
+
+def gpu_slots(gpus: int) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` entries for up to ``gpus`` workers, one per visible GPU.
+
+    Honours an existing ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, as SLURM or a user
+    set it); otherwise the GPUs torch counts. Empty when none is visible.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        entries = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    else:
+        import torch
+
+        entries = [str(i) for i in range(torch.cuda.device_count())]
+    return entries[:gpus]
+
+
+def choose_devices(device: str, gpus: int, cpu_workers: int) -> tuple[str, list[str | None]]:
+    """``("cuda", slots)`` or ``("cpu", [None] * cpu_workers)`` for the config's device."""
+    slots = gpu_slots(gpus) if device != "cpu" and gpus > 0 else []
+    if device == "cuda" and not slots:
+        raise InputError("no GPU visible (CUDA_VISIBLE_DEVICES / torch.cuda)", key="extract.device", value=device)
+    if slots:
+        return "cuda", slots
+    return "cpu", [None] * cpu_workers
+
+
+@contextmanager
+def _environ(values: dict):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit status {code}"
+
+
+@dataclass
+class _Worker:
+    wid: int
+    slot: int
+    proc: mp.Process
+    conn: object
+    label: str = ""
+    task: dict | None = None
+    partial: int = 0  # sequences of the current chunk already counted in the progress
+    state: str = "loading"  # loading -> busy (a chunk) / stopped (told to stop)
+    stats: Counter = field(default_factory=Counter)
+
+
+class WorkerPool:
+    """Run a :class:`~ampflow.extract.worker.Job` over chunks with one worker per slot.
+
+    Parameters
+    ----------
+    job
+        Model, folder, layer, work folder, marker expectations, device kind.
+    slots
+        One entry per worker: a ``CUDA_VISIBLE_DEVICES`` value, or None for a CPU worker.
+    max_attempts
+        Workers one chunk may take down before the job fails; also the deaths in a row
+        (without a finished chunk in between) after which a device gets no new worker.
+    """
+
+    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2):
+        self.job = job
+        self.slots = slots
+        self.max_attempts = max_attempts
+        self.ctx = mp.get_context("spawn")
+        self.workers: dict[int, _Worker] = {}
+        self.finished: list[_Worker] = []
+        self.failures = Counter()  # deaths per slot since its last finished chunk
+        self._next_wid = 0
+
+    # ---------------------------------------------------------------- processes
+    def _start(self, slot: int) -> None:
+        wid = self._next_wid
+        self._next_wid += 1
+        dev = self.slots[slot]
+        parent_conn, child_conn = self.ctx.Pipe()
+        env = {
+            # before the worker imports torch: its one GPU, or none at all on the CPU
+            "CUDA_VISIBLE_DEVICES": dev if dev is not None else "",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            "OMP_NUM_THREADS": str(self.job.threads),
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        with _environ(env):
+            proc = self.ctx.Process(target=worker_main, args=(wid, child_conn, self.job), name=f"extract-worker-{wid}", daemon=True)
+            proc.start()
+        child_conn.close()
+        self.workers[wid] = _Worker(wid, slot, proc, parent_conn, label=f"worker {wid} ({'cpu' if dev is None else 'GPU ' + dev})")
+
+    def _stop_all(self) -> None:
+        for w in self.workers.values():
+            if w.proc.is_alive():
+                w.proc.terminate()
+        for w in self.workers.values():
+            w.proc.join(timeout=10)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+
+    # ---------------------------------------------------------------- protocol
+    def _give(self, w: _Worker, pending: deque) -> None:
+        w.task = pending.popleft() if pending else None
+        w.partial = 0
+        w.state = "busy" if w.task is not None else "stopped"
+        try:
+            w.conn.send(w.task)
+        except (BrokenPipeError, OSError):
+            pass  # it just died: its sentinel fires next and the chunk goes back
+
+    def _handle(self, w: _Worker, msg: tuple, pending: deque, progress: Progress | None) -> None:
+        kind = msg[0]
+        if kind == "ready":
+            if progress is not None and progress.done == 0:
+                progress.restart_clock()  # rates from the first loaded model on
+            self._give(w, pending)
+        elif kind == "batch":
+            _, _, n, tokens, padded = msg
+            w.partial += n
+            w.stats["tokens"] += tokens
+            w.stats["padded_tokens"] += padded
+            if progress is not None:
+                progress.update(n)
+        elif kind == "done":
+            _, _, name, info = msg
+            w.stats["chunks"] += 1
+            w.stats["sequences"] += info["n_sequences"]
+            w.stats["seconds"] += info["seconds"]
+            self.failures[w.slot] = 0
+            log.info("%s: %s done, %d sequences in %.1f s", w.label, name, info["n_sequences"], info["seconds"])
+            self._give(w, pending)
+        elif kind == "error":
+            _, _, text, is_input = msg
+            self._stop_all()
+            if is_input:
+                raise InputError(text)
+            raise RuntimeError(f"{w.label} failed:\n{text}")
+
+    def _drain(self, w: _Worker, pending: deque, progress) -> None:
+        try:
+            while w.conn.poll():
+                self._handle(w, w.conn.recv(), pending, progress)
+        except (EOFError, OSError):
+            pass
+
+    def _gone(self, w: _Worker, pending: deque, progress: Progress | None) -> None:
+        """A worker's process ended: a clean stop, or a death with or without a chunk."""
+        self._drain(w, pending, progress)
+        w.proc.join()
+        del self.workers[w.wid]
+        self.finished.append(w)
+        if w.task is None and w.proc.exitcode == 0:
+            return
+        why = _exit_text(w.proc.exitcode)
+        if w.task is not None and self._finished(w.task):
+            # died after writing the chunk's output and marker, before saying so
+            log.warning("%s died (%s) after finishing %s", w.label, why, w.task["name"])
+            w.stats["chunks"] += 1
+            w.stats["sequences"] += w.task["n"]
+        elif w.task is not None:
+            name = w.task["name"]
+            self.attempts[name] += 1
+            if progress is not None:
+                progress.done -= w.partial
+            if self.attempts[name] >= self.max_attempts:
+                self._stop_all()
+                raise RuntimeError(
+                    f"{name}: {self.attempts[name]} worker(s) died computing it (last: {w.label}, {why}); "
+                    f"giving up after extract.max_attempts = {self.max_attempts}. Finished chunks are kept; "
+                    "look for out-of-memory kills (a smaller tokens_per_batch helps) and run again"
+                )
+            log.warning("%s died (%s) while computing %s; the chunk goes back to the queue", w.label, why, name)
+            pending.appendleft(w.task)
+        else:
+            log.warning("%s died (%s) before taking a chunk", w.label, why)
+        self.failures[w.slot] += 1
+        if pending and self.failures[w.slot] < self.max_attempts:
+            log.info("starting a new worker in its place")
+            self._start(w.slot)
+        elif pending:
+            log.warning("not replacing %s: %d worker(s) in a row died on its device", w.label, self.failures[w.slot])
+
+    def _finished(self, chunk: dict) -> bool:
+        expect = {**self.job.expect, "input_sha256": chunk["sha256"]}
+        return check_marker(self.job.out_dir, chunk["name"], chunk["n"], expect) is None
+
+    # ---------------------------------------------------------------- run
+    def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
+        """Compute every chunk; per-worker statistics (label, chunks, sequences, seconds)."""
+        pending = deque(chunks)
+        self.attempts = Counter()
+        try:
+            for slot in range(min(len(self.slots), len(pending))):
+                self._start(slot)
+            while pending or any(w.task is not None for w in self.workers.values()):
+                if not self.workers:
+                    raise RuntimeError(f"every extraction worker died; {len(pending)} chunk(s) left (see the log above)")
+                by_conn = {w.conn: w for w in self.workers.values()}
+                by_sentinel = {w.proc.sentinel: w for w in self.workers.values()}
+                for obj in wait([*by_conn, *by_sentinel], timeout=600):
+                    if obj in by_conn:
+                        w = by_conn[obj]
+                        if w.wid not in self.workers:
+                            continue
+                        try:
+                            msg = w.conn.recv()
+                        except (EOFError, OSError):
+                            self._gone(w, pending, progress)
+                            continue
+                        self._handle(w, msg, pending, progress)
+                    else:
+                        w = by_sentinel[obj]
+                        if w.wid in self.workers:
+                            self._gone(w, pending, progress)
+            # every chunk is done: stopped workers exit by themselves, ones still
+            # loading their model are not needed any more
+            for w in list(self.workers.values()):
+                if w.state == "stopped":
+                    w.proc.join(timeout=2)
+                if w.proc.is_alive():
+                    w.proc.terminate()
+                    w.proc.join()
+                self.finished.append(w)
+            self.workers.clear()
+        finally:
+            self._stop_all()
+        out = {}
+        for w in self.finished:
+            s = out.setdefault(w.label, Counter())
+            s.update(w.stats)
+        return [{"worker": label, **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()}} for label, s in out.items()]
+
+
+class InlinePool:
+    """The pool's interface without processes: one worker in the calling process.
+
+    For tests and debugging (a debugger sees the model code). Loaded models are kept
+    per (folder, layer, device) for the life of the process.
+    """
+
+    _models: dict = {}
+
+    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2):
+        self.job = job
+        self.device = "cpu" if slots[0] is None else "cuda"
+
+    def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.job.threads)
+        try:
+            return self._run(chunks, progress)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self, chunks: list[dict], progress: Progress | None) -> list[dict]:
+        from .models import load_embedder
+
+        key = (self.job.folder, self.job.layer, self.device, self.job.spec.pooling)
+        if key not in self._models:
+            self._models[key] = load_embedder(self.job.spec, self.job.folder, self.job.layer, device=self.device)
+        embedder = self._models[key]
+        stats = Counter()
+
+        def on_batch(n: int, tokens: int, padded: int) -> None:
+            stats.update(tokens=tokens, padded_tokens=padded)
+            if progress is not None:
+                progress.update(n)
+
+        for c in chunks:
+            marker = compute_chunk(embedder, self.job, c, "inline", on_batch)
+            stats.update(chunks=1, sequences=marker["n_sequences"], seconds=marker["seconds"])
+        return [{"worker": "inline", **stats}]

@@ -1,0 +1,127 @@
+"""One extraction worker process: load the model once, then compute chunks on request.
+
+Started by :class:`~ampflow.extract.pool.WorkerPool` with the ``spawn`` method and its
+device already chosen through ``CUDA_VISIBLE_DEVICES`` in its environment, so torch
+sees exactly one GPU (``cuda:0``) or none. This module imports torch only inside
+functions: nothing touches CUDA before the environment is in place.
+
+Messages to the parent (one pipe per worker): ``("ready", wid, info)``,
+``("batch", wid, sequences, tokens, padded_tokens)``, ``("done", wid, chunk, info)``,
+``("error", wid, text, is_input_error)``. The parent answers ``ready`` and ``done`` with
+the next chunk (a dict from the split manifest) or ``None`` to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..io.errors import InputError
+from .chunks import read_chunk
+from .config import ModelSpec
+from .markers import write_chunk
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every worker of one extraction needs (picklable).
+
+    ``expect`` is recorded in each marker and must match on a restart: the model id and
+    the settings that shape the numbers (layer, pooling, compute dtype).
+    """
+
+    spec: ModelSpec
+    folder: str
+    layer: int
+    work: str
+    expect: dict
+    device: str = "cpu"  # cpu | cuda (the worker's one visible GPU)
+    threads: int = 1
+    delay: float = 0.0  # seconds to wait after each chunk (tests: a window to kill in)
+
+    @property
+    def chunk_dir(self) -> Path:
+        return Path(self.work) / "chunks"
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.work) / "out"
+
+
+def compute_chunk(embedder, job: Job, chunk: dict, label: str, on_batch: Callable | None = None) -> dict:
+    """Embed one chunk file and write its output and marker; the marker."""
+    seqs = read_chunk(job.chunk_dir / f"{chunk['name']}.fa", chunk["sha256"])
+    t0 = time.monotonic()
+    vectors, stats = embedder.embed(seqs, job.spec.tokens_per_batch, on_batch)
+    seconds = time.monotonic() - t0
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    return write_chunk(
+        job.out_dir, chunk["name"], vectors, {**job.expect, "input_sha256": chunk["sha256"]},
+        worker=label, seconds=round(seconds, 3), **stats,
+    )  # fmt: skip
+
+
+def worker_label(wid: int, device: str) -> str:
+    if device == "cpu":
+        return f"worker {wid} (cpu)"
+    return f"worker {wid} (GPU {os.environ.get('CUDA_VISIBLE_DEVICES', '?')})"
+
+
+def worker_main(wid: int, conn, job: Job) -> None:
+    """Entry point of a worker process."""
+    label = worker_label(wid, job.device)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, force=True,
+        format=f"%(asctime)s %(levelname)s {label}: %(message)s",
+    )  # fmt: skip
+    parent = os.getppid()
+
+    def on_batch(n: int, tokens: int, padded: int) -> None:
+        if os.getppid() != parent:  # the pool is gone: stop instead of computing for nobody
+            os._exit(0)
+        conn.send(("batch", wid, n, tokens, padded))
+
+    try:
+        import torch
+
+        from .models import load_embedder
+
+        torch.set_num_threads(job.threads)
+        t0 = time.monotonic()
+        embedder = load_embedder(job.spec, job.folder, job.layer, device=job.device)
+        info = {"label": label, "load_seconds": round(time.monotonic() - t0, 2)}
+        log.info("model loaded in %.1f s on %s (%s)", info["load_seconds"], job.device, embedder.dtype)
+        conn.send(("ready", wid, info))
+        while True:
+            chunk = conn.recv()
+            if chunk is None:
+                # everything is on disk and acknowledged: skip the interpreter's slow
+                # teardown of torch and transformers (seconds the job would wait)
+                logging.shutdown()
+                os._exit(0)
+            marker = compute_chunk(embedder, job, chunk, label, on_batch)
+            if job.delay:
+                time.sleep(job.delay)
+            conn.send(("done", wid, chunk["name"], {k: marker[k] for k in ("n_sequences", "seconds", "tokens", "padded_tokens")}))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent went away
+    except InputError as e:
+        _report(conn, wid, str(e), True)
+    except Exception:
+        _report(conn, wid, traceback.format_exc(), False)
+
+
+def _report(conn, wid: int, text: str, is_input: bool) -> None:
+    try:
+        conn.send(("error", wid, text, is_input))
+    except (BrokenPipeError, OSError):
+        pass
+    sys.exit(1)

@@ -1,0 +1,282 @@
+"""Feature extraction: models, batching, the worker pool, markers and resume.
+
+Tiny randomly initialised ESM-2 and DNABERT-S-shaped models are built once per session
+(nothing downloaded). Pools run 2 CPU worker processes, spawned as on GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pytest
+import torch
+
+from ampflow.extract.batching import fixed_batches, padding_fraction, token_budget_batches
+from ampflow.extract.config import ExtractSettings, ModelSpec
+from ampflow.extract.dnabert import DnabertModel, load_dnabert
+from ampflow.extract.markers import check_marker, marker_path, output_path
+from ampflow.extract.models import load_embedder, model_shape, resolve_layer
+from ampflow.extract.pool import InlinePool
+from ampflow.extract.run import extract_fasta
+from ampflow.extract.tiny import write_tiny
+from ampflow.io.errors import InputError
+
+BIN = Path(sys.executable).parent
+ALPHABETS = {"esm2": "ACDEFGHIKLMNPQRSTVWY", "dnabert_s": "ACGT"}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {kind: write_tiny(kind, root / kind, seed=0) for kind in ("esm2", "dnabert_s")}
+
+
+def random_fasta(path: Path, kind: str, n: int, seed: int = 0, lengths=(5, 400)) -> Path:
+    rng = random.Random(seed)
+    letters = ALPHABETS[kind]
+    with open(path, "w") as fh:
+        for i in range(n):
+            seq = "".join(rng.choice(letters) for _ in range(rng.randint(*lengths)))
+            fh.write(f">s{i} sequence {i}\n" + "\n".join(seq[j : j + 60] for j in range(0, len(seq), 60)) + "\n")
+    return path
+
+
+def run(tmp_path, fasta, kind, folder, tag="run", pool=None, model=None, **settings):
+    out = tmp_path / tag
+    s = ExtractSettings.from_dict({"sequences_per_file": 10, "cpu_workers": 2, **settings})
+    kw = {"pool": pool} if pool is not None else {}
+    summary = extract_fasta(
+        fasta, ModelSpec(kind=kind, tiny=True, **(model or {})), f"{kind}_tiny", out / "work", out / "x.h5ad",
+        out / "report.tsv", out / "telemetry.jsonl", settings=s, model_folder=folder, **kw,
+    )  # fmt: skip
+    return summary, out
+
+
+def one_at_a_time(kind, folder, seqs) -> np.ndarray:
+    spec = ModelSpec(kind=kind, tiny=True)
+    emb = load_embedder(spec, folder, resolve_layer(-1, model_shape(folder)[0]))
+    return np.stack([emb.embed_batch(emb.tokenize([s]))[0] for s in seqs])
+
+
+# ------------------------------------------------------------------ batching
+def test_token_budget_batches():
+    lengths = [5, 100, 7, 100, 50, 3000, 6]
+    batches = token_budget_batches(lengths, 210)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert batches[0] == [5]  # longer than the budget: alone, and first
+    for b in batches:
+        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 210
+        assert [lengths[i] for i in b] == sorted((lengths[i] for i in b), reverse=True)
+    assert batches == token_budget_batches(lengths, 210)
+    assert padding_fraction(lengths, batches) < padding_fraction(lengths, fixed_batches(len(lengths), 2))
+
+
+# ------------------------------------------------------------------ models
+def test_esm_tokens_equal_the_tokenizer(tiny_models):
+    spec = ModelSpec(kind="esm2", tiny=True)
+    emb = load_embedder(spec, tiny_models["esm2"], 2)
+    seqs = ["MKTAYIAKQR", "XBZUOJ", "M"]
+    enc = emb.tokenizer(seqs, return_special_tokens_mask=True)
+    got = emb.tokenize(seqs)
+    assert [t.ids for t in got] == enc["input_ids"]
+    assert [[not p for p in t.pooled] for t in got] == [[bool(m) for m in row] for row in enc["special_tokens_mask"]]
+
+
+def test_esm_layer_equals_hidden_state(tiny_models):
+    """Layer k pools hidden_states[k] of the full model; the last layer is after the final LayerNorm."""
+    from transformers import EsmModel
+
+    folder = tiny_models["esm2"]
+    full = EsmModel.from_pretrained(str(folder), local_files_only=True, add_pooling_layer=False).eval()
+    spec = ModelSpec(kind="esm2", tiny=True)
+    seq = "MKTAYIAKQRQISFVKSHFSRQ"
+    ids = torch.tensor([load_embedder(spec, folder, 2).tokenize([seq])[0].ids])
+    with torch.no_grad():
+        hs = full(input_ids=ids, output_hidden_states=True).hidden_states
+    for layer in (1, 2):
+        got = load_embedder(spec, folder, layer).embed_batch(load_embedder(spec, folder, layer).tokenize([seq]))[0]
+        want = hs[layer][0, 1:-1].mean(0).numpy()
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_dnabert_loads_hub_style_checkpoints(tiny_models, tmp_path):
+    """A pytorch_model.bin with 'bert.' names and a masked-LM head loads like safetensors."""
+    folder = tiny_models["dnabert_s"]
+    model = load_dnabert(folder)
+    alt = tmp_path / "bin"
+    alt.mkdir()
+    for f in folder.iterdir():
+        if f.name != "model.safetensors":
+            (alt / f.name).write_bytes(f.read_bytes())
+    sd = {f"bert.{k}": v for k, v in model.state_dict().items()}
+    sd["cls.predictions.decoder.bias"] = torch.zeros(3)
+    torch.save(sd, alt / "pytorch_model.bin")
+    again = load_dnabert(alt)
+    ids, mask = torch.tensor([[1, 7, 9, 2]]), torch.ones(1, 4, dtype=torch.long)
+    with torch.no_grad():
+        assert torch.equal(model(ids, mask), again(ids, mask))
+    sd.pop("bert.encoder.layer.0.mlp.wo.weight")
+    torch.save(sd, alt / "pytorch_model.bin")
+    with pytest.raises(InputError, match="missing"):
+        load_dnabert(alt)
+
+
+def test_dnabert_attention_ignores_padding(tiny_models):
+    """Right padding changes nothing for the real tokens (ALiBi is position-relative)."""
+    model: DnabertModel = load_dnabert(tiny_models["dnabert_s"])
+    ids = torch.tensor([[1, 7, 9, 11, 2, 3, 3]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        padded = model(ids, mask)[0, :5]
+        alone = model(ids[:, :5], mask[:, :5])[0]
+    torch.testing.assert_close(padded, alone, atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------ the pool
+@pytest.mark.parametrize("kind", ["esm2", "dnabert_s"])
+def test_batch_independence(tiny_models, tmp_path, kind):
+    """Pool (2 spawned CPU workers, length-sorted token-budget batches, chunks) equals
+    one-sequence-at-a-time inference to 1e-5 in fp32."""
+    fasta = random_fasta(tmp_path / "in.fa", kind, 40, lengths=(3, 700) if kind == "esm2" else (20, 2000))
+    summary, out = run(tmp_path, fasta, kind, tiny_models[kind], model={"tokens_per_batch": 2048})
+    assert summary["computed"] == 4 and summary["skipped"] == 0
+    assert sum(w.get("chunks", 0) for w in summary["workers"]) == 4
+    a = ad.read_h5ad(out / "x.h5ad")
+    assert list(a.obs_names) == [f"s{i}" for i in range(40)]
+    seqs = [rec.split("\n", 1)[1].replace("\n", "") for rec in fasta.read_text().split(">")[1:]]
+    ref = one_at_a_time(kind, tiny_models[kind], seqs)
+    diff = float(np.abs(a.X - ref).max())
+    print(f"{kind}: batched pool vs one at a time, max abs difference {diff:.3g}")
+    assert diff < 1e-5
+    uns = a.uns["extract"]
+    assert uns["pooling"] == "mean" and uns["dtype"] == "float32" and uns["layer"] == 2
+    assert uns["model"]["kind"] == kind and uns["model"]["fingerprint"].startswith("sha256:")
+    assert json.loads((out / "telemetry.jsonl").read_text().splitlines()[0])["note"].startswith("no GPU")
+    assert not list(out.rglob(".tmp-*"))
+
+
+def test_markers_decide_what_is_redone(tiny_models, tmp_path):
+    """Valid marker + matching output = skipped; a truncated output, a missing marker,
+    a garbled marker or other weights = computed again."""
+    fasta = random_fasta(tmp_path / "in.fa", "esm2", 50, lengths=(5, 60))
+    summary, out = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
+    first = ad.read_h5ad(out / "x.h5ad").X.copy()
+    assert (summary["computed"], summary["skipped"]) == (5, 0)
+    work = out / "work" / "out"
+    marker = json.loads(marker_path(work, "chunk-00001").read_text())
+    assert {"output_sha256", "input_sha256", "n_sequences", "model", "time"} <= set(marker) and marker["n_sequences"] == 10
+
+    npy = output_path(work, "chunk-00001")
+    npy.write_bytes(npy.read_bytes()[:-7])  # truncated, marker still there
+    marker_path(work, "chunk-00002").unlink()
+    marker_path(work, "chunk-00003").write_text("{")
+    (work / ".tmp-999-chunk-00004.npy").write_bytes(b"half")
+    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
+    assert (summary["computed"], summary["skipped"]) == (3, 2)
+    assert np.array_equal(ad.read_h5ad(out / "x.h5ad").X, first)
+    assert not list(out.rglob(".tmp-*"))
+    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
+    assert (summary["computed"], summary["skipped"]) == (0, 5)
+
+    expect = json.loads(marker_path(work, "chunk-00000").read_text())
+    expect = {k: expect[k] for k in ("input_sha256", "model", "settings")}
+    assert check_marker(work, "chunk-00000", 10, expect) is None
+    other = {**expect, "model": {**expect["model"], "fingerprint": "sha256:other"}}
+    assert "model" in check_marker(work, "chunk-00000", 10, other)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_its_chunk_redone(tiny_models, tmp_path):
+    """SIGKILL one worker process mid-run: its chunk goes back to the queue, a new
+    worker takes over, the result equals an undisturbed run."""
+    fasta = random_fasta(tmp_path / "in.fa", "esm2", 80, lengths=(5, 200))
+    _, ref = run(tmp_path, fasta, "esm2", tiny_models["esm2"], tag="ref", pool=InlinePool)
+    out = tmp_path / "killed"
+    cmd = [
+        str(BIN / "ampflow"), "extract", str(fasta), "--model-name", "esm2_tiny",
+        "--model", json.dumps({"kind": "esm2", "tiny": True}), "--model-folder", str(tiny_models["esm2"]),
+        "--settings", json.dumps({"sequences_per_file": 10, "cpu_workers": 2}), "--work", str(out / "work"),
+        "--out", str(out / "x.h5ad"), "--report", str(out / "report.tsv"), "--telemetry", str(out / "t.jsonl"),
+        "--chunk-delay", "1.0",
+    ]  # fmt: skip
+    log = tmp_path / "killed.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "model loaded" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)  # inside its first chunk or the wait after it
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        workers = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert workers, children
+        os.kill(workers[0], signal.SIGKILL)
+        assert proc.wait(timeout=180) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "died (signal SIGKILL)" in text and "starting a new worker in its place" in text
+    assert np.array_equal(ad.read_h5ad(out / "x.h5ad").X, ad.read_h5ad(ref / "x.h5ad").X)
+
+
+# ------------------------------------------------------------------ errors
+def test_bad_input_exits_2_without_outputs(tiny_models, tmp_path):
+    fasta = tmp_path / "bad.fa"
+    fasta.write_text(">a\nMKT\n>a\nMKV\n")
+    from ampflow.cli import main
+
+    args = [
+        "extract", str(fasta), "--model-name", "m", "--model", json.dumps({"kind": "esm2", "tiny": True}),
+        "--model-folder", str(tiny_models["esm2"]), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "x.h5ad"),
+        "--report", str(tmp_path / "r.tsv"), "--telemetry", str(tmp_path / "t.jsonl"),
+    ]  # fmt: skip
+    assert main(args) == 2
+    assert not (tmp_path / "x.h5ad").exists()
+    fasta.write_text(">a\nMKT\n")
+    i = args.index("--model-folder")
+    del args[i : i + 2]
+    args[args.index("--model") + 1] = json.dumps({"kind": "esm2", "source": str(tmp_path / "nowhere")})
+    with pytest.raises(InputError, match="extract.models.source"):
+        from ampflow.extract.models import resolve_source
+
+        resolve_source(str(tmp_path / "nowhere"))
+    assert main(args) == 2
+    assert not (tmp_path / "x.h5ad").exists()
+    with pytest.raises(InputError, match="extract.models.layer"):
+        resolve_layer(5, 2)
+    with pytest.raises(InputError, match="extract.models.kind"):
+        ModelSpec(kind="esm3", source="x")
+
+
+def test_hub_name_from_the_local_cache(tiny_models, tmp_path):
+    """A hub name resolves to its snapshot in the local cache, offline; nothing is fetched."""
+    import shutil
+
+    commit = "0" * 40
+    repo = tmp_path / "hub" / "models--acme--esm2-tiny"
+    shutil.copytree(tiny_models["esm2"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = (
+        "from ampflow.extract.models import resolve_source, model_shape;"
+        "p = resolve_source('acme/esm2-tiny'); print(p.name, model_shape(p))"
+    )
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [commit, "(2,", "32)"]
+    code = "from ampflow.extract.models import resolve_source; resolve_source('acme/not-cached')"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "hf download" in r.stderr

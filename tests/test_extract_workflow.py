@@ -1,0 +1,198 @@
+"""Extraction through Snakemake (SIGKILL of the whole job, then a re-run) and on the real
+FASTA files of ../shared/data/fasta under each policy."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+
+from ampflow.extract.config import ExtractSettings, ModelSpec
+from ampflow.extract.pool import InlinePool
+from ampflow.extract.run import extract_fasta
+from ampflow.io.errors import InputError
+from conftest import workflow_copy
+from test_extract import random_fasta, tiny_models  # noqa: F401 - the session fixture
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+TARGET = "results/{dataset}/extract/prot.esm2_tiny.h5ad"
+EXTRACT_CONFIG = """
+extract:
+  inputs:
+    prot: {fasta: prot.fa, models: [esm2_tiny]}
+  sequences_per_file: 2
+  cpu_workers: 2
+"""
+N_CHUNKS = 12
+
+
+def snakemake_cmd(target: str, *options: str) -> list[str]:
+    return [
+        str(BIN / "snakemake"), target, "--cores", "2", "--profile", "profiles/local", *options,
+        "--configfile", "config/config.yaml", "config/extract.yaml",
+    ]  # fmt: skip
+
+
+def env(**extra) -> dict:
+    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **extra}
+
+
+def test_sigkill_mid_run_then_rerun(tmp_path):
+    """SIGKILL Snakemake, the extract job and its workers (one process group) after some
+    chunks are done; unlock and run again: finished chunks are skipped (markers untouched,
+    the log counts them), the h5ad equals an uninterrupted run's, no temporary remains."""
+    from ampflow.demo import write_demo
+
+    root = workflow_copy(tmp_path / "wf")
+    write_demo(root / "resources" / "demo", n_cells=8, seed=0)
+    (root / "config/extract.yaml").write_text(EXTRACT_CONFIG)
+    random_fasta(root / "prot.fa", "esm2", 2 * N_CHUNKS, lengths=(20, 300))
+    work = root / "results/demo/extract/prot/esm2_tiny/out"
+    target = TARGET.format(dataset="demo")
+
+    log = open(tmp_path / "killed.log", "w")
+    proc = subprocess.Popen(
+        snakemake_cmd(target), cwd=root, env=env(AMPFLOW_EXTRACT_CHUNK_DELAY="0.4"),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(work.glob("*.done"))) < 3:
+            assert proc.poll() is None, (tmp_path / "killed.log").read_text()
+            assert time.monotonic() < deadline, "no chunk finished within 240 s"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    time.sleep(0.5)  # the group's other processes are gone too (SIGKILL is not deliverable late)
+    done = {p.name: p.read_bytes() for p in work.glob("*.done")}
+    assert 3 <= len(done) < N_CHUNKS, sorted(done)
+    assert not (root / target).exists()
+
+    r = subprocess.run(snakemake_cmd(target, "--unlock"), cwd=root, env=env(), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(snakemake_cmd(target), cwd=root, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = (root / "logs/demo/extract.prot.esm2_tiny.log").read_text()
+    assert f"{len(done)} chunk(s) skipped (done), {N_CHUNKS - len(done)} computed" in text, text
+    for name, data in done.items():
+        assert (work / name).read_bytes() == data, f"{name} was recomputed"
+    assert len(list(work.glob("*.done"))) == N_CHUNKS
+    assert not [p for p in root.rglob(".tmp-*")]
+    assert (root / "logs/demo/extract.prot.esm2_tiny.benchmark.tsv").exists()
+
+    r = subprocess.run(snakemake_cmd(TARGET.format(dataset="ref"), "--config", "dataset=ref"), cwd=root, env=env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed, ref = ad.read_h5ad(root / target), ad.read_h5ad(root / TARGET.format(dataset="ref"))
+    assert f"0 chunk(s) skipped (done), {N_CHUNKS} computed" in (root / "logs/ref/extract.prot.esm2_tiny.log").read_text()
+    assert resumed.X.dtype == np.float32 and resumed.shape == (2 * N_CHUNKS, 32)
+    assert np.array_equal(resumed.X, ref.X)
+    print(
+        f"\nkilled with {len(done)} of {N_CHUNKS} chunks done; the re-run logged "
+        f"'{len(done)} chunk(s) skipped (done), {N_CHUNKS - len(done)} computed', left their markers byte-identical; "
+        f"h5ad X equal to the uninterrupted run's: {np.array_equal(resumed.X, ref.X)} (max abs diff {np.abs(resumed.X - ref.X).max()})"
+    )
+    pd.testing.assert_frame_equal(resumed.obs, ref.obs)
+    assert json.dumps(resumed.uns["extract"], sort_keys=True, default=str) == json.dumps(ref.uns["extract"], sort_keys=True, default=str)
+
+
+# ------------------------------------------------------------------ real FASTA files
+PROTEIN_FILES = ("esm_", ".faa")
+POLICIES = {
+    "default": {},
+    "skip": {"empty": "skip", "invalid": "skip", "ambiguous": "skip", "duplicate_ids": "skip", "too_long": "skip"},
+    "repair": {"invalid": "skip", "ambiguous": "replace", "duplicate_ids": "rename", "ids": "header"},
+}
+
+
+def facts(path: Path, kind: str) -> dict:
+    """What a plain reading of the file says: records, distinct ids, ambiguous, long."""
+    heads, headers, seqs = [], [], []
+    for line in path.read_text().splitlines():
+        if line.startswith(">"):
+            heads.append(line[1:].split()[0])
+            headers.append(" ".join(line[1:].split()))
+            seqs.append([])
+        else:
+            seqs[-1].append(line.strip())
+    seqs = ["".join(s).upper().rstrip("*") for s in seqs]
+    standard, limit = ("ACDEFGHIKLMNPQRSTVWY", 1022) if kind == "esm2" else ("ACGT", 10000)
+    return {
+        "records": len(seqs),
+        "duplicates": len(heads) - len(set(heads)),
+        "duplicate_headers": len(headers) - len(set(headers)),
+        "ambiguous": sum(bool(set(s) - set(standard)) for s in seqs),
+        "long": sum(len(s) > limit for s in seqs),
+    }
+
+
+def test_real_fasta_files_under_each_policy(shared_data, tiny_models, tmp_path):  # noqa: F811
+    """Every file under three policy sets: the report counts what a plain reading of the
+    file finds, the h5ad holds the records not skipped. One work folder per file: a
+    policy change re-splits, and chunks whose content did not change are reused."""
+    files = sorted((shared_data / "fasta").iterdir())
+    assert len(files) >= 13
+    table = []
+    for path in files:
+        kind = "esm2" if path.name.startswith(PROTEIN_FILES[0]) or path.suffix == PROTEIN_FILES[1] else "dnabert_s"
+        f = facts(path, kind)
+        for policy, values in POLICIES.items():
+            out = tmp_path / path.name / policy
+            settings = ExtractSettings.from_dict({"sequences_per_file": 64, "fasta": values})
+            args = (path, ModelSpec(kind=kind, tiny=True), kind, out.parent / "work", out / "x.h5ad", out / "r.tsv", out / "t.jsonl")
+            if policy == "default" and f["duplicates"]:
+                with pytest.raises(InputError) as e:
+                    extract_fasta(*args, settings=settings, model_folder=tiny_models[kind], pool=InlinePool)
+                assert str(path) in str(e.value) and "duplicate" in str(e.value)
+                table.append((path.name, policy, "fails: " + str(e.value).split(": ", 1)[0].rsplit("/", 1)[-1]))
+                continue
+            extract_fasta(*args, settings=settings, model_folder=tiny_models[kind], pool=InlinePool)
+            a = ad.read_h5ad(out / "x.h5ad")
+            report = pd.read_csv(out / "r.tsv", sep="\t", keep_default_na=False)
+            counts = Counter(zip(report["problem"], report["action"]))
+            skipped = sum(n for (_, action), n in counts.items() if action == "skipped")
+            assert a.n_obs == f["records"] - skipped
+            assert a.obs_names.is_unique and np.isfinite(a.X).all()
+            assert (a.obs["length"] <= (1022 if kind == "esm2" else 10000)).all()
+            if policy == "default":
+                assert counts == Counter({k: v for k, v in {("ambiguous", "kept"): f["ambiguous"], ("too_long", "truncated"): f["long"]}.items() if v})
+                assert int(a.obs["truncated"].sum()) == f["long"] == a.uns["extract"]["truncations"]["count"]
+            elif policy == "skip":
+                # a record counts once, under the first problem that skips it
+                assert counts[("ambiguous", "skipped")] == f["ambiguous"]
+                assert skipped == f["records"] - a.n_obs and not a.obs["truncated"].any()
+            else:
+                assert counts[("duplicate_ids", "renamed")] == f["duplicate_headers"]
+                assert counts[("ambiguous", "replaced")] == f["ambiguous"]
+                assert counts[("too_long", "truncated")] == f["long"]
+                assert a.n_obs == f["records"]
+            rows = ", ".join(f"{p} {act} {n}" for (p, act), n in sorted(counts.items())) or "no problem"
+            table.append((path.name, policy, f"{a.n_obs}/{f['records']} embedded; {rows}"))
+    print("\nfile | policy | result")
+    for row in table:
+        print(" | ".join(row))
+    by = {(name, policy): res for name, policy, res in table}
+    # 12 proteins of one contig: one first word, 6 headers twice
+    assert by[("vibrant_Microviridae_MH552510.2.faa", "skip")].startswith("1/12")
+    assert "renamed 6" in by[("vibrant_Microviridae_MH552510.2.faa", "repair")]
+    assert by[("vibrant_mixed_example_prodigal.faa", "default")].startswith("fails")
+    assert by[("vibrant_mixed_example_prodigal.faa", "repair")].startswith("181/181")
+    # the 1.18 Mb record is read, truncated to max_length and reported with its length
+    big = ad.read_h5ad(tmp_path / "virsorter2_8seq.fa" / "default" / "x.h5ad").obs.loc["NCLDV-linear"]
+    assert (big["original_length"], big["length"], big["truncated"]) == (1181549, 10000, True)
