@@ -85,7 +85,10 @@ rule evaluate:
             caption="../report/umap.rst",
             category="4. Evaluation",
             subcategory="{cfg}",
-            labels={"configuration": "{cfg}", "figure": "UMAP by cell type and modality"},
+            labels={
+                "configuration": "{cfg}",
+                "figure": "UMAP by cell type and modality",
+            },
         ),
     log:
         f"{LOGS}/evaluate.{{cfg}}.log",

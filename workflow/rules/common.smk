@@ -15,7 +15,7 @@ validate(config, "../schemas/config.schema.yaml")
 DATASET = config["dataset"]
 RESULTS = f"results/{DATASET}"
 LOGS = f"logs/{DATASET}"
-REPORT = f"{RESULTS}/report"
+REPORT = f"{RESULTS}/figures"
 INPUTS = config["inputs"]
 
 

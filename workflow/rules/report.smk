@@ -43,7 +43,7 @@ rule report_qc:
         mem_mb=4000,
         runtime=30,
     params:
-        out=f"{REPORT}/qc",
+        out=lambda wc, output: Path(output.contacts).parent,
         label=config["evaluate"]["label_key"],
         dataset=DATASET,
         qc=qc_args(),
@@ -140,7 +140,7 @@ rule report_summary:
         "../../envs/prepare.yaml"
     params:
         names=" ".join(TRAIN_CONFIGS),
-        out=REPORT,
+        out=lambda wc, output: Path(output.table).parent,
         dataset=DATASET,
     shell:
         "ampflow report-summary --names {params.names} --plans {input.plans}"

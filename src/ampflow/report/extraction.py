@@ -179,8 +179,9 @@ def plot_gpu_timelines(samples: pd.DataFrame, path, title: str = "") -> Path:
     ax_m.set_ylabel("GPU memory used (GiB)")
     ax_m.set_ylim(bottom=0)
     ax_m.set_title("Memory per GPU (dashed: the GPU's total)")
-    ax_m.set_xlabel(f"time since first sample ({unit})")
     for ax in (ax_u, ax_m):
+        ax.set_xlabel(f"time since first sample ({unit})")
+        ax.xaxis.set_tick_params(labelbottom=True)
         ax.grid(True, alpha=0.3)
         if len(samples):
             ax.legend(frameon=False, fontsize=9, loc="lower right", ncols=2)

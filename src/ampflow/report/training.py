@@ -66,7 +66,7 @@ def plot_training(frame: pd.DataFrame, path, name: str = "") -> Path:
     panels = terms + ["cells_per_s"]
     ncols = 3
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = new_figure(nrows, ncols, size=(14, 3.1 * nrows + 0.6), sharex=True)
+    fig, axes = new_figure(nrows, ncols, size=(14, 3.3 * nrows + 0.6), sharex=True)
     flat = axes.ravel()
     steps = frame["step"].to_numpy()
     for i, (ax, col) in enumerate(zip(flat, panels)):
@@ -85,11 +85,10 @@ def plot_training(frame: pd.DataFrame, path, name: str = "") -> Path:
             ax.set_title(col, fontsize=10, pad=12)
             ax.set_ylabel(f"loss ({TERM_UNITS.get(col, 'per value')})", fontsize=8.5)
         ax.grid(True, alpha=0.3)
+        ax.set_xlabel("optimisation step (count)", fontsize=8.5)
+        ax.xaxis.set_tick_params(labelbottom=True)
     for ax in flat[len(panels):]:
         ax.set_visible(False)
-    for ax in flat[:len(panels)][-ncols:]:
-        ax.set_xlabel("optimisation step (count)")
-        ax.xaxis.set_tick_params(labelbottom=True)
     stages = ", ".join(f"{s} {int(g.size)} steps" for s, g in frame.groupby("stage", sort=False)["step"])
     fig.suptitle(f"{name + ': ' if name else ''}training, {len(frame)} steps ({stages}); light: per step, dark: rolling median")
     return save_png(fig, path)
