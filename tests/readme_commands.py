@@ -129,4 +129,5 @@ def run_readme(repo: Path, dest: Path, timeout: int = 2400) -> tuple[subprocess.
     # one stream, so that each command's output follows it (set -x traces go to stderr)
     proc = subprocess.run(["bash", "readme_commands.sh"], cwd=dest, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)  # fmt: skip
+    (dest / "readme_commands.log").write_text(proc.stdout)
     return proc, blocks

@@ -99,7 +99,7 @@ def text_table(table: pd.DataFrame) -> str:
 
 def plot_scores(table: pd.DataFrame, path, title: str = "") -> Path:
     """Grouped bars: ARI, NMI and FOSCTTM per configuration, values written on the bars."""
-    fig, axes = new_figure(1, 1, size=(max(6.0, 2.2 * len(table) + 3), 4.6))
+    fig, axes = new_figure(1, 1, size=(max(8.0, 2.2 * len(table) + 3), 4.8))
     ax = axes[0][0]
     x = np.arange(len(table))
     width = 0.8 / len(SCORES)
@@ -110,12 +110,12 @@ def plot_scores(table: pd.DataFrame, path, title: str = "") -> Path:
             ax.annotate("n/a" if np.isnan(v) else f"{v:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()),
                         ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")  # fmt: skip
     ax.set_xticks(x, table["configuration"])
-    ax.set_xlabel("training configuration (resolution_s strata)")
+    ax.set_xlabel("training configuration (bin size and strata, e.g. 500kb_s10)")
     ax.set_ylabel("score (dimensionless, 0 to 1)")
-    ax.set_ylim(0, 1.15)
-    ax.axhline(0.5, color="#999999", linestyle=":", linewidth=1)
-    ax.legend(frameon=False, fontsize=9, ncols=3, loc="upper center")
-    ax.set_title(f"{title}Evaluation scores per configuration (dotted: FOSCTTM of unrelated embeddings)")
+    ax.set_ylim(0, 1.25)
+    ax.axhline(0.5, color="#999999", linestyle=":", linewidth=1, label="FOSCTTM of unrelated embeddings")
+    ax.legend(frameon=False, fontsize=9, ncols=2, loc="upper center")
+    ax.set_title(f"{title}Evaluation scores per configuration")
     return save_png(fig, path)
 
 
