@@ -8,6 +8,8 @@ STAMP := $(VENV)/.ampflow-installed
 TORCH ?=
 DEMO_CELLS ?= 120
 CORES ?= all
+# the `dataset` of config/config.yaml: outputs under results/$(DATASET)/
+DATASET ?= demo
 
 .PHONY: install demo test lint bench clean-demo
 
@@ -22,9 +24,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# the workflow, then its HTML report (a zip: unzip it and open report/report.html), then
+# the per-configuration summary table once more, as the last lines of the log
 demo: $(STAMP)
 	$(BIN)/ampflow demo-data resources/demo --cells $(DEMO_CELLS) --seed 0
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local --cores $(CORES)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local --report results/$(DATASET)/report.zip
+	@echo "Report: results/$(DATASET)/report.zip (unzip it and open report/report.html in a browser)"
+	@echo "Summary (results/$(DATASET)/figures/summary.tsv):"
+	@cat results/$(DATASET)/figures/summary.txt
 
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest

@@ -42,3 +42,18 @@ def workflow_copy(dest: Path) -> Path:
     for name in ("workflow", "config", "profiles", "envs"):
         shutil.copytree(REPO / name, dest / name, dirs_exist_ok=True)
     return dest
+
+
+@pytest.fixture(scope="session")
+def readme_run(tmp_path_factory):
+    """README.md's runnable commands (``make demo`` first) run once in a fresh copy of
+    the repository: ``(copy, completed process, blocks)``. The report tests look at the
+    report this run wrote (results/demo/report.zip)."""
+    from readme_commands import in_venv, run_readme
+
+    if not in_venv():
+        pytest.skip("the README's commands need the tests to run in a virtual environment (as `make test` does)")
+    dest = tmp_path_factory.mktemp("readme") / "ampflow"
+    dest.mkdir()
+    proc, blocks = run_readme(REPO, dest)
+    return dest, proc, blocks

@@ -83,7 +83,16 @@ rule evaluate:
         rules.train.output.embeddings,
     output:
         scores=f"{RESULTS}/eval/{{cfg}}/scores.json",
-        umap=f"{RESULTS}/eval/{{cfg}}/umap.png",
+        umap=report(
+            f"{RESULTS}/eval/{{cfg}}/umap.png",
+            caption="../report/umap.rst",
+            category="4. Evaluation",
+            subcategory="{cfg}",
+            labels={
+                "configuration": "{cfg}",
+                "figure": "UMAP by cell type and modality",
+            },
+        ),
     log:
         f"{LOGS}/evaluate.{{cfg}}.log",
     conda:

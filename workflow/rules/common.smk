@@ -17,6 +17,7 @@ validate(config, "../schemas/config.schema.yaml")
 DATASET = config["dataset"]
 RESULTS = f"results/{DATASET}"
 LOGS = f"logs/{DATASET}"
+REPORT = f"{RESULTS}/figures"
 INPUTS = config["inputs"]
 
 
@@ -32,6 +33,8 @@ TRAIN_CONFIGS = {
 RESOLUTIONS = {
     resolution_label(c["resolution"]): c["resolution"] for c in config["configs"]
 }
+# the finest binning: P(s) in the report is drawn from it
+FINEST = min(RESOLUTIONS, key=RESOLUTIONS.get)
 
 
 EXTRACT = config["extract"]
@@ -93,6 +96,13 @@ def naming_args():
     return args
 
 
+def qc_args():
+    """The QC thresholds as ``--min-contacts N ...`` options."""
+    return " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in sorted(config["qc"].items())
+    )
+
+
 def all_outputs():
     out = [
         f"{RESULTS}/qc/cells.tsv",
@@ -108,10 +118,29 @@ def all_outputs():
             f"{RESULTS}/amp/{cfg}/plan.json",
             f"{RESULTS}/train/{cfg}/model.pt",
             f"{RESULTS}/eval/{cfg}/scores.json",
+            f"{RESULTS}/eval/{cfg}/umap.png",
+            f"{REPORT}/{cfg}/plan.html",
+            f"{REPORT}/{cfg}/memory.png",
+            f"{REPORT}/{cfg}/training.png",
         ]
     for name, inp in EXTRACT_INPUTS.items():
         out += [f"{RESULTS}/extract/{name}.{model}.h5ad" for model in inp["models"]]
+    out += [
+        f"{REPORT}/qc/contacts.png",
+        f"{REPORT}/qc/distance_decay.png",
+        f"{REPORT}/qc/rna.png",
+        f"{REPORT}/qc/failed_cells.html",
+        f"{REPORT}/summary.html",
+        f"{REPORT}/scores.png",
+    ]
     return out
+
+
+def print_summary():
+    """The per-configuration summary table, at the end of a successful run."""
+    path = Path(REPORT) / "summary.txt"
+    if path.exists():
+        logger.info(f"Summary ({path}):\n{path.read_text()}")
 
 
 def json_arg(section):

@@ -62,9 +62,7 @@ rule qc_cells:
     conda:
         "../../envs/prepare.yaml"
     params:
-        qc=" ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in sorted(config["qc"].items())
-        ),
+        qc=qc_args(),
     shell:
         "ampflow qc-cells --sheet {input.sheet} --contacts {input.contacts}"
         " --rna-stats {input.rna} {params.qc} --out {output} > {log} 2>&1"

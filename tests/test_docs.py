@@ -1,0 +1,98 @@
+"""The documentation covers what it says it covers: every config key, every profile key,
+the workflow catalog's usage file, a caption for every report figure, and a clean lint."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, workflow_copy
+
+BIN = Path(sys.executable).parent
+
+
+def schema_keys(node: dict, prefix: str = "") -> list[str]:
+    """Dotted paths of every property in a JSON schema (list items as ``key[].sub``)."""
+    out = []
+    for name, sub in (node.get("properties") or {}).items():
+        path = f"{prefix}{name}"
+        out.append(path)
+        out += schema_keys(sub, path + ".")
+        if sub.get("type") == "array" and isinstance(sub.get("items"), dict):
+            out += schema_keys(sub["items"], path + "[].")
+    return out
+
+
+def test_every_config_key_is_documented():
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    doc = (REPO / "config/README.md").read_text()
+    keys = schema_keys(schema)
+    assert "train.finetune.weights.cross" in keys and "configs[].strata" in keys
+    missing = [k for k in keys if f"`{k}`" not in doc]
+    assert not missing, f"config/README.md does not document {missing}"
+
+
+def test_every_profile_key_is_documented():
+    doc = (REPO / "profiles/README.md").read_text()
+    for profile in sorted((REPO / "profiles").glob("*/profile.yaml")):
+        text = profile.read_text()
+        keys = set(yaml.safe_load(text) or {})
+        keys |= set(re.findall(r"^# ?([a-z][a-z-]+):", text, re.M)) - {"shell", "train"}  # commented-out settings
+        missing = [k for k in sorted(keys) if f"`{k}`" not in doc]
+        assert not missing, f"profiles/README.md does not document {missing} of {profile.relative_to(REPO)}"
+
+
+def test_workflow_catalog_usage_file():
+    """The catalog's standardized-usage form: usage -> mandatory-flags (desc, flags) and
+    software-stack-deployment (conda / apptainer / apptainer+conda, report)."""
+    cat = yaml.safe_load((REPO / ".snakemake-workflow-catalog.yml").read_text())
+    usage = cat["usage"]
+    flags = usage["mandatory-flags"]
+    assert flags["desc"].strip() and "--profile" in flags["flags"]
+    stack = usage["software-stack-deployment"]
+    assert set(stack) <= {"conda", "apptainer", "apptainer+conda", "singularity", "singularity+conda", "report"}
+    assert any(stack.get(k) for k in ("conda", "apptainer", "apptainer+conda")), "at least one deployment method"
+    assert stack["report"] is True
+    # what the catalog needs beside it
+    assert (REPO / "workflow/Snakefile").is_file() and (REPO / "config/README.md").is_file()
+    # the conda environments it promises exist and are used by every rule
+    envs = set(re.findall(r'conda:\s*\n\s*"\.\./\.\./(envs/[^"]+)"', "\n".join(p.read_text() for p in (REPO / "workflow/rules").glob("*.smk"))))
+    assert envs and all((REPO / e).is_file() for e in envs)
+
+
+def test_every_report_caption_exists_and_every_figure_has_one():
+    rules = "\n".join(p.read_text() for p in sorted((REPO / "workflow/rules").glob("*.smk")))
+    captions = re.findall(r'caption="\.\./report/([^"]+)"', rules)
+    assert len(captions) >= 10
+    for c in captions:
+        assert (REPO / "workflow/report" / c).is_file(), c
+    # every report() call has a caption, a category and labels
+    calls = re.findall(r"report\((.*?)\n\s{8}\)", rules, re.S)
+    assert len(calls) == len(captions)
+    for call in calls:
+        assert "caption=" in call and "category=" in call and "labels=" in call, call
+    snakefile = (REPO / "workflow/Snakefile").read_text()
+    assert 'report: "report/workflow.rst"' in snakefile and (REPO / "workflow/report/workflow.rst").is_file()
+
+
+@pytest.fixture(scope="module")
+def lint_dir(tmp_path_factory, demo_dir):
+    root = workflow_copy(tmp_path_factory.mktemp("lint"))
+    (root / "resources").mkdir(exist_ok=True)
+    (root / "resources/demo").symlink_to(demo_dir, target_is_directory=True)
+    return root
+
+
+@pytest.mark.slow
+def test_snakemake_lint_and_snakefmt_are_clean(lint_dir):
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run([str(BIN / "snakemake"), "--lint"], cwd=lint_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Congratulations" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    r = subprocess.run([str(BIN / "snakefmt"), "--check", "workflow/"], cwd=lint_dir, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr

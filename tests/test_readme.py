@@ -1,0 +1,72 @@
+"""README.md: every shell command meant to be run works as written on the demo.
+
+The commands run once per session (fixture ``readme_run`` in conftest.py: ``make demo``
+first, in a fresh copy of the repository); see ``readme_commands.py`` for the rules.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import REPO
+from readme_commands import SHELL, parse_blocks, split_output
+
+README = (REPO / "README.md").read_text()
+
+
+def test_every_block_has_a_language_and_every_skip_a_reason():
+    blocks = parse_blocks(README)
+    assert blocks, "README has no code blocks"
+    for b in blocks:
+        assert b.language, f"README line {b.line}: give the code block a language (bash, text, yaml...)"
+        if b.skip is not None:
+            assert b.skip.strip(), f"README line {b.line}: say why the block is not run"
+    runnable = "\n".join(b.text for b in blocks if b.runnable)
+    # the commands the README promises to users
+    for cmd in ("make demo", "source .venv/bin/activate", "--report results/demo/report.zip", "snakemake --unlock", "--forcerun", "--configfile"):
+        assert cmd in runnable, f"no runnable README block contains {cmd!r}"
+    skipped = [b for b in blocks if b.language in SHELL and b.skip]
+    assert any("slurm-gpu" in b.text for b in skipped), "the SLURM commands are shown (and not run)"
+
+
+def test_parse_blocks_markers():
+    text = "a\n\n<!-- not run: needs SLURM -->\n```bash\nsbatch x\n```\n\n```text\nnot shell\n```\n```bash\necho hi\n```\n"
+    blocks = parse_blocks(text)
+    assert [(b.language, b.skip, b.runnable) for b in blocks] == [("bash", "needs SLURM", False), ("text", None, False), ("bash", None, True)]
+    assert blocks[2].line == 11
+
+
+@pytest.mark.slow
+def test_readme_commands_run_as_written(readme_run):
+    dest, proc, blocks = readme_run
+    outputs = split_output(proc.stdout)
+    failed = max(outputs, default=None)  # the block that was running when the script stopped
+    assert proc.returncode == 0, f"README block at line {failed} failed:\n{outputs.get(failed, proc.stdout)[-6000:]}"
+    ran = [b.line for b in blocks if b.runnable]
+    assert sorted(outputs) == ran, "every runnable block ran"
+    assert (dest / "results/demo/report.zip").is_file()
+    assert (dest / "results/demo/report/report.html").is_file(), "the README's unzip command"
+    assert (dest / "scratch/train/training.png").is_file()
+
+
+@pytest.mark.slow
+def test_make_demo_ends_with_the_summary(readme_run):
+    dest, proc, blocks = readme_run
+    demo = next(b for b in blocks if b.runnable and "make demo" in b.text)
+    # without the shell's trace of the commands (set -x)
+    out = [ln for ln in split_output(proc.stdout)[demo.line].rstrip().splitlines() if not ln.startswith("+ ")]
+    # the last lines of `make demo`: the summary table, one line per configuration (the
+    # workflow run printed it too, at its end)
+    headers = [i for i, ln in enumerate(out) if re.match(r"configuration\s+ARI\s+NMI\s+FOSCTTM\s+strategies\s+mesh", ln)]
+    assert len(headers) == 2, "printed by the workflow run (onsuccess) and at the end of make demo"
+    header = headers[-1]
+    rows = [ln.split() for ln in out[header + 2 :]]
+    assert [r[0] for r in rows] == ["500kb_s10", "250kb_s12"]
+    assert out[header - 1].startswith("Summary (results/demo/figures/summary.tsv)")
+    for r in rows:
+        ari, nmi, foscttm = map(float, r[1:4])
+        assert 0 <= ari <= 1 and 0 <= nmi <= 1 and 0 <= foscttm <= 1
+    assert "S1 S3" in out[header + 2] and "dp 2 x tp 1" in out[header + 2]
+    assert "Report: results/demo/report.zip" in "\n".join(out)

@@ -1,0 +1,391 @@
+"""Report figures and pages: numbers on small synthetic inputs, labels with units on every
+figure, and (slow) the demo's Snakemake report opened in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from ampflow.amp.diagnose import diagnose
+from ampflow.cli import main
+from ampflow.io.errors import InputError
+from ampflow.prepare.qc import QCThresholds
+from ampflow.report import extraction as ex
+from ampflow.report.plan import measured_memory, plan_page, plot_memory, predictions
+from ampflow.report.qc import distance_decay, failed_cells_page, failure_kinds, load_qc, plot_contacts, plot_distance_decay, plot_rna
+from ampflow.report.summary import summary_report, text_table
+from ampflow.report.training import metrics_frame, plot_training
+
+PNG = b"\x89PNG\r\n\x1a\n"
+UNIT = re.compile(r"\(.+\)")  # "memory held (MiB)", "UMAP 1 (arbitrary units)"
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every Figure saved during the test, in order."""
+    saved: list[Figure] = []
+    original = Figure.savefig
+
+    def record(self, *args, **kwargs):
+        saved.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return saved
+
+
+def assert_labelled(fig: Figure) -> None:
+    """A title (on the figure or every panel) and, on every visible panel, x and y labels with a unit in parentheses."""
+    suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        assert suptitle or ax.get_title(), "figure or panel title"
+        for label in (ax.get_xlabel(), ax.get_ylabel()):
+            assert label and UNIT.search(label), f"axis label without a unit: {label!r} in {ax.get_title()!r}"
+
+
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == PNG
+
+
+# ---------------------------------------------------------------- QC
+def qc_table(tmp_path) -> Path:
+    t = pd.DataFrame(
+        {
+            "cell_id": ["a", "b", "c", "d", "orphan"],
+            "total": [5000, 400, 8000, 3000, ""],
+            "cis": [4000, 300, 3000, 2700, ""],
+            "trans": [1000, 100, 5000, 300, ""],
+            "dropped_unknown_chrom": [0, 0, 0, 0, ""],
+            "dropped_excluded": [0, 0, 0, 0, ""],
+            "rna_umis": [2000, 3000, 2500, 50, 900],
+            "rna_genes": [800, 900, 850, 30, 400],
+            "in_pairs": [True, True, True, True, False],
+            "in_rna": [True, True, True, True, True],
+            "matched": [True, True, True, True, False],
+            "cis_fraction": [0.8, 0.75, 0.375, 0.9, 0.0],
+            "pass": [True, False, False, False, False],
+            "reason": ["", "contacts 400 < 1000", "cis fraction 0.38 < 0.5", "RNA UMIs 50 < 500; RNA genes 30 < 200", "not in cell sheet (no pairs)"],
+            "cell_type": ["x", "y", "x", "y", ""],
+        }
+    )
+    path = tmp_path / "cells.tsv"
+    t.to_csv(path, sep="\t", index=False)
+    return path
+
+
+def test_failure_kinds():
+    assert failure_kinds("contacts 400 < 1000; RNA UMIs 49 < 500") == ["contacts", "RNA UMIs"]
+    assert failure_kinds("cis fraction 0.38 < 0.5") == ["cis fraction"]
+    assert failure_kinds("not in RNA matrix") == ["not in RNA matrix"]
+    assert failure_kinds("") == []
+
+
+def test_qc_figures_and_failed_page(tmp_path, figures):
+    qc = load_qc(qc_table(tmp_path))
+    assert qc["pass"].dtype == bool and np.isnan(qc.loc["orphan", "cis"])
+    th = QCThresholds()
+    assert is_png(plot_contacts(qc, tmp_path / "contacts.png", th))
+    assert is_png(plot_rna(qc, tmp_path / "rna.png", th))
+    assert len(figures) == 2
+    for fig in figures:
+        assert_labelled(fig)
+    # contacts: the orphan (no pairs) is left out and said so
+    assert "1 cell(s) without pairs" in figures[0]._suptitle.get_text()
+    page = failed_cells_page(qc, tmp_path / "failed.html", th, label_key="cell_type").read_text()
+    assert "4 of 5 cells failed QC" in page
+    for reason in ("contacts", "cis fraction", "RNA UMIs", "RNA genes", "not in cell sheet (no pairs)"):
+        assert f"<td>{reason}</td>" in page
+    assert "RNA UMIs 50 &lt; 500; RNA genes 30 &lt; 200" in page  # escaped, whole
+
+
+def test_load_qc_names_missing_columns(tmp_path):
+    path = tmp_path / "bad.tsv"
+    pd.DataFrame({"cell_id": ["a"], "total": [1]}).to_csv(path, sep="\t", index=False)
+    with pytest.raises(InputError, match="lacks columns"):
+        load_qc(path)
+
+
+@pytest.fixture
+def tiny_scool(tmp_path) -> Path:
+    """Two chromosomes (10 and 5 bins of 1 kb); cell A has cis contacts at k = 0, 1, 2 and one trans."""
+    import cooler
+
+    bins = pd.DataFrame({"chrom": ["c1"] * 10 + ["c2"] * 5, "start": [i * 1000 for i in range(10)] + [i * 1000 for i in range(5)]})
+    bins["end"] = bins["start"] + 1000
+    px = {
+        "A": pd.DataFrame({"bin1_id": [0, 0, 3, 0, 11], "bin2_id": [1, 2, 3, 12, 12], "count": [2, 3, 5, 4, 1]}),
+        "B": pd.DataFrame({"bin1_id": [4], "bin2_id": [5], "count": [7]}),
+    }
+    path = tmp_path / "tiny.scool"
+    cooler.create_scool(str(path), bins, px)
+    return path
+
+
+def test_distance_decay_by_hand(tiny_scool, tmp_path, figures):
+    decay = distance_decay(tiny_scool, ["A", "B"], n_bins=30)
+    assert decay.resolution == 1000
+    # one distance bin per k: k = 1 .. 9, centres k x 1 kb
+    assert np.allclose(decay.distance, np.arange(1, 10) * 1000)
+    a, b = decay.curves.loc["A"].to_numpy(), decay.curves.loc["B"].to_numpy()
+    # A: cis contacts 2 (k=1) + 3 (k=2) + 5 (k=0) + 1 (c2, k=1) = 11; same-chromosome pairs at k=1: 9 + 4, at k=2: 8 + 3
+    assert a[0] == pytest.approx((2 + 1) / 13 / 11)
+    assert a[1] == pytest.approx(3 / 11 / 11)
+    assert a[2] == 0
+    assert b[0] == pytest.approx(7 / 13 / 7) and b[1] == 0
+    plot_distance_decay(decay, pd.Series({"A": "x", "B": "y"}), tmp_path / "ps.png")
+    assert_labelled(figures[-1])
+    with pytest.raises(InputError, match="not in the file"):
+        distance_decay(tiny_scool, ["A", "nope"])
+
+
+# ---------------------------------------------------------------- AMP plan and memory
+PROFILE = {
+    "version": 1,
+    "modalities": {
+        "rna": {"prob_model": "NB", "n_features": 200, "n_cells": 100},
+        "hic": {"prob_model": "HiCZINB", "n_features": 250, "n_cells": 100, "n_strata": 4, "n_anchors": 64,
+                "features_per_stratum": [64, 63, 62, 61], "attention": True, "window": 4, "heads": 2},  # fmt: skip
+    },
+    "graph": {"n_nodes": 264, "n_edges": 2000},
+    "model": {"latent_dim": 8, "hidden_dim": 16, "heads": 2, "window": 4},
+    "train": {"batch_size": 8},
+}
+
+
+def metrics_rows(n_steps=3, world=2, per_rank=False):
+    rows = []
+    for s in range(1, n_steps + 1):
+        marks = [100 + 10 * k + s for k in range(4)]
+        if per_rank:
+            for r in range(world):
+                rows.append({"step": s, "rank": r, "stage": "pretrain", "loss": {"total": 1.0}, "peak_bytes": 200 + r + s, "stratum_bytes": [m + r for m in marks]})
+        else:
+            rows.append({"step": s, "stage": "pretrain" if s < n_steps else "finetune", "epoch": 0, "seconds": 0.5, "cells_per_s": 64.0,
+                         "loss": {"total": 3.0 / s, "rna_nll": 1.0 / s, "align": 0.1}, "peak_bytes": 300 + s,
+                         "stratum_bytes": marks, "rank_peak_bytes": [300 + s, 290 + s][:world]})  # fmt: skip
+    return rows
+
+
+def test_measured_memory_from_rank_zero_rows_and_per_rank_rows():
+    m = measured_memory(metrics_rows(world=2))
+    assert m.world == 2 and m.steps == 3
+    assert list(m.strata) == [0] and list(m.strata[0]) == [103, 113, 123, 133]  # max over steps
+    assert m.peak == {0: 303, 1: 293}
+    m = measured_memory(metrics_rows(world=3, per_rank=True))
+    assert sorted(m.strata) == [0, 1, 2] and list(m.strata[2]) == [105, 115, 125, 135]
+    assert m.peak == {0: 203, 1: 204, 2: 205}
+    assert measured_memory([]).world == 0
+
+
+def test_predictions_for_the_plan_and_as_run():
+    plan = diagnose(PROFILE, 2, 2**30, 0.9)
+    assert plan["mesh"] == {"dp": 2, "tp": 1}
+    (only,) = predictions(plan, PROFILE, world=2)
+    assert only.total == plan["predicted_peak_bytes"] and len(only.marks) == 4
+    assert np.all(np.diff(only.marks) > 0), "memory grows with every stratum"
+    # a run in one process is predicted without S1 (full batch per process): more memory
+    plan_pred, as_run = predictions(plan, PROFILE, world=1)
+    assert "as run (1 process; S3)" in as_run.label and as_run.total > plan_pred.total
+
+
+def test_memory_figure_and_plan_page(tmp_path, figures):
+    plan = diagnose(PROFILE, 2, 2**30, 0.9)
+    assert is_png(plot_memory(plan, PROFILE, metrics_rows(world=2), tmp_path / "m.png", "toy"))
+    assert is_png(plot_memory(plan, PROFILE, metrics_rows(world=3, per_rank=True), tmp_path / "m3.png", "toy"))
+    assert is_png(plot_memory(plan, PROFILE, [], tmp_path / "m0.png", "toy"))  # nothing measured yet
+    for fig in figures:
+        assert_labelled(fig)
+    labels = [t.get_text() for t in figures[1].axes[0].get_legend().get_texts()]
+    assert [lb for lb in labels if lb.startswith("measured")] == ["measured, rank 0", "measured, rank 1", "measured, rank 2"]
+    assert any(lb.startswith("predicted, as run (3 processes") for lb in labels)
+    page = plan_page(plan, tmp_path / "plan.html", "toy").read_text()
+    for text in ("AMP plan: toy", "dp 2 x tp 1", "S1 data_parallel", "ATTENTION_DECODER", "HEAVY_DECOMPOSITION", "recommended devices", "% of the budget"):
+        assert text in page
+
+
+# ---------------------------------------------------------------- training and summary
+def test_training_figure(tmp_path, figures):
+    rows = metrics_rows(n_steps=6, world=1) + [{"step": 1, "rank": 1, "loss": {"total": 99.0}}]
+    frame = metrics_frame(rows)
+    assert len(frame) == 6 and list(frame["stage"].unique()) == ["pretrain", "finetune"]  # rank 1 left out
+    assert is_png(plot_training(frame, tmp_path / "t.png", "toy"))
+    (fig,) = figures
+    assert_labelled(fig)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert titles[:3] == ["total", "rna_nll", "align"] and titles[-1].startswith("throughput")
+    with pytest.raises(InputError, match="no metrics rows"):
+        metrics_frame([])
+
+
+def test_summary_files_and_text(tmp_path, figures):
+    plan = diagnose(PROFILE, 2, 2**30, 0.9)
+    cfgs = {}
+    for name, score in (("500kb_s10", {"ari": 0.9, "nmi": 0.8, "foscttm": 0.1}), ("250kb_s12", {"ari": None, "nmi": None, "foscttm": 0.4})):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "plan.json").write_text(json.dumps(plan))
+        (d / "scores.json").write_text(json.dumps(score))
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(world=2)))
+        cfgs[name] = {"plan": d / "plan.json", "scores": d / "scores.json", "metrics": d / "metrics.jsonl"}
+    paths = summary_report(cfgs, tmp_path / "out", dataset="toy")
+    table = pd.read_csv(paths["tsv"], sep="\t")
+    assert list(table["configuration"]) == ["500kb_s10", "250kb_s12"]
+    assert table.loc[0, "measured_peak_bytes"] == 303 and table.loc[0, "processes"] == 2
+    text = paths["txt"].read_text().splitlines()
+    assert text[0].split()[:6] == ["configuration", "ARI", "NMI", "FOSCTTM", "strategies", "mesh"]
+    assert text[2].split()[:4] == ["500kb_s10", "0.900", "0.800", "0.100"] and text[3].split()[1] == "-"
+    assert all(ln == ln.rstrip() for ln in text)
+    assert "Summary of 2 configuration(s)" in paths["html"].read_text()
+    assert_labelled(figures[-1])
+    assert text_table(table) == paths["txt"].read_text()
+
+
+def test_umap_figure_panels_and_labels(tmp_path, figures):
+    import anndata as ad
+
+    from ampflow.train.evaluate import plot_umap
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 5, (3, 4))
+    types = np.repeat([0, 1, 2], 12)
+    a = ad.AnnData(obs=pd.DataFrame({"cell_type": [f"t{t}" for t in types]}, index=[f"c{i}" for i in range(36)]))
+    a.obsm["X_rna"] = (centres[types] + rng.normal(0, 0.3, (36, 4))).astype(np.float32)
+    a.obsm["X_hic"] = (centres[types] + rng.normal(0, 0.3, (36, 4))).astype(np.float32)
+    a.obsm["X_joint"] = (a.obsm["X_rna"] + a.obsm["X_hic"]) / 2
+    assert is_png(plot_umap(a, tmp_path / "umap.png", seed=0))
+    (fig,) = figures
+    assert_labelled(fig)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[0].startswith("Joint latent X_joint by cell type") and titles[2].startswith("RNA and Hi-C latents by modality")
+
+
+# ---------------------------------------------------------------- extraction telemetry
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_extraction_progress_and_throughput(tmp_path, figures):
+    t0 = 1_732_170_000.0
+    p = write_jsonl(tmp_path / "progress.jsonl", [{"time": t0 + 10 * i, "sequences": 100 * i * i, "total": 5000, "eta_s": 1} for i in range(6)])
+    frame = ex.read_progress(p)
+    assert list(frame["time_s"]) == [0, 10, 20, 30, 40, 50] and frame["sequences"].iloc[-1] == 2500
+    assert is_png(ex.plot_throughput(frame, tmp_path / "tp.png"))
+    assert_labelled(figures[-1])
+    rate = figures[-1].axes[0].get_lines()[0].get_ydata()
+    assert list(rate) == [10, 30, 50, 70, 90]  # sequences/s between rows: 100 (2i + 1) / 10
+    with pytest.raises(InputError, match="'time' and 'sequences'"):
+        ex.read_progress(write_jsonl(tmp_path / "bad.jsonl", [{"time": 1}]))
+
+
+def test_extraction_gpu_samples_both_layouts(tmp_path, figures):
+    flat = [{"time": 100.0 + s, "gpu": g, "utilization": 50 + g, "memory_used": (g + 1) * 2**30, "memory_total": 80 * 2**30}
+            for s in range(5) for g in range(2)]  # fmt: skip
+    nested = [{"time": 100.0 + s, "gpus": [{"index": g, "utilization": 50 + g, "memory_used": (g + 1) * 2**30, "memory_total": 80 * 2**30} for g in range(2)]}
+              for s in range(5)]  # fmt: skip
+    a = ex.read_gpu_samples(write_jsonl(tmp_path / "flat.jsonl", flat))
+    b = ex.read_gpu_samples(write_jsonl(tmp_path / "nested.jsonl", nested))
+    pd.testing.assert_frame_equal(a, b)
+    assert list(a.columns) == ["time_s", "gpu", "utilization_pct", "memory_used_bytes", "memory_total_bytes"]
+    assert a["time_s"].min() == 0 and sorted(a["gpu"].unique()) == [0, 1]
+    assert is_png(ex.plot_gpu_timelines(a, tmp_path / "gpus.png", "toy: "))
+    assert_labelled(figures[-1])
+    assert "2 GPU(s), 10 samples" in figures[-1]._suptitle.get_text()
+    with pytest.raises(InputError, match="'utilization' and 'memory_used'"):
+        ex.read_gpu_samples(write_jsonl(tmp_path / "bad.jsonl", [{"time": 1, "gpu": 0}]))
+
+
+def test_extraction_records_tsv_and_jsonl(tmp_path):
+    rows = [
+        {"input": "a.fa", "record": 17, "id": "P1", "action": "truncated", "reason": "longer than 1022 residues", "length": 2301, "kept": 1022},
+        {"input": "a.fa", "record": 18, "id": "Q0", "action": "skipped", "reason": "empty sequence", "length": 0, "kept": ""},
+        {"input": "a.fa", "record": 30, "id": "P1", "action": "skipped", "reason": "duplicate id", "length": 90, "kept": ""},
+    ]
+    tsv = tmp_path / "records.tsv"
+    pd.DataFrame(rows).to_csv(tsv, sep="\t", index=False)
+    jsl = write_jsonl(tmp_path / "records.jsonl", rows)
+    for path in (tsv, jsl):
+        recs = ex.read_records(path)
+        page = ex.records_page(recs, tmp_path / "r.html", processed=300).read_text()
+        assert "2 record(s) skipped, 1 truncated, of 300 in the input." in page
+        assert "<td>longer than 1022 residues</td>" in page and "<td>duplicate id</td>" in page
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("id\taction\treason\n")
+    assert "No record was skipped or truncated" in ex.records_page(ex.read_records(empty), tmp_path / "e.html").read_text()
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("id\tnote\nx\ty\n")
+    with pytest.raises(InputError, match="lacks columns"):
+        ex.read_records(bad)
+
+
+def test_report_extraction_cli(tmp_path):
+    prog = write_jsonl(tmp_path / "p.jsonl", [{"time": i, "sequences": 10 * i, "total": 50} for i in range(6)])
+    tel = write_jsonl(tmp_path / "t.jsonl", [{"time": i, "gpu": 0, "utilization": 90, "memory_used": 2**30} for i in range(6)])
+    recs = tmp_path / "r.tsv"
+    recs.write_text("id\taction\treason\nx\tskipped\tempty sequence\n")
+    out = tmp_path / "out"
+    assert main(["report-extraction", "--progress", str(prog), "--telemetry", str(tel), "--records", str(recs), "--out-dir", str(out), "--name", "toy"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["gpus.png", "records.html", "throughput.png"]
+    assert "of 50 in the input" in (out / "records.html").read_text()
+    assert main(["report-extraction", "--out-dir", str(out)]) == 2
+
+
+# ---------------------------------------------------------------- the demo's report in a browser
+def report_results(report_html: Path) -> dict:
+    """The report's ``results`` table (path -> caption, mime type, labels...)."""
+    m = re.search(r"var results = (\{.*?\});\n", report_html.read_text(encoding="utf-8"), re.S)
+    assert m, "no results table in report.html"
+    return json.loads(m.group(1))
+
+
+@pytest.mark.slow
+def test_demo_report_every_result_has_a_caption(readme_run, tmp_path):
+    dest, proc, _ = readme_run
+    assert proc.returncode == 0, "the README commands (make demo) failed; see test_readme"
+    with zipfile.ZipFile(dest / "results/demo/report.zip") as z:
+        z.extractall(tmp_path)
+    results = report_results(tmp_path / "report" / "report.html")
+    names = sorted(Path(k).name for k in results)
+    expected = ["contacts.png", "distance_decay.png", "failed_cells.html", "rna.png", "scores.png", "summary.html"]
+    expected += ["memory.png", "plan.html", "training.png", "umap.png"] * 2
+    assert names == sorted(expected)
+    for path, r in results.items():
+        assert len(re.sub(r"<[^>]+>", "", r["caption"]).split()) >= 20, f"{path}: caption too short"
+        assert (tmp_path / "report" / r["data_uri"]).is_file(), path
+    memory = next(r for k, r in results.items() if k.endswith("500kb_s10/memory.png"))
+    assert "500kb_s10" in memory["caption"] and "predicted" in memory["caption"]
+
+
+@pytest.mark.slow
+def test_demo_report_screenshots(readme_run, tmp_path):
+    """The report's main page and one figure page in headless Chromium. Screenshots go to
+    $AMPFLOW_REPORT_SHOTS when set (to look at them), else to the test's temp folder."""
+    from PIL import Image
+
+    from report_shots import install_chromium, report_screenshots
+
+    dest, proc, _ = readme_run
+    assert proc.returncode == 0, "the README commands (make demo) failed; see test_readme"
+    browser = install_chromium()
+    if browser is None:
+        pytest.skip("no headless Chromium: `apt-get install -y chromium` was not possible here (needs root and apt)")
+    out = Path(os.environ.get("AMPFLOW_REPORT_SHOTS") or tmp_path / "shots")
+    shots = report_screenshots(dest / "results/demo/report.zip", out, results=("500kb_s10/memory.png", "qc/distance_decay.png", "250kb_s12/plan.html"))
+    for name, path in shots.items():
+        img = np.asarray(Image.open(path).convert("L"), dtype=float)
+        assert img.shape == (1000, 1400), name
+        # not a blank page: dark text and figure lines on a light background
+        assert img.std() > 20 and (img < 100).mean() > 0.005, f"{name} looks blank: {path}"
+    # the figure page shows the figure (a large light area right of the side panel) and its caption (the side panel is dark)
+    fig = np.asarray(Image.open(shots["500kb_s10/memory.png"]).convert("L"), dtype=float)
+    assert fig[:, 500:].mean() > 200 and fig[100:600, 20:380].mean() < 150
