@@ -4,6 +4,7 @@ figure, and (slow) the demo's Snakemake report opened in headless Chromium."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import zipfile
@@ -275,7 +276,7 @@ def write_jsonl(path, rows):
     return path
 
 
-def test_extraction_progress_and_throughput(tmp_path, figures):
+def test_extraction_progress_from_jsonl_and_throughput(tmp_path, figures):
     t0 = 1_732_170_000.0
     p = write_jsonl(tmp_path / "progress.jsonl", [{"time": t0 + 10 * i, "sequences": 100 * i * i, "total": 5000, "eta_s": 1} for i in range(6)])
     frame = ex.read_progress(p)
@@ -288,40 +289,89 @@ def test_extraction_progress_and_throughput(tmp_path, figures):
         ex.read_progress(write_jsonl(tmp_path / "bad.jsonl", [{"time": 1}]))
 
 
-def test_extraction_gpu_samples_both_layouts(tmp_path, figures):
-    flat = [{"time": 100.0 + s, "gpu": g, "utilization": 50 + g, "memory_used": (g + 1) * 2**30, "memory_total": 80 * 2**30}
-            for s in range(5) for g in range(2)]  # fmt: skip
-    nested = [{"time": 100.0 + s, "gpus": [{"index": g, "utilization": 50 + g, "memory_used": (g + 1) * 2**30, "memory_total": 80 * 2**30} for g in range(2)]}
-              for s in range(5)]  # fmt: skip
-    a = ex.read_gpu_samples(write_jsonl(tmp_path / "flat.jsonl", flat))
-    b = ex.read_gpu_samples(write_jsonl(tmp_path / "nested.jsonl", nested))
-    pd.testing.assert_frame_equal(a, b)
+def test_extraction_progress_from_the_job_log(tmp_path):
+    """The progress lines ampflow.progress.Progress writes into the extract rule's log."""
+    from ampflow.progress import Progress
+
+    class Capture(logging.Handler):
+        lines: list[str] = []
+
+        def emit(self, record):
+            self.lines.append(self.format(record))
+
+    logger = logging.getLogger("test.extract.progress")
+    handler = Capture()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))  # the CLI's format
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    progress = Progress(300, "sequences", logger, every=0.0)
+    for _ in range(3):
+        progress.update(100)
+    logger.removeHandler(handler)
+    text = "\n".join(["2026-11-21 03:22:59,000 INFO ampflow.extract.run: proteins.fa with esm: 0 chunk(s) skipped (done)", *handler.lines, ""])
+    path = tmp_path / "extract.proteins.esm.log"
+    path.write_text(text)
+    frame = ex.read_progress(path)
+    assert list(frame["sequences"]) == [100, 200, 300] and set(frame["total"]) == {300}
+    assert frame["time_s"].iloc[0] == 0 and (frame["time_s"].diff().dropna() >= 0).all()
+    # hand-written lines: times to the millisecond
+    path.write_text("2026-11-21 10:00:00,250 INFO x: done 10/40 sequences (25.0%), 1.0 sequences/s, ETA 30s\n"
+                    "2026-11-21 10:00:10,750 INFO x: done 40/40 sequences (100.0%), 3.8 sequences/s, ETA 0s\n")  # fmt: skip
+    frame = ex.read_progress(path)
+    assert list(frame["time_s"]) == [0.0, 10.5] and list(frame["sequences"]) == [10, 40]
+    path.write_text("no progress here\n")
+    with pytest.raises(InputError, match="no progress lines"):
+        ex.read_progress(path)
+
+
+def telemetry_rows(n_samples=5, gpus=("0", "1")):
+    """What ampflow.extract.telemetry.GpuSampler writes: one line per GPU and sample."""
+    return [{"run": "r1", "time": 100.0 + 5 * s, "elapsed": 5.0 * s, "gpu": g, "name": "GPU model", "utilization_gpu": 50 + i,
+             "utilization_memory": 10, "memory_used": (i + 1) * 2**30, "memory_total": 80 * 2**30}
+            for s in range(n_samples) for i, g in enumerate(gpus)]  # fmt: skip
+
+
+def test_extraction_gpu_samples(tmp_path, figures):
+    a = ex.read_gpu_samples(write_jsonl(tmp_path / "t.jsonl", telemetry_rows()))
     assert list(a.columns) == ["time_s", "gpu", "utilization_pct", "memory_used_bytes", "memory_total_bytes"]
-    assert a["time_s"].min() == 0 and sorted(a["gpu"].unique()) == [0, 1]
+    assert a["time_s"].min() == 0 and a["time_s"].max() == 20 and sorted(a["gpu"].unique()) == ["0", "1"]
+    assert list(a.loc[a["gpu"] == "1", "utilization_pct"].unique()) == [51]
     assert is_png(ex.plot_gpu_timelines(a, tmp_path / "gpus.png", "toy: "))
     assert_labelled(figures[-1])
     assert "2 GPU(s), 10 samples" in figures[-1]._suptitle.get_text()
-    with pytest.raises(InputError, match="'utilization' and 'memory_used'"):
-        ex.read_gpu_samples(write_jsonl(tmp_path / "bad.jsonl", [{"time": 1, "gpu": 0}]))
+    # 'utilization' is read as well; a note line is a note, not a sample
+    rows = [{"time": 1.0, "gpu": 0, "utilization": 70, "memory_used": 5}, {"run": "r2", "time": 2.0, "note": "no NVML"}]
+    b = ex.read_gpu_samples(write_jsonl(tmp_path / "b.jsonl", rows))
+    assert len(b) == 1 and b["utilization_pct"].iloc[0] == 70 and b.attrs["notes"] == ["no NVML"]
+    # CPU workers: only a note; the figure says so
+    c = ex.read_gpu_samples(write_jsonl(tmp_path / "c.jsonl", [{"run": "r", "time": 1.0, "note": "no GPU: CPU workers"}]))
+    assert c.empty and is_png(ex.plot_gpu_timelines(c, tmp_path / "none.png"))
+    texts = [t.get_text() for t in figures[-1].axes[0].texts]
+    assert any("no GPU samples: no GPU: CPU workers" in t for t in texts)
+    with pytest.raises(InputError, match="'utilization_gpu' and 'memory_used'"):
+        ex.read_gpu_samples(write_jsonl(tmp_path / "bad.jsonl", [{"time": 1, "gpu": "0"}]))
 
 
-def test_extraction_records_tsv_and_jsonl(tmp_path):
-    rows = [
-        {"input": "a.fa", "record": 17, "id": "P1", "action": "truncated", "reason": "longer than 1022 residues", "length": 2301, "kept": 1022},
-        {"input": "a.fa", "record": 18, "id": "Q0", "action": "skipped", "reason": "empty sequence", "length": 0, "kept": ""},
-        {"input": "a.fa", "record": 30, "id": "P1", "action": "skipped", "reason": "duplicate id", "length": 90, "kept": ""},
-    ]
-    tsv = tmp_path / "records.tsv"
-    pd.DataFrame(rows).to_csv(tsv, sep="\t", index=False)
-    jsl = write_jsonl(tmp_path / "records.jsonl", rows)
-    for path in (tsv, jsl):
-        recs = ex.read_records(path)
-        page = ex.records_page(recs, tmp_path / "r.html", processed=300).read_text()
-        assert "2 record(s) skipped, 1 truncated, of 300 in the input." in page
-        assert "<td>longer than 1022 residues</td>" in page and "<td>duplicate id</td>" in page
+RECORDS = "record\tline\tid\tlength\tproblem\taction\tdetail\n" \
+          "17\t233\tP1\t2301\ttoo long\ttruncated\tkept the first 1022 residues\n" \
+          "18\t240\tQ0\t0\tempty sequence\tskipped\t\n" \
+          "30\t300\tP1\t90\tduplicate id\trenamed\tnow P1_2\n" \
+          "31\t301\tP9\t80\tempty sequence\tskipped\t\n"  # fmt: skip
+
+
+def test_extraction_records(tmp_path):
+    tsv = tmp_path / "proteins.esm.report.tsv"
+    tsv.write_text(RECORDS)
+    recs = ex.read_records(tsv)
+    page = ex.records_page(recs, tmp_path / "r.html").read_text()
+    assert "1 record(s) renamed, 2 record(s) skipped, 1 record(s) truncated." in page
+    assert "<td>empty sequence</td><td class=\"num\">2</td>" in page.replace("<td>skipped</td>", "")
+    assert "<td>kept the first 1022 residues</td>" in page and page.count('class="bad"') == 2
+    jsl = write_jsonl(tmp_path / "r.jsonl", recs.to_dict("records"))
+    assert ex.read_records(jsl).equals(recs)
     empty = tmp_path / "empty.tsv"
-    empty.write_text("id\taction\treason\n")
-    assert "No record was skipped or truncated" in ex.records_page(ex.read_records(empty), tmp_path / "e.html").read_text()
+    empty.write_text("record\tline\tid\tlength\tproblem\taction\tdetail\n")
+    assert "No record was skipped, truncated or changed" in ex.records_page(ex.read_records(empty), tmp_path / "e.html").read_text()
     bad = tmp_path / "bad.tsv"
     bad.write_text("id\tnote\nx\ty\n")
     with pytest.raises(InputError, match="lacks columns"):
@@ -329,14 +379,14 @@ def test_extraction_records_tsv_and_jsonl(tmp_path):
 
 
 def test_report_extraction_cli(tmp_path):
-    prog = write_jsonl(tmp_path / "p.jsonl", [{"time": i, "sequences": 10 * i, "total": 50} for i in range(6)])
-    tel = write_jsonl(tmp_path / "t.jsonl", [{"time": i, "gpu": 0, "utilization": 90, "memory_used": 2**30} for i in range(6)])
+    logfile = tmp_path / "extract.log"
+    logfile.write_text("".join(f"2026-11-21 10:00:{10 * i:02d},000 INFO ampflow.extract.run: done {10 * i}/50 sequences (x%), 1.0 sequences/s, ETA 1s\n" for i in range(1, 6)))
+    tel = write_jsonl(tmp_path / "t.jsonl", telemetry_rows(gpus=("0",)))
     recs = tmp_path / "r.tsv"
-    recs.write_text("id\taction\treason\nx\tskipped\tempty sequence\n")
+    recs.write_text(RECORDS)
     out = tmp_path / "out"
-    assert main(["report-extraction", "--progress", str(prog), "--telemetry", str(tel), "--records", str(recs), "--out-dir", str(out), "--name", "toy"]) == 0
+    assert main(["report-extraction", "--progress", str(logfile), "--telemetry", str(tel), "--records", str(recs), "--out-dir", str(out), "--name", "toy"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["gpus.png", "records.html", "throughput.png"]
-    assert "of 50 in the input" in (out / "records.html").read_text()
     assert main(["report-extraction", "--out-dir", str(out)]) == 2
 
 

@@ -675,9 +675,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_report_summary)
 
     s = sub.add_parser("report-extraction", help="extraction throughput, GPU timelines and skipped/truncated records")
-    s.add_argument("--progress", default=None, help="progress JSONL (time, sequences, total)")
-    s.add_argument("--telemetry", default=None, help="GPU telemetry JSONL (time, gpu, utilization, memory_used)")
-    s.add_argument("--records", default=None, help="skipped/truncated records TSV or JSONL")
+    s.add_argument("--progress", default=None, help="the extraction job's log (its 'done X/Y sequences' lines), or a progress JSONL")
+    s.add_argument("--telemetry", default=None, help="{name}.{model}.telemetry.jsonl (NVML samples per GPU)")
+    s.add_argument("--records", default=None, help="{name}.{model}.report.tsv (records skipped, truncated or changed)")
     s.add_argument("--out-dir", required=True)
     s.add_argument("--name", default="")
     s.set_defaults(func=cmd_report_extraction)

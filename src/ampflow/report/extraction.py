@@ -1,42 +1,45 @@
 """Figures and a page for the FASTA feature extraction: throughput, GPU timelines, bad records.
 
-Input formats (one extraction job = one input FASTA and one model):
+One extraction job (one input FASTA, one model; rule ``extract``) leaves three things
+these functions read:
 
-**Progress** (JSON lines, one object per line, written as chunks finish)::
+**The job's log** (``logs/{dataset}/extract.{name}.{model}.log``): the progress lines of
+:class:`~ampflow.progress.Progress`, with the time of each in front::
 
-    {"time": 1732170000.0, "sequences": 20000, "total": 1000000}
+    2026-11-21 03:23:00,733 INFO ampflow.extract.run: done 20000/45000 sequences (44.4%), 35.2 sequences/s, ETA 710s
 
-``time``: seconds (Unix time or any fixed origin; plotted from the first row);
-``sequences``: sequences embedded so far, cumulative; ``total``: sequences in the
-input (optional). Other keys (``rate``, ``eta_s``, ``chunks``...) are ignored: the
-rate is recomputed from consecutive rows.
+``done X/Y``: sequences embedded so far in this run, of the ``Y`` it has to compute
+(chunks finished by an earlier run are not counted). A JSON-lines file of
+``{"time": seconds, "sequences": cumulative, "total": optional}`` objects is read too
+(by its ``.jsonl`` or ``.json`` suffix).
 
-**GPU telemetry** (JSON lines from the NVML sampler thread), either one object per GPU
-and sample::
+**GPU telemetry** (``results/{dataset}/extract/{name}.{model}.telemetry.jsonl``), one
+JSON object per GPU and sample, appended by the NVML sampler thread::
 
-    {"time": 1732170000.5, "gpu": 0, "utilization": 87, "memory_used": 12884901888, "memory_total": 85899345920}
+    {"run": "...", "time": 1732170000.5, "elapsed": 5.0, "gpu": "0", "name": "NVIDIA H100",
+     "utilization_gpu": 87, "utilization_memory": 40, "memory_used": 12884901888, "memory_total": 85899345920}
 
-or one object per sample holding every GPU::
+``gpu`` is the worker's ``CUDA_VISIBLE_DEVICES`` entry; ``utilization_gpu`` is NVML's
+utilisation in percent (``utilization`` is accepted too); memory in bytes
+(``memory_total`` optional). A line with a ``note`` and no ``gpu`` says why nothing was
+sampled (no GPU, no NVML): it is kept as a note, not as a sample.
 
-    {"time": 1732170000.5, "gpus": [{"index": 0, "utilization": 87, "memory_used": ..., "memory_total": ...}, ...]}
+**Problem records** (``results/{dataset}/extract/{name}.{model}.report.tsv``), one row
+per record something was done to, with a header::
 
-``utilization`` in percent (0-100, NVML's ``gpu`` utilisation rate); ``memory_used`` and
-``memory_total`` in bytes (``memory_total`` optional).
+    record  line  id      length  problem          action     detail
+    17      233   P12345  2301    too long         truncated  kept the first 1022 residues
+    18      240   Q0      0       empty sequence   skipped
 
-**Skipped and truncated records** (TSV with a header, or JSON lines), one row per record::
-
-    input   record  id      action     reason                      length  kept
-    a.fa    17      P12345  truncated  longer than 1022 residues   2301    1022
-    a.fa    18      Q0      skipped    empty sequence              0
-
-Required: ``id``, ``action`` (``skipped`` or ``truncated``) and ``reason``; optional:
-``input``, ``record`` (1-based position in the input), ``length`` and ``kept``
-(residues or bases before and after truncation).
+Required: ``id``, ``problem`` and ``action`` (``skipped``, ``truncated``, ``replaced``,
+``renamed``, ``kept``); the other columns are shown when present.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -47,7 +50,8 @@ from .common import GIB, colour, html_table, new_figure, note, read_jsonl, save_
 
 log = logging.getLogger(__name__)
 
-RECORD_COLUMNS = ("id", "action", "reason")
+RECORD_COLUMNS = ("id", "problem", "action")
+_PROGRESS = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3}) .*?\bdone (\d+)/(\d+) sequences\b")
 
 
 # ---------------------------------------------------------------- reading
@@ -60,50 +64,60 @@ def _time_unit(seconds: float) -> tuple[float, str]:
     return 1.0, "s"
 
 
+def _progress_rows(path: Path) -> list[tuple[float, float, float]]:
+    """``(time, sequences, total)`` from a JSON-lines file or from a log's progress lines."""
+    if path.suffix in (".jsonl", ".json"):
+        rows = read_jsonl(path, "progress file")
+        for n, r in enumerate(rows, 1):
+            if "time" not in r or "sequences" not in r:
+                raise InputError("progress row needs 'time' and 'sequences'", path=path, line=n)
+        return [(float(r["time"]), float(r["sequences"]), float(r["total"]) if r.get("total") is not None else np.nan) for r in rows]
+    out = []
+    with open(path, errors="replace") as fh:
+        for line in fh:
+            m = _PROGRESS.match(line)
+            if m:
+                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
+                out.append((t, float(m.group(3)), float(m.group(4))))
+    return out
+
+
 def read_progress(path) -> pd.DataFrame:
-    """Progress rows as ``time_s`` (from the first row), ``sequences`` (cumulative) and
-    ``total`` (NaN when not given), sorted by time."""
-    rows = read_jsonl(path, "progress file")
-    for n, r in enumerate(rows, 1):
-        if "time" not in r or "sequences" not in r:
-            raise InputError("progress row needs 'time' and 'sequences'", path=path, line=n)
+    """Progress as ``time_s`` (from the first row), ``sequences`` (cumulative) and
+    ``total`` (NaN when not given), sorted by time; from the job's log or a JSON-lines file."""
+    path = require_file(path, "progress file")
+    rows = _progress_rows(path)
     if not rows:
-        raise InputError("no progress rows", path=path)
-    frame = pd.DataFrame(
-        {
-            "time_s": [float(r["time"]) for r in rows],
-            "sequences": [float(r["sequences"]) for r in rows],
-            "total": [float(r["total"]) if r.get("total") is not None else np.nan for r in rows],
-        }
-    ).sort_values("time_s", kind="stable")
+        raise InputError("no progress lines ('done X/Y sequences') in the file", path=path)
+    frame = pd.DataFrame(rows, columns=["time_s", "sequences", "total"]).sort_values("time_s", kind="stable")
     frame["time_s"] -= frame["time_s"].iloc[0]
     return frame.reset_index(drop=True)
 
 
 def read_gpu_samples(path) -> pd.DataFrame:
-    """Telemetry rows (either layout) as ``time_s`` (from the first sample), ``gpu``,
-    ``utilization_pct``, ``memory_used_bytes`` and ``memory_total_bytes`` (NaN if absent)."""
-    out = []
+    """Telemetry samples as ``time_s`` (from the first sample), ``gpu`` (label, text),
+    ``utilization_pct``, ``memory_used_bytes`` and ``memory_total_bytes`` (NaN if absent).
+    Lines with a ``note`` are not samples: their notes are in ``frame.attrs["notes"]``."""
+    out, notes = [], []
     for n, r in enumerate(read_jsonl(path, "GPU telemetry file"), 1):
-        if "time" not in r:
-            raise InputError("telemetry row needs 'time'", path=path, line=n)
-        gpus = r["gpus"] if "gpus" in r else [r]
-        for g in gpus:
-            idx = g.get("gpu", g.get("index"))
-            if idx is None or "utilization" not in g or "memory_used" not in g:
-                raise InputError("telemetry sample needs 'gpu' (or 'index'), 'utilization' and 'memory_used'", path=path, line=n)
-            out.append((float(r["time"]), int(idx), float(g["utilization"]), float(g["memory_used"]),
-                        float(g["memory_total"]) if g.get("memory_total") is not None else np.nan))  # fmt: skip
-    if not out:
-        raise InputError("no telemetry samples", path=path)
+        if "gpu" not in r and "note" in r:
+            notes.append(str(r["note"]))
+            continue
+        util = r.get("utilization_gpu", r.get("utilization"))
+        if "time" not in r or "gpu" not in r or util is None or "memory_used" not in r:
+            raise InputError("telemetry sample needs 'time', 'gpu', 'utilization_gpu' and 'memory_used'", path=path, line=n)
+        total = float(r["memory_total"]) if r.get("memory_total") is not None else np.nan
+        out.append((float(r["time"]), str(r["gpu"]), float(util), float(r["memory_used"]), total))
     frame = pd.DataFrame(out, columns=["time_s", "gpu", "utilization_pct", "memory_used_bytes", "memory_total_bytes"])
-    frame = frame.sort_values(["time_s", "gpu"], kind="stable")
-    frame["time_s"] -= frame["time_s"].min()
-    return frame.reset_index(drop=True)
+    frame = frame.sort_values(["time_s", "gpu"], kind="stable").reset_index(drop=True)
+    if len(frame):
+        frame["time_s"] -= frame["time_s"].min()
+    frame.attrs["notes"] = notes
+    return frame
 
 
 def read_records(path) -> pd.DataFrame:
-    """The skipped/truncated records report (TSV, or JSON lines for ``.jsonl``/``.json``)."""
+    """The problem records report (TSV with a header, or JSON lines for ``.jsonl``/``.json``)."""
     path = require_file(path, "records report")
     if path.suffix in (".jsonl", ".json"):
         frame = pd.DataFrame(read_jsonl(path, "records report"))
@@ -129,7 +143,8 @@ def plot_throughput(progress: pd.DataFrame, path, title: str = "") -> Path:
     if len(t) >= 2:
         dt, dn = np.diff(t), np.diff(done)
         ok = dt > 0
-        rate = dn[ok] / dt[ok]
+        # a worker that dies has its chunk's partial count taken back: no negative rates
+        rate = np.clip(dn[ok] / dt[ok], 0, None)
         mid = ((t[1:] + t[:-1]) / 2)[ok]
         ax_rate.step(mid / div, rate, where="mid", color=colour(0), linewidth=1.5, label="between progress rows")
         mean = (done[-1] - done[0]) / (t[-1] - t[0]) if t[-1] > t[0] else np.nan
@@ -147,7 +162,7 @@ def plot_throughput(progress: pd.DataFrame, path, title: str = "") -> Path:
     ax_done.plot(t / div, done, color=colour(2), linewidth=2, marker="o", markersize=3, label="embedded")
     total = progress["total"].dropna()
     if len(total):
-        ax_done.axhline(total.iloc[-1], color="#444444", linestyle=":", linewidth=1.2, label=f"input: {total.iloc[-1]:,.0f} sequences")
+        ax_done.axhline(total.iloc[-1], color="#444444", linestyle=":", linewidth=1.2, label=f"to compute: {total.iloc[-1]:,.0f} sequences")
     ax_done.set_xlabel(f"time since start ({unit})")
     ax_done.set_ylabel("sequences embedded (count, cumulative)")
     ax_done.set_ylim(bottom=0)
@@ -164,8 +179,8 @@ def plot_gpu_timelines(samples: pd.DataFrame, path, title: str = "") -> Path:
     fig, axes = new_figure(2, 1, size=(12, 7), sharex=True)
     ax_u, ax_m = axes[:, 0]
     div, unit = _time_unit(float(samples["time_s"].max()) if len(samples) else 0.0)
-    for gpu, g in samples.groupby("gpu", sort=True):
-        c = colour(int(gpu))
+    for i, (gpu, g) in enumerate(samples.groupby("gpu", sort=True)):
+        c = colour(i)
         mean = g["utilization_pct"].mean()
         ax_u.plot(g["time_s"] / div, g["utilization_pct"], color=c, linewidth=1.3, label=f"GPU {gpu} (mean {mean:.0f}%)")
         ax_m.plot(g["time_s"] / div, g["memory_used_bytes"] / GIB, color=c, linewidth=1.3,
@@ -186,31 +201,30 @@ def plot_gpu_timelines(samples: pd.DataFrame, path, title: str = "") -> Path:
         if len(samples):
             ax.legend(frameon=False, fontsize=9, loc="lower right", ncols=2)
     if not len(samples):
-        note(ax_u, "no telemetry samples")
+        notes = samples.attrs.get("notes") or []
+        for ax in (ax_u, ax_m):
+            note(ax, "no GPU samples" + (f": {notes[-1]}" if notes else ""))
     n_gpus = samples["gpu"].nunique()
     fig.suptitle(f"{title}GPU telemetry, {n_gpus} GPU(s), {len(samples)} samples")
     return save_png(fig, path)
 
 
-def records_page(records: pd.DataFrame, path, title: str = "", processed: int | None = None) -> Path:
-    """An HTML page: counts per action and reason, then every skipped or truncated record."""
+def records_page(records: pd.DataFrame, path, title: str = "") -> Path:
+    """An HTML page: counts per action and problem, then every record something was done to."""
     counts = (
-        records.groupby(["action", "reason"], sort=True).size().reset_index(name="records").sort_values("records", ascending=False)
+        records.groupby(["action", "problem"], sort=True).size().reset_index(name="records").sort_values("records", ascending=False, kind="stable")
         if len(records)
-        else pd.DataFrame(columns=["action", "reason", "records"])
+        else pd.DataFrame(columns=["action", "problem", "records"])
     )
-    order = [c for c in ("input", "record", "id", "action", "reason", "length", "kept") if c in records.columns]
+    order = [c for c in ("record", "line", "id", "length", "problem", "action", "detail") if c in records.columns]
     order += [c for c in records.columns if c not in order]
-    n_skip = int((records["action"] == "skipped").sum()) if len(records) else 0
-    n_trunc = int((records["action"] == "truncated").sum()) if len(records) else 0
-    lead = f"{n_skip} record(s) skipped, {n_trunc} truncated"
-    if processed is not None:
-        lead += f", of {processed:,} in the input"
-    parts = ["<h2>By reason</h2>", html_table(counts, numeric=["records"]) if len(counts) else "<p>No record was skipped or truncated.</p>"]
+    by_action = records["action"].value_counts() if len(records) else pd.Series(dtype=int)
+    lead = ", ".join(f"{n} record(s) {a}" for a, n in sorted(by_action.items())) or "No record needed attention"
+    parts = ["<h2>By problem</h2>", html_table(counts, numeric=["records"]) if len(counts) else "<p>No record was skipped, truncated or changed.</p>"]
     if len(records):
-        parts += ["<h2>Records</h2>", html_table(records[order], numeric=[c for c in ("record", "length", "kept") if c in order],
+        parts += ["<h2>Records</h2>", html_table(records[order], numeric=[c for c in ("record", "line", "length") if c in order],
                                                   row_class=lambda r: "bad" if r["action"] == "skipped" else "")]  # fmt: skip
-    return write_html(path, f"{title}Skipped and truncated records", parts, lead=lead + ".")
+    return write_html(path, f"{title}Skipped, truncated and changed records", parts, lead=lead + ".")
 
 
 def extraction_report(out_dir, progress=None, telemetry=None, records=None, name: str = "") -> dict[str, Path]:
@@ -218,15 +232,12 @@ def extraction_report(out_dir, progress=None, telemetry=None, records=None, name
     out = Path(out_dir)
     prefix = f"{name}: " if name else ""
     paths: dict[str, Path] = {}
-    done = None
     if progress is not None:
-        frame = read_progress(progress)
-        done = int(frame["total"].dropna().iloc[-1]) if frame["total"].notna().any() else None
-        paths["throughput"] = plot_throughput(frame, out / "throughput.png", prefix)
+        paths["throughput"] = plot_throughput(read_progress(progress), out / "throughput.png", prefix)
     if telemetry is not None:
         paths["gpus"] = plot_gpu_timelines(read_gpu_samples(telemetry), out / "gpus.png", prefix)
     if records is not None:
-        paths["records"] = records_page(read_records(records), out / "records.html", prefix, processed=done)
+        paths["records"] = records_page(read_records(records), out / "records.html", prefix)
     log.info("extraction report: %s", {k: str(v) for k, v in paths.items()})
     return paths
 
