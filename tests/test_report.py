@@ -439,3 +439,16 @@ def test_demo_report_screenshots(readme_run, tmp_path):
     # the figure page shows the figure (a large light area right of the side panel) and its caption (the side panel is dark)
     fig = np.asarray(Image.open(shots["500kb_s10/memory.png"]).convert("L"), dtype=float)
     assert fig[:, 500:].mean() > 200 and fig[100:600, 20:380].mean() < 150
+
+
+def test_measured_memory_reads_every_rank_of_a_sharded_run():
+    from ampflow.report.plan import measured_memory
+
+    rows = [
+        {"step": 1, "peak_bytes": 90, "stratum_bytes": [10, 20], "rank_peak_bytes": [90, 80], "rank_stratum_bytes": [[10, 20], [9, 18]]},
+        {"step": 2, "peak_bytes": 95, "stratum_bytes": [11, 19], "rank_peak_bytes": [95, 70], "rank_stratum_bytes": [[11, 19], [8, 21]]},
+    ]
+    m = measured_memory(rows)
+    assert m.world == 2 and m.steps == 2
+    assert m.peak == {0: 95, 1: 80}
+    assert m.strata[0].tolist() == [11, 20] and m.strata[1].tolist() == [9, 21]

@@ -146,3 +146,41 @@ rule report_summary:
         "ampflow report-summary --names {params.names} --plans {input.plans}"
         " --scores {input.scores} --metrics {input.metrics} --out-dir {params.out}"
         " --dataset {params.dataset} > {log} 2>&1"
+
+
+rule report_extraction:
+    input:
+        log=rules.extract.log[0],
+        telemetry=rules.extract.output.telemetry,
+        records=rules.extract.output.report,
+    output:
+        throughput=report(
+            f"{REPORT}/extract/{{name}}.{{model}}/throughput.png",
+            caption="../report/extraction_throughput.rst",
+            category="5. Feature extraction",
+            subcategory="{name}.{model}",
+            labels={"input": "{name}", "model": "{model}", "figure": "sequences/s"},
+        ),
+        gpus=report(
+            f"{REPORT}/extract/{{name}}.{{model}}/gpus.png",
+            caption="../report/extraction_gpus.rst",
+            category="5. Feature extraction",
+            subcategory="{name}.{model}",
+            labels={"input": "{name}", "model": "{model}", "figure": "GPU utilisation and memory"},
+        ),
+        records=report(
+            f"{REPORT}/extract/{{name}}.{{model}}/records.html",
+            caption="../report/extraction_records.rst",
+            category="5. Feature extraction",
+            subcategory="{name}.{model}",
+            labels={"input": "{name}", "model": "{model}", "figure": "skipped and truncated records"},
+        ),
+    log:
+        f"{LOGS}/report_extraction.{{name}}.{{model}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    params:
+        out=lambda wc: f"{REPORT}/extract/{wc.name}.{wc.model}",
+    shell:
+        "ampflow report-extraction --progress {input.log} --telemetry {input.telemetry}"
+        " --records {input.records} --out-dir {params.out} --name {wildcards.name}.{wildcards.model} > {log} 2>&1"

@@ -7,7 +7,8 @@ recommended device count and the memory model's components.
 :func:`measured_memory` reads ``metrics.jsonl``: per rank, the bytes held after each
 Hi-C stratum (``stratum_bytes``) and the step peak (``peak_bytes``), each the maximum
 over the steps. Rows with a ``rank`` field are that rank's; rows without one are rank
-0's, with the other ranks' peaks in ``rank_peak_bytes`` when the run was data parallel.
+0's, with every rank's peak in ``rank_peak_bytes`` and per-stratum bytes in
+``rank_stratum_bytes`` when the run had several processes.
 :func:`plot_memory` draws them against the memory model's prediction for the plan
 (and, when the run used a different number of processes than the plan, for the run
 as it ran).
@@ -119,26 +120,39 @@ class MeasuredMemory:
 
 
 def measured_memory(rows: list[dict]) -> MeasuredMemory:
-    """Collect :class:`MeasuredMemory` from ``metrics.jsonl`` rows (see the module docstring)."""
+    """Collect :class:`MeasuredMemory` from ``metrics.jsonl`` rows (see the module docstring).
+
+    Rows of a multi-process run carry every rank's figures: ``rank_stratum_bytes`` (per
+    rank, the bytes after each stratum) and ``rank_peak_bytes``.
+    """
     out = MeasuredMemory()
     steps = set()
+
+    def add_marks(rank: int, marks) -> None:
+        marks = np.asarray(marks, dtype=np.float64)
+        prev = out.strata.get(rank)
+        if prev is not None and len(prev) == len(marks):
+            marks = np.maximum(prev, marks)
+        elif prev is not None and len(prev) > len(marks):
+            marks = prev
+        out.strata[rank] = marks
+
     for row in rows:
         rank = int(row.get("rank", 0))
         steps.add(row.get("step"))
-        marks = row.get("stratum_bytes")
-        if marks:
-            marks = np.asarray(marks, dtype=np.float64)
-            prev = out.strata.get(rank)
-            if prev is not None and len(prev) == len(marks):
-                marks = np.maximum(prev, marks)
-            elif prev is not None and len(prev) > len(marks):
-                marks = prev
-            out.strata[rank] = marks
-        if "peak_bytes" in row:
-            out.peak[rank] = max(out.peak.get(rank, 0), int(row["peak_bytes"]))
-        if "rank" not in row:
-            for r, p in enumerate(row.get("rank_peak_bytes") or []):
+        per_rank = row.get("rank_stratum_bytes")
+        if per_rank:
+            for r, marks in enumerate(per_rank):
+                if marks:
+                    add_marks(r, marks)
+        elif row.get("stratum_bytes"):
+            add_marks(rank, row["stratum_bytes"])
+        peaks = row.get("rank_peak_bytes") if "rank" not in row else None
+        if peaks:
+            for r, p in enumerate(peaks):
                 out.peak[r] = max(out.peak.get(r, 0), int(p))
+        elif "peak_bytes" in row:
+            out.peak[rank] = max(out.peak.get(rank, 0), int(row["peak_bytes"]))
     out.steps = len(steps)
     return out
 
