@@ -125,7 +125,11 @@ def all_outputs():
         ]
     for name, inp in EXTRACT_INPUTS.items():
         out += [f"{RESULTS}/extract/{name}.{model}.h5ad" for model in inp["models"]]
-        out += [f"{REPORT}/extract/{name}.{model}/{fig}" for model in inp["models"] for fig in ("throughput.png", "gpus.png", "records.html")]
+        out += [
+            f"{REPORT}/extract/{name}.{model}/{fig}"
+            for model in inp["models"]
+            for fig in ("throughput.png", "gpus.png", "records.html")
+        ]
     out += [
         f"{REPORT}/qc/contacts.png",
         f"{REPORT}/qc/distance_decay.png",

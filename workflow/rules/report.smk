@@ -166,14 +166,22 @@ rule report_extraction:
             caption="../report/extraction_gpus.rst",
             category="5. Feature extraction",
             subcategory="{name}.{model}",
-            labels={"input": "{name}", "model": "{model}", "figure": "GPU utilisation and memory"},
+            labels={
+                "input": "{name}",
+                "model": "{model}",
+                "figure": "GPU utilisation and memory",
+            },
         ),
         records=report(
             f"{REPORT}/extract/{{name}}.{{model}}/records.html",
             caption="../report/extraction_records.rst",
             category="5. Feature extraction",
             subcategory="{name}.{model}",
-            labels={"input": "{name}", "model": "{model}", "figure": "skipped and truncated records"},
+            labels={
+                "input": "{name}",
+                "model": "{model}",
+                "figure": "skipped and truncated records",
+            },
         ),
     log:
         f"{LOGS}/report_extraction.{{name}}.{{model}}.log",
