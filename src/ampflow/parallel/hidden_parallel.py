@@ -10,7 +10,8 @@ every head) and a contiguous slice ``J`` of the feed-forward width ``ffn * D``. 
   products, scaled by ``1 / sqrt(D / heads)`` of the *global* head width; the values
   and the output stay local. Built on the chunked evaluation (S3 composes; without S3
   the whole sequence is one chunk).
-* ``LN(key)`` over D from all-reduced sums (mean, then the centred sum of squares).
+* ``LN(key)`` over D from all-reduced sums (mean, then the centred sum of squares;
+  backward likewise), saving only the normalised local channels.
 * GEGLU: ``z = LN(key) W_ff^T`` is a partial sum over the local channels; the ranks
   all-reduce it and keep their slice ``J`` of both halves (a reduce-scatter), so only
   ``a_J``, ``g_J`` are saved; ``W_out`` acts the same way in reverse (partial products
@@ -35,15 +36,43 @@ from .collectives import _all_reduce, all_reduce_sum, copy_to_group
 from .shards import Shard, sharded_parameter, split_range
 
 
+class _ShardedLayerNorm(torch.autograd.Function):
+    """LayerNorm whose normalised dimension is split over a group, with its backward
+    written out so that it saves what ``F.layer_norm`` saves: the normalised input
+    (here this rank's channels) and one inverse deviation per row."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, width, group):
+        mean = _all_reduce(x.sum(-1, keepdim=True), group) / width
+        xc = x - mean
+        rstd = torch.rsqrt(_all_reduce(xc.square().sum(-1, keepdim=True), group) / width + eps)
+        xhat = xc.mul_(rstd)
+        ctx.save_for_backward(xhat, rstd, weight)
+        ctx.width, ctx.group = width, group
+        return xhat * weight + bias
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, gy):
+        xhat, rstd, weight = ctx.saved_tensors
+        rows = tuple(range(gy.dim() - 1))
+        g = gy * weight
+        # dx = rstd (g - mean(g) - xhat mean(g xhat)), the means over the global width
+        m1 = _all_reduce(g.sum(-1, keepdim=True), ctx.group) / ctx.width
+        m2 = _all_reduce((g * xhat).sum(-1, keepdim=True), ctx.group) / ctx.width
+        dx = (g - m1 - xhat * m2) * rstd
+        return dx, (gy * xhat).sum(rows), gy.sum(rows), None, None, None
+
+
 def sharded_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, width: int, group) -> torch.Tensor:
     """LayerNorm over a last dimension of global size ``width`` split over ``group``.
 
     x: (..., width / tp) local channels; weight, bias: their (width / tp,) slices.
+    Without a group this is ``F.layer_norm``.
     """
-    mean = all_reduce_sum(x.sum(-1, keepdim=True), group) / width
-    xc = x - mean
-    var = all_reduce_sum(xc.square().sum(-1, keepdim=True), group) / width
-    return xc * torch.rsqrt(var + eps) * weight + bias
+    if group is None:
+        return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+    return _ShardedLayerNorm.apply(x, weight, bias, eps, width, group)
 
 
 class LocalLinear(nn.Module):
