@@ -70,7 +70,7 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while len(list(work.glob("*.done"))) < 3:
+        while len(list(work.glob("chunk-*.done"))) < 3:
             assert proc.poll() is None, (tmp_path / "killed.log").read_text()
             assert time.monotonic() < deadline, "no chunk finished within 240 s"
             time.sleep(0.02)
@@ -81,7 +81,7 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
     time.sleep(0.5)  # the group's other processes are gone too (SIGKILL is not deliverable late)
-    done = {p.name: p.read_bytes() for p in work.glob("*.done")}
+    done = {p.name: p.read_bytes() for p in work.glob("chunk-*.done")}
     assert 3 <= len(done) < N_CHUNKS, sorted(done)
     assert not (root / target).exists()
 
@@ -93,7 +93,7 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     assert f"{len(done)} chunk(s) skipped (done), {N_CHUNKS - len(done)} computed" in text, text
     for name, data in done.items():
         assert (work / name).read_bytes() == data, f"{name} was recomputed"
-    assert len(list(work.glob("*.done"))) == N_CHUNKS
+    assert len(list(work.glob("chunk-*.done"))) == N_CHUNKS
     assert not [p for p in root.rglob(".tmp-*")]
     assert (root / "logs/demo/extract.prot.esm2_tiny.benchmark.tsv").exists()
 
