@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 from ampflow.io.errors import InputError
 from conftest import workflow_copy
-from test_extract import random_fasta, tiny_models  # noqa: F401 - the session fixture
+from extract_helpers import random_fasta, tiny_models_in
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +36,11 @@ extract:
   cpu_workers: 2
 """
 N_CHUNKS = 12
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    return tiny_models_in(tmp_path_factory)
 
 
 def snakemake_cmd(target: str, *options: str) -> list[str]:
@@ -142,7 +146,7 @@ def facts(path: Path, kind: str) -> dict:
     }
 
 
-def test_real_fasta_files_under_each_policy(shared_data, tiny_models, tmp_path):  # noqa: F811
+def test_real_fasta_files_under_each_policy(shared_data, tiny_models, tmp_path):
     """Every file under three policy sets: the report counts what a plain reading of the
     file finds, the h5ad holds the records not skipped. One work folder per file: a
     policy change re-splits, and chunks whose content did not change are reused."""
