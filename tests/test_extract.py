@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -27,27 +26,15 @@ from ampflow.extract.markers import check_marker, marker_path, output_path
 from ampflow.extract.models import load_embedder, model_shape, resolve_layer
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
-from ampflow.extract.tiny import write_tiny
 from ampflow.io.errors import InputError
+from extract_helpers import random_fasta, tiny_models_in
 
 BIN = Path(sys.executable).parent
-ALPHABETS = {"esm2": "ACDEFGHIKLMNPQRSTVWY", "dnabert_s": "ACGT"}
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {kind: write_tiny(kind, root / kind, seed=0) for kind in ("esm2", "dnabert_s")}
-
-
-def random_fasta(path: Path, kind: str, n: int, seed: int = 0, lengths=(5, 400)) -> Path:
-    rng = random.Random(seed)
-    letters = ALPHABETS[kind]
-    with open(path, "w") as fh:
-        for i in range(n):
-            seq = "".join(rng.choice(letters) for _ in range(rng.randint(*lengths)))
-            fh.write(f">s{i} sequence {i}\n" + "\n".join(seq[j : j + 60] for j in range(0, len(seq), 60)) + "\n")
-    return path
+    return tiny_models_in(tmp_path_factory)
 
 
 def run(tmp_path, fasta, kind, folder, tag="run", pool=None, model=None, **settings):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 from ampflow.io.errors import InputError
 from conftest import workflow_copy
-from test_extract import random_fasta, tiny_models  # noqa: F401 - the session fixture
+from extract_helpers import random_fasta, tiny_models_in
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +36,11 @@ extract:
   cpu_workers: 2
 """
 N_CHUNKS = 12
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    return tiny_models_in(tmp_path_factory)
 
 
 def snakemake_cmd(target: str, *options: str) -> list[str]:
@@ -70,7 +74,7 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while len(list(work.glob("*.done"))) < 3:
+        while len(list(work.glob("chunk-*.done"))) < 3:
             assert proc.poll() is None, (tmp_path / "killed.log").read_text()
             assert time.monotonic() < deadline, "no chunk finished within 240 s"
             time.sleep(0.02)
@@ -81,7 +85,7 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
     time.sleep(0.5)  # the group's other processes are gone too (SIGKILL is not deliverable late)
-    done = {p.name: p.read_bytes() for p in work.glob("*.done")}
+    done = {p.name: p.read_bytes() for p in work.glob("chunk-*.done")}
     assert 3 <= len(done) < N_CHUNKS, sorted(done)
     assert not (root / target).exists()
 
@@ -93,7 +97,7 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     assert f"{len(done)} chunk(s) skipped (done), {N_CHUNKS - len(done)} computed" in text, text
     for name, data in done.items():
         assert (work / name).read_bytes() == data, f"{name} was recomputed"
-    assert len(list(work.glob("*.done"))) == N_CHUNKS
+    assert len(list(work.glob("chunk-*.done"))) == N_CHUNKS
     assert not [p for p in root.rglob(".tmp-*")]
     assert (root / "logs/demo/extract.prot.esm2_tiny.benchmark.tsv").exists()
 
@@ -142,7 +146,7 @@ def facts(path: Path, kind: str) -> dict:
     }
 
 
-def test_real_fasta_files_under_each_policy(shared_data, tiny_models, tmp_path):  # noqa: F811
+def test_real_fasta_files_under_each_policy(shared_data, tiny_models, tmp_path):
     """Every file under three policy sets: the report counts what a plain reading of the
     file finds, the h5ad holds the records not skipped. One work folder per file: a
     policy change re-splits, and chunks whose content did not change are reused."""
