@@ -67,6 +67,12 @@ def all_reduce_sum(x: torch.Tensor, group) -> torch.Tensor:
     return x if group is None else _AllReduceSum.apply(x, group)
 
 
+def group_sum(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum over the group, outside autograd: for hand-written forward and backward
+    passes (custom autograd Functions) that place their own collectives."""
+    return x if group is None else _all_reduce(x, group)
+
+
 def all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
     """Element-wise max over the group, outside autograd (e.g. a softmax shift, whose
     value does not change the result and so needs no gradient)."""

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..model.attention import local_attention_chunked
 from ..model.decoders import StratumBlock
-from .collectives import _all_reduce, all_reduce_sum, copy_to_group
+from .collectives import all_reduce_sum, copy_to_group, group_sum
 from .shards import Shard, sharded_parameter, split_range
 
 
@@ -43,9 +43,9 @@ class _ShardedLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, width, group):
-        mean = _all_reduce(x.sum(-1, keepdim=True), group) / width
+        mean = group_sum(x.sum(-1, keepdim=True), group) / width
         xc = x - mean
-        rstd = torch.rsqrt(_all_reduce(xc.square().sum(-1, keepdim=True), group) / width + eps)
+        rstd = torch.rsqrt(group_sum(xc.square().sum(-1, keepdim=True), group) / width + eps)
         xhat = xc.mul_(rstd)
         ctx.save_for_backward(xhat, rstd, weight)
         ctx.width, ctx.group = width, group
@@ -58,8 +58,8 @@ class _ShardedLayerNorm(torch.autograd.Function):
         rows = tuple(range(gy.dim() - 1))
         g = gy * weight
         # dx = rstd (g - mean(g) - xhat mean(g xhat)), the means over the global width
-        m1 = _all_reduce(g.sum(-1, keepdim=True), ctx.group) / ctx.width
-        m2 = _all_reduce((g * xhat).sum(-1, keepdim=True), ctx.group) / ctx.width
+        m1 = group_sum(g.sum(-1, keepdim=True), ctx.group) / ctx.width
+        m2 = group_sum((g * xhat).sum(-1, keepdim=True), ctx.group) / ctx.width
         dx = (g - m1 - xhat * m2) * rstd
         return dx, (gy * xhat).sum(rows), gy.sum(rows), None, None, None
 
@@ -150,7 +150,7 @@ class HiddenParallelStratumBlock(nn.Module):
             qk = (h @ self.w_k.weight.T).view(n, self.heads, dh).transpose(0, 1)  # (H, n, dh / tp)
             val = x.view(n, self.heads, dh).transpose(0, 1)
             scale = 1.0 / math.sqrt(self.D // self.heads)
-            combine = None if g is None else (lambda t: _all_reduce(t, g))
+            combine = None if g is None else (lambda t: group_sum(t, g))
             att = local_attention_chunked(qk, qk, val, self.window, self.chunk or max(n, 1), scale, combine)
             key = x + att.transpose(0, 1).reshape(n, d_local)
         y = sharded_layer_norm(key, self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps, self.D, g)
