@@ -30,8 +30,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ampflow.amp.memory_model import Estimate, ShapeSpec, fit_linear, predict
-from ampflow.model.config import ModelConfig
-from ampflow.model.paired import LossWeights, PairedModel
+from ampflow.spec.config import ModelConfig
+from ampflow.model.paired import PairedModel
+from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.train.memory import measured_step
 

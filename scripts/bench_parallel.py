@@ -16,6 +16,7 @@ is added.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -27,6 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from ampflow.spec.plan import MeshShape, Plan
+from ampflow.spec.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -49,22 +53,22 @@ def prepare(work: Path) -> tuple[Path, dict]:
             res = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
             if res.returncode:
                 sys.exit(f"{' '.join(cmd[:2])} failed:\n{res.stderr[-3000:]}")
-    return work / f"results/demo/data/{CFG}", json.loads(plan.read_text())
+    return work / f"results/demo/data/{CFG}", Plan.read(plan)
 
 
-def mesh_plan(plan: dict, dp: int, tp: int) -> dict:
+def mesh_plan(plan: Plan, dp: int, tp: int) -> Plan:
     """The heavy plan on another mesh (world 1: its single-process savers only)."""
-    single = ("chunked_attention", "key_first_decode")
-    strategies = [s for s in plan["strategies"] if dp * tp > 1 or s["name"] in single]
-    return {**plan, "mesh": {"dp": dp, "tp": tp}, "world_size": dp * tp, "strategies": strategies}
+    single = (CHUNKED_ATTENTION, KEY_FIRST_DECODE)
+    strategies = tuple(s for s in plan.strategies if dp * tp > 1 or s.name in single)
+    return dataclasses.replace(plan, mesh=MeshShape(dp, tp), world_size=dp * tp, strategies=strategies)
 
 
-def train(work: Path, data: Path, plan: dict, steps: int, tag: str, device: str = "cpu") -> list[dict]:
+def train(work: Path, data: Path, plan: Plan, steps: int, tag: str, device: str = "cpu") -> list[dict]:
     cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
     out = work / "bench" / tag
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    (out / "plan.json").write_text(json.dumps(plan))
+    plan.write(out / "plan.json")
     train_cfg = {**cfg["train"], "threads": 1, "device": device, "checkpoint_every": 10_000}
     cmd = [str(BIN / "ampflow"), "train", "--launch", "--data", str(data), "--out", str(out / "run"),
            "--model", json.dumps(cfg["model"]), "--train", json.dumps(train_cfg), "--plan", str(out / "plan.json"),
@@ -106,8 +110,8 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         data, plan = prepare(work)
-        print(f"heavy configuration {CFG}: plan {[s['id'] for s in plan['strategies']]}, mesh {plan['mesh']}, chunk {plan['chunk_size']}")
-        meshes = {1: (1, 1), 2: (plan["mesh"]["dp"], plan["mesh"]["tp"]) if plan["world_size"] == 2 else (1, 2), 4: (2, 2)}
+        print(f"heavy configuration {CFG}: plan {[s.id for s in plan.strategies]}, mesh dp {plan.mesh.dp} x tp {plan.mesh.tp}, chunk {plan.chunk_size}")
+        meshes = {1: (1, 1), 2: (plan.mesh.dp, plan.mesh.tp) if plan.world == 2 else (1, 2), 4: (2, 2)}
         rows = {}
         for world in sorted(set(a.worlds) | {1}):
             dp, tp = meshes[world]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampflow.parallel.collectives import all_reduce_sum, average_gradients, copy_to_group, reduce_from_group
+from ampflow.parallel.collectives import all_reduce_sum, copy_to_group, reduce_from_group
+from ampflow.parallel.data_parallel import sum_gradients
 from ampflow.parallel.mesh import Mesh
 from dist_helpers import run_world
 
@@ -56,15 +57,15 @@ def _mesh_and_average(rank, world):
     mesh = Mesh.build(2, world // 2)
     p = torch.nn.Parameter(torch.zeros(3, dtype=F64))
     p.grad = torch.full((3,), float(rank), dtype=F64)
-    average_gradients([p], mesh.dp_group)
+    sum_gradients([p], mesh.dp_group)
     return {"dp_rank": mesh.dp_rank, "tp_rank": mesh.tp_rank, "grad": p.grad}
 
 
-def test_mesh_layout_and_gradient_average(tmp_path):
+def test_mesh_layout_and_gradient_sum(tmp_path):
     res = run_world(_mesh_and_average, 4, tmp_path)
     assert [(r["dp_rank"], r["tp_rank"]) for r in res] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    # dp groups are {0, 2} and {1, 3}: averages 1 and 2
-    assert [float(r["grad"][0]) for r in res] == [1.0, 2.0, 1.0, 2.0]
+    # dp groups are {0, 2} and {1, 3}: sums 2 and 4
+    assert [float(r["grad"][0]) for r in res] == [2.0, 4.0, 2.0, 4.0]
 
 
 def test_one_process_mesh_is_a_no_op():

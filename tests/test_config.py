@@ -6,9 +6,9 @@ import dataclasses
 
 import yaml
 
-from ampflow.model.config import ModelConfig
-from ampflow.model.paired import LossWeights
-from ampflow.train.config import TrainConfig
+from ampflow.spec.config import ModelConfig
+from ampflow.spec.config import LossWeights
+from ampflow.spec.config import TrainConfig
 from conftest import REPO
 
 

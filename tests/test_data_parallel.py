@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ampflow.model.config import ModelConfig
-from ampflow.model.paired import LossWeights, PairedModel
+from ampflow.spec.config import ModelConfig
+from ampflow.model.paired import PairedModel
+from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import (
     DataParallelStep,

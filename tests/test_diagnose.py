@@ -3,6 +3,8 @@ largest chunk that fit, is deterministic, and takes new signals/strategies by re
 
 from __future__ import annotations
 
+import json
+
 import itertools
 from dataclasses import dataclass, field
 
@@ -12,6 +14,7 @@ from ampflow.amp import diagnose as dg
 from ampflow.amp.signals import Signal, register_signal, unregister_signal
 from ampflow.amp.strategies import Strategy, register_strategy, unregister_strategy
 from ampflow.io.errors import InputError
+from ampflow.spec.plan import Plan
 
 GIB = 2**30
 
@@ -57,8 +60,13 @@ def toy_estimate(profile, names, dp, tp, chunk):
     return Est(base + L * stratum, base, stratum)
 
 
-def plan(p, devices, mem_gib, **kw):
+def typed_plan(p, devices, mem_gib, **kw) -> Plan:
     return dg.diagnose(p, devices, int(mem_gib * GIB), 1.0, estimate=toy_estimate, **kw)
+
+
+def plan(p, devices, mem_gib, **kw) -> dict:
+    """The plan as its JSON object, which the assertions below read."""
+    return typed_plan(p, devices, mem_gib, **kw).to_dict()
 
 
 def expected(high_input, attention, heavy, devices, over):
@@ -128,7 +136,8 @@ def test_one_device_over_budget_says_so_and_recommends():
 
 def test_identical_inputs_identical_bytes():
     p = make_profile(True, True, True)
-    assert dg.dumps(plan(p, 4, 8.0)) == dg.dumps(plan(p, 4, 8.0))
+    assert typed_plan(p, 4, 8.0).dumps() == typed_plan(p, 4, 8.0).dumps()
+    assert Plan.from_dict(json.loads(typed_plan(p, 4, 8.0).dumps())) == typed_plan(p, 4, 8.0)
 
 
 def test_registering_a_signal_and_strategy_needs_no_diagnose_change():
@@ -166,6 +175,6 @@ def test_cli_diagnose_and_explain(tmp_path, capsys):
 
 
 def test_explain_prints_a_table():
-    text = dg.explain(plan(make_profile(True, True, True), 4, 9.0))
+    text = dg.explain(typed_plan(make_profile(True, True, True), 4, 9.0))
     for word in ("mesh", "strategies", "chunk size", "predicted peak", "RAISED", "HIGH_INPUT_DIMENSIONALITY", "why"):
         assert word in text

@@ -11,15 +11,11 @@ import pytest
 
 pytest.importorskip("igraph")
 
+from ampflow.evaluate.clusters import check_embeddings, cluster_scores  # noqa: E402
+from ampflow.evaluate.foscttm import foscttm, foscttm_directions  # noqa: E402
+from ampflow.evaluate.run import main_evaluate  # noqa: E402
+from ampflow.evaluate.umap import _config_name  # noqa: E402
 from ampflow.io.errors import InputError  # noqa: E402
-from ampflow.train.evaluate import (  # noqa: E402
-    _config_name,
-    check_embeddings,
-    cluster_scores,
-    foscttm,
-    foscttm_directions,
-    main_evaluate,
-)
 
 SCORE_KEYS = {
     "ari",
@@ -193,7 +189,7 @@ def test_missing_embeddings_file(tmp_path):
 
 
 def test_legend_order_is_natural_or_categorical():
-    from ampflow.train.evaluate import _category_order
+    from ampflow.evaluate.umap import _category_order
 
     plain = pd.Series(["type_10", "type_2", "type_1"])
     assert _category_order(plain, set(plain)) == ["type_1", "type_2", "type_10"]

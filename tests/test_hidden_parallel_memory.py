@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampflow.model.config import ModelConfig
-from ampflow.model.paired import LossWeights, PairedModel
+from ampflow.spec.config import ModelConfig
+from ampflow.model.paired import PairedModel
+from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize

@@ -17,8 +17,9 @@ from ampflow.amp.memory_model import (
     profile_memory,
 )
 from ampflow.model.attention import chunk_blocks
-from ampflow.model.config import ModelConfig
-from ampflow.model.paired import LossWeights, PairedModel
+from ampflow.spec.config import ModelConfig
+from ampflow.model.paired import PairedModel
+from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.train.memory import measured_step
 

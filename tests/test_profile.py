@@ -14,9 +14,12 @@ import pytest
 import scipy.sparse as sp
 
 from ampflow.amp import profile as prof
-from ampflow.amp.profile import main_profile, profile_data, profile_hash, read_h5ad_meta
+from ampflow.amp.h5ad_meta import read_h5ad_meta
+from ampflow.amp.profile import main_profile, profile_data, profile_hash
 from ampflow.io.errors import InputError
-from ampflow.prepare.strata import candidate_index, feature_names
+from ampflow.prepare.strata import candidate_index
+from ampflow.spec import layout
+from ampflow.spec.layout import feature_names
 
 N_CELLS = 12
 N_STRATA = 4
@@ -132,7 +135,7 @@ def test_profile_numbers_equal_truth(data_dir):
     assert rna["n_features"] == N_GENES and rna["nnz"] == truth["rna"]["nnz"] and rna["prob_model"] == "NB"
     assert p["graph"] == truth["graph"]
     assert p["model"]["latent_dim"] == 16 and p["model"]["decoder_dim"] is None
-    assert p["train"] == {"batch_size": 8, "dtype": "float32", "optimizer": "adam"}
+    assert p["train"] == {"batch_size": 8, "dtype": "float32", "optimizer": "adam", "cross_reconstruction": False}
     assert set(p["inputs"]) == {"hic.h5ad", "rna.h5ad", "graph/nodes.parquet", "graph/edges.parquet", "graph/graph.json"}
     assert p["inputs"]["hic.h5ad"]["bytes"] == (d / "hic.h5ad").stat().st_size
     assert "signals" not in p and "memory" not in p
@@ -189,9 +192,9 @@ def test_infers_strata_from_names(tmp_path):
     assert m["sources"] == {"n_anchors": "features_per_stratum", "prob_model": "default", "resolution": "names", "strata": "names"}
 
 
-PARSERS = [prof._strata_from_names, prof._strata_from_names_loop]
-if prof._NP_STRINGS:
-    PARSERS.append(prof._strata_from_names_vectorised)
+PARSERS = [layout.strata_from_names, layout.strata_from_names_loop]
+if layout.NP_STRINGS:
+    PARSERS.append(layout.strata_from_names_vectorised)
 
 
 @pytest.mark.parametrize("parse", PARSERS, ids=lambda f: f.__name__)
@@ -199,7 +202,7 @@ if prof._NP_STRINGS:
 def test_names_parse_chromosomes_with_separators(parse, kind):
     names = ["HLA-A:0-100", "chrUn:gl-1:200-300-2", "x:5-10-11"]
     arr = np.array([n.encode() if kind == "bytes" else n for n in names], dtype=object)
-    if parse is prof._strata_from_names_vectorised:
+    if parse is layout.strata_from_names_vectorised:
         arr = arr.astype("S" if kind == "bytes" else "U")
     strata, width = parse(arr, "f", "var/feature")
     assert strata.tolist() == [0, 2, 11] and width == 100  # the largest stratum-0 width
@@ -209,7 +212,7 @@ def test_names_parse_chromosomes_with_separators(parse, kind):
 @pytest.mark.parametrize("bad", ["chr1-0-100", "chr1:0", "chr1:0-100-2-3", "chr1:a-100", "chr1:0-100-", "chr1:-100"])
 def test_names_parse_rejects(parse, bad):
     arr = np.array(["chr1:0-100", bad], dtype=object)
-    if parse is prof._strata_from_names_vectorised:
+    if parse is layout.strata_from_names_vectorised:
         arr = arr.astype("U")
     with pytest.raises(InputError) as e:
         parse(arr, "f", "var/feature")
@@ -396,12 +399,16 @@ def test_config_errors(data_dir):
     assert e.value.key == "train.batch_size"
 
 
-def test_default_batch_size_matches_train_config(data_dir):
-    from ampflow.train.config import TrainConfig
-
-    assert prof.DEFAULT_BATCH_SIZE == TrainConfig().batch_size
+def test_profile_keeps_the_runs_dtype_and_cross_reconstruction(data_dir):
+    """The memory model plans what the run trains: a float64 run, a stage with a cross
+    weight (both were once planned as float32 without the cross pass)."""
     d, _ = data_dir
-    assert profile_data(d, None, None)["train"]["batch_size"] == TrainConfig().batch_size
+    assert profile_data(d, None, None)["train"] == {"batch_size": 32, "dtype": "float32", "optimizer": "adam", "cross_reconstruction": False}
+    train = profile_data(d, None, {"dtype": "float64", "finetune": {"epochs": 1, "weights": {"cross": 0.5}}})["train"]
+    assert train["dtype"] == "float64" and train["cross_reconstruction"] is True
+    with pytest.raises(InputError) as e:
+        profile_data(d, None, {"dtype": "float16"})
+    assert e.value.key == "train.dtype"
 
 
 # ------------------------------------------------------------------ determinism, output

@@ -303,7 +303,7 @@ def _scontrol(tmp_path: Path) -> str:
 
 
 def test_torchrun_command_one_node_and_across_nodes(tmp_path, monkeypatch):
-    from ampflow.cli import torchrun_command
+    from ampflow.train.launch import torchrun_command
     from ampflow.io.errors import InputError
 
     argv = ["train", "--data", "d"]

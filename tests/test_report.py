@@ -190,9 +190,9 @@ def test_measured_memory_from_rank_zero_rows_and_per_rank_rows():
 
 def test_predictions_for_the_plan_and_as_run():
     plan = diagnose(PROFILE, 2, 2**30, 0.9)
-    assert plan["mesh"] == {"dp": 2, "tp": 1}
+    assert plan.to_dict()["mesh"] == {"dp": 2, "tp": 1}
     (only,) = predictions(plan, PROFILE, world=2)
-    assert only.total == plan["predicted_peak_bytes"] and len(only.marks) == 4
+    assert only.total == plan.predicted_peak_bytes and len(only.marks) == 4
     assert np.all(np.diff(only.marks) > 0), "memory grows with every stratum"
     # a run in one process is predicted without S1 (full batch per process): more memory
     plan_pred, as_run = predictions(plan, PROFILE, world=1)
@@ -234,7 +234,7 @@ def test_summary_files_and_text(tmp_path, figures):
     for name, score in (("500kb_s10", {"ari": 0.9, "nmi": 0.8, "foscttm": 0.1}), ("250kb_s12", {"ari": None, "nmi": None, "foscttm": 0.4})):
         d = tmp_path / name
         d.mkdir()
-        (d / "plan.json").write_text(json.dumps(plan))
+        plan.write(d / "plan.json")
         (d / "scores.json").write_text(json.dumps(score))
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(world=2)))
         cfgs[name] = {"plan": d / "plan.json", "scores": d / "scores.json", "metrics": d / "metrics.jsonl"}
@@ -254,7 +254,7 @@ def test_summary_files_and_text(tmp_path, figures):
 def test_umap_figure_panels_and_labels(tmp_path, figures):
     import anndata as ad
 
-    from ampflow.train.evaluate import plot_umap
+    from ampflow.evaluate.umap import plot_umap
 
     rng = np.random.default_rng(0)
     centres = rng.normal(0, 5, (3, 4))

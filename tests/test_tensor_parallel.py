@@ -11,7 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampflow.model.config import ModelConfig
+from ampflow.spec.config import ModelConfig
+from ampflow.spec.plan import Plan
+from ampflow.spec.strategies import BUILT_IN
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, draw_noise
@@ -34,7 +36,7 @@ SETS = {
     "S2+S3+S4+S5": lambda W: (["S2", "S3", "S4", "S5"], 1, W),
     "dp2xtp2 all": lambda W: (["S1", "S2", "S3", "S4", "S5"], 2, W // 2),
 }
-NAMES = {"S1": "data_parallel", "S2": "feature_parallel", "S3": "chunked_attention", "S4": "key_first_decode", "S5": "hidden_parallel"}
+NAMES = {f"S{i}": name for i, name in enumerate(BUILT_IN, start=1)}
 CONFIGS = {
     # D != latent (a u projection), heads of width 8
     "wide": dict(latent_dim=6, hidden_dim=16, decoder_dim=16, heads=2, window=2),
@@ -60,12 +62,12 @@ WORST = [0.0]
 
 
 def _plan(ids, dp, tp, chunk=3):
-    return {
+    return Plan.from_dict({
         "mesh": {"dp": dp, "tp": tp},
         "strategies": [{"id": i, "name": NAMES[i]} for i in ids],
         "chunk_size": chunk if "S3" in ids else 0,
         "key_first": "S4" in ids,
-    }
+    })  # fmt: skip
 
 
 def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):

@@ -24,12 +24,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampflow.cli import apply_plan, plan_processes
 from ampflow.demo import write_demo
 from ampflow.parallel.data_parallel import draw_noise
+from ampflow.parallel.parallelize import parallelize
 from ampflow.train.data import load_paired
 from ampflow.train.trainer import build_model, epoch_batches, seed_everything
-from ampflow.train.config import TrainConfig
+from ampflow.spec.config import TrainConfig
+from ampflow.spec.plan import Plan
+from ampflow.spec.strategies import BUILT_IN, DATA_PARALLEL
 from test_trainer import MODEL, SETTINGS, assert_same_model, metrics, prepare
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -40,7 +42,7 @@ N_STEPS = 9
 PLAN = {
     "mesh": {"dp": 2, "tp": 1},
     "world_size": 2,
-    "strategies": [{"id": "S1", "name": "data parallelism"}],
+    "strategies": [{"id": "S1", "name": DATA_PARALLEL}],
     "chunk_size": 0,
     "key_first": False,
 }
@@ -87,7 +89,7 @@ def single_process_losses(data_dir: Path, n_steps: int) -> list[float]:
         cfg = TrainConfig.from_dict(DP_SETTINGS)
         paired = load_paired(data_dir)
         generator = seed_everything(cfg.seed)
-        model = build_model(apply_plan(DP_MODEL, PLAN), paired)
+        model = parallelize(build_model(DP_MODEL, paired), Plan.from_dict(PLAN))
         stage = cfg.stages[0][1]
         optimizer = torch.optim.Adam(model.parameters(), lr=stage.lr)
         model.train()
@@ -107,9 +109,9 @@ def single_process_losses(data_dir: Path, n_steps: int) -> list[float]:
 
 
 def test_plan_processes():
-    assert plan_processes(PLAN) == 2
-    assert plan_processes({"mesh": {"dp": 2, "tp": 2}, "world_size": 4}) == 4
-    assert plan_processes(None) == 1
+    assert Plan.from_dict(PLAN).world == 2
+    assert Plan.from_dict({"mesh": {"dp": 2, "tp": 2}, "world_size": 4}).world == 4
+    assert Plan().world == 1
 
 
 def test_dp_losses_equal_one_process(dp_run, data_dir):
@@ -158,8 +160,7 @@ def test_dp_kill_and_resume_bit_identical(dp_run, data_dir, plan_file, tmp_path)
 TP_PLAN = {
     "mesh": {"dp": 1, "tp": 2},
     "world_size": 2,
-    "strategies": [{"id": f"S{i}", "name": n} for i, n in
-                   [(1, "data_parallel"), (2, "feature_parallel"), (3, "chunked_attention"), (4, "key_first_decode"), (5, "hidden_parallel")]],
+    "strategies": [{"id": f"S{i}", "name": n} for i, n in enumerate(BUILT_IN, start=1)],
     "chunk_size": 4,
     "key_first": True,
 }  # fmt: skip

@@ -28,9 +28,9 @@ import yaml
 from ampflow.cli import main
 from ampflow.demo import write_demo
 from ampflow.io.genome import read_chromsizes
-from ampflow.model.config import ModelConfig
+from ampflow.spec.config import ModelConfig
 from ampflow.train import checkpoint
-from ampflow.train.config import TrainConfig
+from ampflow.spec.config import TrainConfig
 from ampflow.train.data import load_paired
 from ampflow.train.trainer import Trainer
 

@@ -9,16 +9,16 @@ recommends a device count.
 
 from __future__ import annotations
 
-import json
 import math
 
 from ..io.errors import InputError
-from ..model.config import ModelConfig
+from ..spec.config import ModelConfig
+from ..spec.plan import PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
+from ..spec.strategies import HIDDEN_PARALLEL
 from ..progress import human_bytes
 from .signals import evaluate_signals
 from .strategies import Context, ordered
 
-PLAN_VERSION = 1
 MIN_CHUNK = 16
 MAX_RECOMMENDED = 1024
 
@@ -68,7 +68,7 @@ def _decide(profile, signals, devices, budget, estimate):
     uses_chunk = any(strategies[n].knob == "chunk" for n in ctx.chosen) and chunks
     chunk_options = chunks if uses_chunk else [0]
     tp_options = _divisors(devices) if any(strategies[n].uses_tp for n in ctx.chosen) else [1]
-    if "hidden_parallel" in ctx.chosen:  # every rank takes an equal share of every head
+    if HIDDEN_PARALLEL in ctx.chosen:  # every rank takes an equal share of every head
         cfg = ModelConfig.from_dict(profile.get("model"))
         tp_options = [t for t in tp_options if (cfg.D // cfg.heads) % t == 0] or [1]
     choice = None
@@ -86,7 +86,7 @@ def _decide(profile, signals, devices, budget, estimate):
     return ctx.chosen, reasons, {"dp": devices // tp, "tp": tp}, chunk, fits, est
 
 
-def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None) -> dict:
+def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None) -> Plan:
     """The plan for running ``profile``'s configuration on ``devices`` devices.
 
     Parameters
@@ -142,56 +142,51 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     elif recommended != devices:
         reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits.")
     hic = profile["modalities"].get("hic", {})
-    return {
-        "version": PLAN_VERSION,
-        "inputs": {
-            "profile_hash": profile_hash(profile),
-            "devices": devices,
-            "device_memory_bytes": int(device_memory),
-            "budget_fraction": budget_fraction,
-            "budget_bytes": int(budget),
-        },
-        "signals": signals,
-        "strategies": [{"id": by_name[n].id, "name": n, "summary": by_name[n].summary} for n in names],
-        "mesh": mesh,
-        "world_size": devices,
-        "chunk_size": int(chunk) or None,
-        "key_first": any(by_name[n].knob == "key_first" for n in names),
-        "predicted_peak_bytes": int(est.total),
-        "M_base_bytes": int(est.base),
-        "M_stratum_bytes": int(est.per_stratum),
-        "n_strata": int(hic.get("n_strata", 0)),
-        "memory_components": {k: int(v) for k, v in sorted(est.components.items())},
-        "fits": bool(fits),
-        "recommended_devices": recommended,
-        "reasons": reasons,
-    }
+    return Plan(
+        version=PLAN_VERSION,
+        inputs=PlanInputs(
+            profile_hash=profile_hash(profile),
+            devices=devices,
+            device_memory_bytes=int(device_memory),
+            budget_fraction=budget_fraction,
+            budget_bytes=int(budget),
+        ),
+        signals=signals,
+        strategies=tuple(PlannedStrategy(by_name[n].id, n, by_name[n].summary) for n in names),
+        mesh=MeshShape(mesh["dp"], mesh["tp"]),
+        world_size=devices,
+        chunk_size=int(chunk) or None,
+        key_first=any(by_name[n].knob == "key_first" for n in names),
+        predicted_peak_bytes=int(est.total),
+        M_base_bytes=int(est.base),
+        M_stratum_bytes=int(est.per_stratum),
+        n_strata=int(hic.get("n_strata", 0)),
+        memory_components={k: int(v) for k, v in sorted(est.components.items())},
+        fits=bool(fits),
+        recommended_devices=recommended,
+        reasons=tuple(reasons),
+    )
 
 
-def dumps(plan: dict) -> str:
-    """Canonical text of a plan: identical plans give identical bytes."""
-    return json.dumps(plan, indent=2, sort_keys=True) + "\n"
-
-
-def explain(plan: dict) -> str:
+def explain(plan: Plan) -> str:
     """The plan as a readable table."""
     hb = human_bytes
-    inp = plan["inputs"]
+    inp = plan.inputs
     rows = [
-        ("devices", f"{inp['devices']} x {hb(inp['device_memory_bytes'])} (budget {inp['budget_fraction']:g}: {hb(inp['budget_bytes'])})"),
-        ("mesh", f"dp {plan['mesh']['dp']} x tp {plan['mesh']['tp']}"),
-        ("strategies", ", ".join(f"{s['id']} {s['name']}" for s in plan["strategies"]) or "none"),
-        ("chunk size", str(plan["chunk_size"] or "-")),
-        ("predicted peak", f"{hb(plan['predicted_peak_bytes'])} per device"),
-        ("M(L)", f"{hb(plan['M_base_bytes'])} + (L-1) x {hb(plan['M_stratum_bytes'])} (L = {plan['n_strata']}; stratum 0 has no attention block)"),
-        ("fits", "yes" if plan["fits"] else "NO"),
-        ("recommended devices", str(plan["recommended_devices"] or "none up to 1024")),
+        ("devices", f"{inp.devices} x {hb(inp.device_memory_bytes)} (budget {inp.budget_fraction:g}: {hb(inp.budget_bytes)})"),
+        ("mesh", f"dp {plan.mesh.dp} x tp {plan.mesh.tp}"),
+        ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
+        ("chunk size", str(plan.chunk_size or "-")),
+        ("predicted peak", f"{hb(plan.predicted_peak_bytes)} per device"),
+        ("M(L)", f"{hb(plan.M_base_bytes)} + (L-1) x {hb(plan.M_stratum_bytes)} (L = {plan.n_strata}; stratum 0 has no attention block)"),
+        ("fits", "yes" if plan.fits else "NO"),
+        ("recommended devices", str(plan.recommended_devices or "none up to 1024")),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["plan", "----"] + [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines += ["", "signals", "-------"]
-    for name, s in sorted(plan["signals"].items()):
+    for name, s in sorted(plan.signals.items()):
         ev = ", ".join(f"{k}={v}" for k, v in sorted(s["evidence"].items()))
         lines.append(f"{'RAISED' if s['raised'] else 'no    '}  {name}  ({ev})")
-    lines += ["", "why", "---"] + [f"- {r}" for r in plan["reasons"]]
+    lines += ["", "why", "---"] + [f"- {r}" for r in plan.reasons]
     return "\n".join(lines) + "\n"

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from ..model.config import ModelConfig
+from ..spec.config import ModelConfig
 
 #: Bytes per element of the dtypes the model may train in.
 DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}

@@ -1,6 +1,7 @@
 """Parallel strategies (S-numbers in docs and plans, names in code) and when they apply.
 
-A strategy is added by registering it (:func:`register_strategy`) with a rule that,
+Strategy names are spelled only in :mod:`ampflow.spec.strategies`; this registry
+attaches to each its S-number, summary and diagnosis rule. A strategy is added by registering it (:func:`register_strategy`) with a rule that,
 given the diagnosis so far, returns the sentence saying why it applies (or None).
 :mod:`.diagnose` walks the registry in ``order`` and never names strategies itself.
 """
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..progress import human_bytes
+from ..spec.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIONALITY
 
 
@@ -110,8 +112,8 @@ def _hidden_parallel(ctx: Context) -> str | None:
     return None
 
 
-register_strategy(Strategy("S1", "data_parallel", "ranks take different cells; gradients averaged", 10, True, False, _data_parallel))
-register_strategy(Strategy("S2", "feature_parallel", "each tp rank owns a shard of every stratum's features", 20, True, True, _feature_parallel))
-register_strategy(Strategy("S3", "chunked_attention", "local attention by query chunks against their windows", 30, False, False, _chunked_attention, "chunk"))
-register_strategy(Strategy("S4", "key_first_decode", "u . key[F_k]^T instead of (u . key^T)[:, F_k]", 40, False, False, _key_first, "key_first"))
-register_strategy(Strategy("S5", "hidden_parallel", "the decoder width D split over the tp group", 50, True, True, _hidden_parallel))
+register_strategy(Strategy("S1", DATA_PARALLEL, "ranks take different cells; gradients averaged", 10, True, False, _data_parallel))
+register_strategy(Strategy("S2", FEATURE_PARALLEL, "each tp rank owns a shard of every stratum's features", 20, True, True, _feature_parallel))
+register_strategy(Strategy("S3", CHUNKED_ATTENTION, "local attention by query chunks against their windows", 30, False, False, _chunked_attention, "chunk"))
+register_strategy(Strategy("S4", KEY_FIRST_DECODE, "u . key[F_k]^T instead of (u . key^T)[:, F_k]", 40, False, False, _key_first, "key_first"))
+register_strategy(Strategy("S5", HIDDEN_PARALLEL, "the decoder width D split over the tp group", 50, True, True, _hidden_parallel))

@@ -11,21 +11,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .config import ModelConfig
+from ..spec.config import LossWeights, ModelConfig
 from .decoders import NBDecoder, StratifiedZINBDecoder
 from .encoders import Encoder, hic_input, rna_input
 from .graph import GraphEncoder, graph_nll
 from .prob import kl_normal
 
-
-@dataclass(frozen=True)
-class LossWeights:
-    """Weights of the loss terms (one set per training stage)."""
-
-    kl: float = 1.0
-    graph: float = 0.02
-    align: float = 20.0
-    cross: float = 0.0
 
 
 @dataclass

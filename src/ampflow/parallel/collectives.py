@@ -80,14 +80,3 @@ def all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
         return x
     with torch.no_grad():
         return _all_reduce(x.detach(), group, dist.ReduceOp.MAX)
-
-
-def average_gradients(parameters, group) -> None:
-    """Average ``.grad`` over the group in place (data parallelism's reduction)."""
-    if group is None:
-        return
-    size = dist.get_world_size(group)
-    for p in parameters:
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad.div_(size)

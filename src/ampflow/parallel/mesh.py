@@ -73,10 +73,6 @@ class Mesh:
                 mesh.dp_group = group
         return mesh
 
-    @classmethod
-    def from_plan(cls, plan: dict) -> "Mesh":
-        m = plan.get("mesh") or {}
-        return cls.build(int(m.get("dp", 1)), int(m.get("tp", 1)))
 
 
 def init_distributed(device: str = "auto") -> int:

@@ -1,10 +1,12 @@
-"""Apply a plan's strategies to a plain :class:`~ampflow.model.paired.PairedModel`.
+"""Apply a plan's strategies to a plain :class:`~ampflow.model.paired.PairedModel`: the one
+place a :class:`~ampflow.spec.plan.Plan` meets a model, for any world size (one included).
 
 :func:`parallelize` swaps modules of the built model for their sharded counterparts
 (the model's code is not edited, and the sharded modules keep the plain parameter names
 in the plain order):
 
-* S3 / S4: the Hi-C decoder's chunk size and key-first switch (single-process savers);
+* S3 / S4: the Hi-C decoder's chunk size and key-first switch (single-process savers,
+  applied in one process too);
 * S5 / S2 over the tp group: the Hi-C decoder becomes a
   :class:`~.sharded_decoder.ShardedStratifiedZINBDecoder`; under S2 the Hi-C encoder's
   input projection becomes a :class:`~.feature_parallel.FeatureParallelLinear`;
@@ -25,48 +27,43 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ..io.errors import InputError
+from ..spec.plan import Plan
+from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .data_parallel import parallelize_data_parallel
 from .feature_parallel import FeatureParallelLinear
 from .mesh import Mesh
 from .shards import Shard, gather_full
 from .sharded_decoder import ShardedStratifiedZINBDecoder
 
-FEATURE_PARALLEL, HIDDEN_PARALLEL = "feature_parallel", "hidden_parallel"
-CHUNKED_ATTENTION, KEY_FIRST = "chunked_attention", "key_first_decode"
-
-
-def plan_strategies(plan: dict | None) -> set[str]:
-    """Names of the strategies a plan lists (``strategies[*].name``)."""
-    return {s["name"] for s in (plan or {}).get("strategies", [])}
-
-
-def parallelize(model: nn.Module, plan: dict | None, mesh: Mesh) -> nn.Module:
+def parallelize(model: nn.Module, plan: Plan | None, mesh: Mesh | None = None) -> nn.Module:
     """The model of this rank under ``plan`` on ``mesh`` (modified in place and returned).
 
     Parameters
     ----------
     model : PairedModel
         The plain model, built alike on every rank.
-    plan : dict
-        ``plan.json`` (``strategies``, ``chunk_size``, ``key_first``); None: no strategy.
-    mesh : Mesh
+    plan : Plan
+        From ``plan.json`` (strategies, chunk size, key-first); None: no strategy.
+    mesh : Mesh, optional
+        This process's place in the dp x tp mesh; None: one process (1 x 1). In one
+        process only S3 and S4 change anything.
 
     Returns
     -------
     PairedModel with the attribute ``shards`` (parameter name -> Shard) and ``tp_group``.
     """
-    names = plan_strategies(plan)
+    plan = plan or Plan()
+    mesh = mesh or Mesh(1, 1)
     dec = model.hic_decoder
-    chunk = int((plan or {}).get("chunk_size") or 0)
-    if chunk or CHUNKED_ATTENTION in names:
+    if plan.chunk:
         for block in dec.blocks:
-            block.chunk = chunk
-    if KEY_FIRST in names or (plan or {}).get("key_first"):
+            block.chunk = plan.chunk
+    if plan.uses_key_first:
         dec.key_first = True
     if mesh.world > 1:
         _broadcast_from_rank0(model)
-    features = FEATURE_PARALLEL in names and mesh.tp > 1
-    hidden = HIDDEN_PARALLEL in names and mesh.tp > 1
+    features = plan.uses(FEATURE_PARALLEL) and mesh.tp > 1
+    hidden = plan.uses(HIDDEN_PARALLEL) and mesh.tp > 1
     names_before = [n for n, _ in model.named_parameters()]
     shards: dict[str, Shard] = {}
     if features or hidden:

@@ -16,6 +16,7 @@ import scipy.sparse as sp
 
 from ..io.errors import InputError
 from ..progress import Progress
+from ..spec.layout import feature_names
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +60,6 @@ def candidate_index(bins: pd.DataFrame, chroms: list[str], n_strata: int) -> tup
             )
         )
     return lut, pd.concat(frames, ignore_index=True)
-
-
-def feature_names(var: pd.DataFrame) -> list[str]:
-    """``chr1:0-500000`` for stratum 0, ``chr1:0-500000-3`` for stratum 3."""
-    return [
-        f"{c}:{s}-{e}" if k == 0 else f"{c}:{s}-{e}-{k}"
-        for c, s, e, k in zip(var["chrom"], var["start"], var["end"], var["stratum"])
-    ]
 
 
 def build_strata(

@@ -23,22 +23,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..amp.profile import read_profile
 from ..amp.strategies import STRATEGIES
 from ..progress import human_bytes
-from .common import GIB, LIMIT_COLOUR, MIB, colour, esc, html_table, new_figure, note, read_json, read_jsonl, save_png, write_html
+from ..spec.plan import Plan
+from ..spec.strategies import DATA_PARALLEL
+from .common import GIB, LIMIT_COLOUR, MIB, colour, esc, html_table, new_figure, note, read_jsonl, save_png, write_html
 
 log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- plan page
-def strategy_ids(plan: dict) -> str:
+def strategy_ids(plan: Plan) -> str:
     """``"S1 S3"`` (or ``"none"``)."""
-    return " ".join(s["id"] for s in plan.get("strategies", [])) or "none"
+    return " ".join(s.id for s in plan.strategies) or "none"
 
 
-def mesh_text(plan: dict) -> str:
-    m = plan.get("mesh") or {}
-    return f"dp {m.get('dp', 1)} x tp {m.get('tp', 1)}"
+def mesh_text(plan: Plan) -> str:
+    return f"dp {plan.mesh.dp} x tp {plan.mesh.tp}"
 
 
 def _peak_bar(peak: int, budget: int) -> str:
@@ -48,46 +50,46 @@ def _peak_bar(peak: int, budget: int) -> str:
     return f'<span class="{cls}" style="width:{width}px"></span> {100 * share:.0f}% of the budget'
 
 
-def plan_page(plan: dict, path, name: str = "") -> Path:
+def plan_page(plan: Plan, path, name: str = "") -> Path:
     """Write one plan as an HTML page (see the module docstring)."""
-    inp = plan["inputs"]
-    peak, budget = int(plan["predicted_peak_bytes"]), int(inp["budget_bytes"])
-    fits = bool(plan.get("fits"))
-    rec = plan.get("recommended_devices")
+    inp = plan.inputs
+    peak, budget = int(plan.predicted_peak_bytes), int(inp.budget_bytes)
+    fits = plan.fits
+    rec = plan.recommended_devices
     overview = pd.DataFrame(
         [
-            ("devices", f"{inp['devices']} x {human_bytes(inp['device_memory_bytes'])}"),
-            ("budget per device", f"{human_bytes(budget)} ({inp['budget_fraction']:g} of the device memory)"),
-            ("mesh", f"{mesh_text(plan)} (world size {plan.get('world_size', inp['devices'])})"),
-            ("strategies", ", ".join(f"{s['id']} {s['name']}" for s in plan.get("strategies", [])) or "none"),
-            ("chunk size (S3)", str(plan.get("chunk_size") or "-")),
-            ("key-first decode (S4)", "yes" if plan.get("key_first") else "no"),
+            ("devices", f"{inp.devices} x {human_bytes(inp.device_memory_bytes)}"),
+            ("budget per device", f"{human_bytes(budget)} ({inp.budget_fraction:g} of the device memory)"),
+            ("mesh", f"{mesh_text(plan)} (world size {plan.world_size or inp.devices})"),
+            ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
+            ("chunk size (S3)", str(plan.chunk_size or "-")),
+            ("key-first decode (S4)", "yes" if plan.key_first else "no"),
             ("predicted peak per device", f"{human_bytes(peak)}"),
             ("fits", "yes" if fits else "NO"),
             ("recommended devices", str(rec) if rec else "none up to 1024"),
-            ("memory model", f"M(L) = {human_bytes(plan['M_base_bytes'])} + (L - 1) x {human_bytes(plan['M_stratum_bytes'])}, L = {plan['n_strata']}"),
+            ("memory model", f"M(L) = {human_bytes(plan.M_base_bytes)} + (L - 1) x {human_bytes(plan.M_stratum_bytes)}, L = {plan.n_strata}"),
         ],
         columns=["plan", "value"],
     )
     signals = pd.DataFrame(
         [
             (n, "raised" if s["raised"] else "no", s.get("summary", ""), ", ".join(f"{k} = {v}" for k, v in sorted(s["evidence"].items())))
-            for n, s in sorted(plan.get("signals", {}).items())
+            for n, s in sorted(plan.signals.items())
         ],
         columns=["signal", "state", "meaning", "evidence"],
     )
-    why = {r.split(":", 1)[0]: r.split(":", 1)[1].strip() for r in plan.get("reasons", []) if ":" in r}
+    why = {r.split(":", 1)[0]: r.split(":", 1)[1].strip() for r in plan.reasons if ":" in r}
     strategies = pd.DataFrame(
-        [(s["id"], s["name"], s.get("summary", ""), why.get(f"{s['id']} {s['name']}", "")) for s in plan.get("strategies", [])],
+        [(s.id, s.name, s.summary, why.get(f"{s.id} {s.name}", "")) for s in plan.strategies],
         columns=["id", "name", "what", "why"],
     )
-    comps = plan.get("memory_components") or {}
+    comps = plan.memory_components
     total = sum(comps.values()) or 1
     components = pd.DataFrame(
         [(k, human_bytes(v), f"{100 * v / total:.1f}") for k, v in sorted(comps.items(), key=lambda kv: -kv[1])],
         columns=["component", "bytes", "share (%)"],
     )
-    other = [r for r in plan.get("reasons", []) if r.split(":", 1)[0] not in why or not r.startswith("S")]
+    other = [r for r in plan.reasons if r.split(":", 1)[0] not in why or not r.startswith("S")]
     parts = [
         html_table(overview),
         f"<p>Predicted peak {esc(human_bytes(peak))} against the budget {esc(human_bytes(budget))}: {_peak_bar(peak, budget)}</p>",
@@ -164,22 +166,21 @@ class Prediction:
     total: int
 
 
-def predictions(plan: dict, profile: dict, world: int) -> list[Prediction]:
+def predictions(plan: Plan, profile: dict, world: int) -> list[Prediction]:
     """The memory model's prediction for the plan, and for the run as it ran when its
     process count ``world`` differs from the plan's (the single-process savers S3/S4 of
     the plan, data parallel over ``world`` processes, no tensor parallelism)."""
     from ..amp.memory_model import estimate_for_profile
 
-    names = [s["name"] for s in plan.get("strategies", [])]
-    mesh = plan.get("mesh") or {}
-    dp, tp = int(mesh.get("dp", 1)), int(mesh.get("tp", 1))
-    chunk = int(plan.get("chunk_size") or 0)
+    names = list(plan.names)
+    dp, tp = plan.mesh.dp, plan.mesh.tp
+    chunk = plan.chunk
     est = estimate_for_profile(profile, names, dp, tp, chunk)
     out = [Prediction(f"predicted, plan ({mesh_text(plan)}; {strategy_ids(plan)})", np.asarray(est.marks, dtype=np.float64), int(est.total))]
-    if world and world != int(plan.get("world_size", dp * tp)):
+    if world and world != (plan.world_size or dp * tp):
         run = [n for n in names if n in STRATEGIES and not STRATEGIES[n].multi_process]
         if world > 1:
-            run = ["data_parallel", *run]
+            run = [DATA_PARALLEL, *run]
         est = estimate_for_profile(profile, run, world, 1, chunk)
         ids = " ".join(STRATEGIES[n].id for n in run if n in STRATEGIES) or "none"
         what = "1 process" if world == 1 else f"{world} processes"
@@ -192,14 +193,14 @@ def _unit(values) -> tuple[float, str]:
     return (GIB, "GiB") if top >= 2 * GIB else (MIB, "MiB")
 
 
-def plot_memory(plan: dict, profile: dict, rows: list[dict], path, name: str = "") -> Path:
+def plot_memory(plan: Plan, profile: dict, rows: list[dict], path, name: str = "") -> Path:
     """Two panels: bytes held after each Hi-C stratum (predicted lines, measured markers
     per rank, the budget) and the step peak per rank (measured bars, predicted peaks and
     the budget as lines)."""
     measured = measured_memory(rows)
-    world = measured.world if measured.world > 0 else int(plan.get("world_size", 1))
+    world = measured.world if measured.world > 0 else (plan.world_size or 1)
     preds = predictions(plan, profile, world)
-    budget = int(plan["inputs"]["budget_bytes"])
+    budget = int(plan.inputs.budget_bytes)
     scale, unit = _unit([p.marks for p in preds] + list(measured.strata.values()) + [[budget], list(measured.peak.values())])
 
     fig, axes = new_figure(1, 2, size=(13, 5.2), gridspec_kw={"width_ratios": [3, 2]})
@@ -242,12 +243,12 @@ def plot_memory(plan: dict, profile: dict, rows: list[dict], path, name: str = "
 
 def plan_report(plan_path, out, name: str = "") -> Path:
     """``ampflow report-plan``: the plan page."""
-    return plan_page(read_json(plan_path, "plan"), out, name)
+    return plan_page(Plan.read(plan_path), out, name)
 
 
 def memory_report(plan_path, profile_path, metrics_path, out, name: str = "") -> Path:
     """``ampflow report-memory``: the memory figure."""
-    plan = read_json(plan_path, "plan")
-    profile = read_json(profile_path, "profile")
+    plan = Plan.read(plan_path)
+    profile = read_profile(profile_path)
     rows = read_jsonl(metrics_path, "metrics file")
     return plot_memory(plan, profile, rows, out, name)

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..io.atomic import atomic_path, write_text_atomic
 from ..progress import human_bytes
+from ..spec.plan import Plan
 from .common import colour, html_table, new_figure, read_json, read_jsonl, save_png, write_html
 from .plan import measured_memory, mesh_text, strategy_ids
 
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 SCORES = (("ari", "ARI (higher is better)"), ("nmi", "NMI (higher is better)"), ("foscttm", "FOSCTTM (lower is better)"))
 
 
-def summary_row(name: str, plan: dict, scores: dict, metrics: list[dict]) -> dict:
+def summary_row(name: str, plan: Plan, scores: dict, metrics: list[dict]) -> dict:
     """One configuration's line of the summary (numbers raw; see :func:`text_table` for display)."""
     mem = measured_memory(metrics)
     rank0 = [r for r in metrics if int(r.get("rank", 0)) == 0]
@@ -37,11 +38,11 @@ def summary_row(name: str, plan: dict, scores: dict, metrics: list[dict]) -> dic
         "foscttm": scores.get("foscttm"),
         "strategies": strategy_ids(plan),
         "mesh": mesh_text(plan),
-        "chunk": plan.get("chunk_size") or 0,
-        "predicted_peak_bytes": int(plan["predicted_peak_bytes"]),
-        "budget_bytes": int(plan["inputs"]["budget_bytes"]),
-        "fits": bool(plan.get("fits")),
-        "recommended_devices": plan.get("recommended_devices"),
+        "chunk": plan.chunk,
+        "predicted_peak_bytes": int(plan.predicted_peak_bytes),
+        "budget_bytes": int(plan.inputs.budget_bytes),
+        "fits": plan.fits,
+        "recommended_devices": plan.recommended_devices,
         "measured_peak_bytes": max(mem.peak.values()) if mem.peak else None,
         "processes": mem.world if mem.world > 0 else None,
         "steps": len(rank0),
@@ -52,7 +53,7 @@ def summary_row(name: str, plan: dict, scores: dict, metrics: list[dict]) -> dic
 def summary_table(configs: dict[str, dict]) -> pd.DataFrame:
     """``configs``: name -> ``{"plan": path, "scores": path, "metrics": path}``."""
     rows = [
-        summary_row(name, read_json(p["plan"], "plan"), read_json(p["scores"], "scores"), read_jsonl(p["metrics"], "metrics file"))
+        summary_row(name, Plan.read(p["plan"]), read_json(p["scores"], "scores"), read_jsonl(p["metrics"], "metrics file"))
         for name, p in configs.items()
     ]
     return pd.DataFrame(rows)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -13,6 +12,7 @@ import torch
 
 from ..io.errors import InputError
 from ..model.paired import GraphSpec
+from ..spec.layout import DataFolder
 
 
 @dataclass
@@ -55,23 +55,23 @@ def load_paired(data_dir) -> PairedData:
         A file is missing, the two modalities list different cells, or graph nodes do
         not match the files' genes and anchors.
     """
-    d = Path(data_dir)
-    for name in ("rna.h5ad", "hic.h5ad", "graph/nodes.parquet", "graph/edges.parquet"):
-        if not (d / name).exists():
-            raise InputError("missing model input", path=d / name)
-    rna = ad.read_h5ad(d / "rna.h5ad")
-    hic = ad.read_h5ad(d / "hic.h5ad")
+    d = DataFolder(data_dir)
+    for path in d.model_inputs:
+        if not path.exists():
+            raise InputError("missing model input", path=path)
+    rna = ad.read_h5ad(d.rna)
+    hic = ad.read_h5ad(d.hic)
     if list(rna.obs_names) != list(hic.obs_names):
-        raise InputError("rna.h5ad and hic.h5ad must list the same cells in the same order", path=d)
-    nodes = pd.read_parquet(d / "graph/nodes.parquet")
-    edges = pd.read_parquet(d / "graph/edges.parquet")
+        raise InputError(f"{d.rna.name} and {d.hic.name} must list the same cells in the same order", path=d.root)
+    nodes = pd.read_parquet(d.nodes)
+    edges = pd.read_parquet(d.edges)
     index = {n: i for i, n in enumerate(nodes["name"])}
     try:
         gene_nodes = np.array([index[g] for g in rna.var_names])
         anchors = hic.var[hic.var["stratum"] == 0].sort_values("anchor")
         anchor_nodes = np.array([index[a] for a in anchors.index])
     except KeyError as e:
-        raise InputError("graph has no node for a feature of the data files", path=d / "graph/nodes.parquet", value=str(e)) from None
+        raise InputError("graph has no node for a feature of the data files", path=d.nodes, value=str(e)) from None
     stratum = hic.var["stratum"].to_numpy().astype(np.int64)
     n_strata = int(hic.uns["ampflow"]["n_strata"])
     hic_counts = _counts(hic)

@@ -1,11 +1,13 @@
 """The training loop: stages, batches in a seeded order, metrics, checkpoints, resume.
 
-Launched by ``torchrun`` (torch.distributed initialised with more than one process),
-the trainer runs the plan on its dp x tp mesh: the plain model is built alike on every
-rank and :func:`~ampflow.parallel.parallelize.parallelize` applies the plan's strategies
-(S2, S5 over the tp group; S3, S4 as settings); every batch's cells are split over the
-dp groups by Hi-C contacts (:func:`~ampflow.parallel.data_parallel.balanced_split`) and
-each step is a :class:`~ampflow.parallel.data_parallel.DataParallelStep`. With dp > 1
+The plain model is built alike on every rank and
+:func:`~ampflow.parallel.parallelize.parallelize` applies the plan (S3, S4 in any world,
+one process included; S2, S5 over the tp group and S1 over the dp groups when
+``torchrun`` launched the plan's dp x tp processes). Every step has one path: the
+batch's cells are split over the dp groups by Hi-C contacts
+(:func:`~ampflow.parallel.data_parallel.balanced_split`) and a
+:class:`~ampflow.parallel.data_parallel.DataParallelStep` runs it, which in a 1 x 1 mesh
+is the plain single-process step, bit for bit. With dp > 1
 the noise and graph sampling come from the trainer's generator (seeded from the train
 seed, alike on every rank); with dp = 1 they are drawn as one process draws them, so a
 tensor-parallel run follows the single-process run (to rounding). With dp > 1 and
@@ -38,16 +40,16 @@ import yaml
 
 from ..io.atomic import atomic_path
 from ..io.errors import InputError
-from ..model.config import ModelConfig
 from ..model.paired import PairedModel
 from ..parallel.data_parallel import DataParallelStep, balanced_split, work_ratio
 from ..parallel.mesh import Mesh
 from ..parallel.parallelize import full_state, load_full_state, parallelize
 from ..progress import Progress
+from ..spec.config import ModelConfig, TrainConfig
+from ..spec.plan import Plan
 from . import checkpoint
-from .config import TrainConfig
 from .data import PairedData
-from .memory import measured_dp_step, measured_step
+from .memory import measured_dp_step
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +72,20 @@ def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) ->
     return batches
 
 
-def plan_mesh(plan: dict | None) -> Mesh | None:
-    """The dp x tp mesh of a run launched by torchrun; None in one process.
+def plan_mesh(plan: Plan | None) -> Mesh:
+    """This process's place in the plan's dp x tp mesh under torchrun; 1 x 1 in one
+    process (where only the plan's S3 and S4 apply).
 
     Raises InputError when the plan's mesh does not multiply to the world size.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return None
+        if plan is not None and plan.world > 1:
+            log.info("one process: the plan's %d-process mesh is not used (launch with torchrun or `ampflow train --launch`)", plan.world)
+        return Mesh(1, 1)
     world = dist.get_world_size()
-    m = (plan or {}).get("mesh") or {}
-    tp = int(m.get("tp", 1))
-    dp = int(m.get("dp", world // tp))
+    mesh = plan.mesh if plan is not None else None
+    tp = mesh.tp if mesh is not None else 1
+    dp = mesh.dp if mesh is not None else world
     if dp * tp != world:
         raise InputError(f"the plan's mesh dp x tp must equal the {world} launched processes", key="mesh", value={"dp": dp, "tp": tp})
     return Mesh.build(dp, tp)
@@ -98,15 +103,16 @@ class Trainer:
 
     Writes ``model.pt``, ``embeddings.h5ad``, ``metrics.jsonl`` and ``config.yaml``
     (each atomically, at the end) and keeps resumable state in ``checkpoints/``.
-    ``plan`` (from ``ampflow diagnose``) matters only under torchrun: see the module
-    docstring.
+    ``plan`` (from ``ampflow diagnose``) is applied by
+    :func:`~ampflow.parallel.parallelize.parallelize`: see the module docstring.
     """
 
     def __init__(self, data: PairedData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir, name: str = "",
-                 stop_after: int | None = None, plan: dict | None = None):  # fmt: skip
+                 stop_after: int | None = None, plan: Plan | None = None):  # fmt: skip
         self.data, self.model_cfg, self.cfg = data, model_cfg, train_cfg
+        self.plan = plan or Plan()
         self.mesh = plan_mesh(plan)
-        self.rank = self.mesh.rank if self.mesh is not None else 0
+        self.rank = self.mesh.rank
         self.out = Path(out_dir)
         self.ckpt_dir = self.out / "checkpoints"
         self.name = name or self.out.name
@@ -118,11 +124,9 @@ class Trainer:
         torch.set_num_threads(train_cfg.threads)
         self.generator = seed_everything(train_cfg.seed)
         self.dtype = getattr(torch, train_cfg.dtype)
-        self.model = build_model(model_cfg, data).to(self.device, self.dtype)
-        if self.mesh is not None:
-            self.model = parallelize(self.model, plan, self.mesh)
-            self.dp_step = DataParallelStep(self.mesh)
-            self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
+        self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), self.plan, self.mesh)
+        self.dp_step = DataParallelStep(self.mesh)
+        self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr)
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
@@ -141,9 +145,17 @@ class Trainer:
             h.update(np.asarray([m.nnz, float(m.data.sum(dtype=np.float64))]).tobytes())
         train = {k: v for k, v in self.cfg.to_dict().items() if k not in ("checkpoint_every", "keep_checkpoints", "gpus")}
         h.update(json.dumps([self.model_cfg.to_dict(), _plain(train)], sort_keys=True).encode())
-        if self.mesh is not None and self.mesh.dp > 1:  # other dp degrees draw other noise
+        if self.plan.chunk or self.plan.uses_key_first:  # they change the rounding
+            h.update(json.dumps(self.applied_settings(), sort_keys=True).encode())
+        if self.mesh.dp > 1:  # other dp degrees draw other noise
             h.update(json.dumps({"dp": self.mesh.dp}).encode())
         return h.hexdigest()
+
+    def applied_settings(self) -> dict:
+        """The plan's single-process savers as the model runs them: S3's chunk (0: none)
+        and S4's key-first decode."""
+        dec = self.model.hic_decoder
+        return {"chunk": int(dec.blocks[0].chunk or 0) if len(dec.blocks) else 0, "key_first": bool(dec.key_first)}
 
     def _payload(self) -> dict:
         """What a checkpoint holds; the model and optimizer consolidated to their
@@ -161,7 +173,7 @@ class Trainer:
     def _save_checkpoint(self) -> None:
         """Rank 0 writes the checkpoint, with every rank's RNG states and the mesh."""
         payload = self._payload()
-        if self.mesh is None:
+        if self.mesh.world == 1:
             checkpoint.save(self.ckpt_dir, self.step, payload, self.cfg.keep_checkpoints)
             return
         states: list = [None] * self.mesh.world
@@ -171,7 +183,7 @@ class Trainer:
             checkpoint.save(self.ckpt_dir, self.step, payload, self.cfg.keep_checkpoints)
 
     def _load_latest(self) -> tuple[dict | None, Path | None]:
-        if self.mesh is None:
+        if self.mesh.world == 1:
             return checkpoint.load_latest(self.ckpt_dir, self.run_key())
         # rank 0 chooses (and cleans up); every rank then loads that file
         state, path = checkpoint.load_latest(self.ckpt_dir, self.run_key()) if self.rank == 0 else (None, None)
@@ -216,15 +228,6 @@ class Trainer:
         return partial
 
     # ----------------------------------------------------------- loop
-    def _train_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
-        if self.mesh is not None:
-            return self._train_step_dp(idx, stage_name, stage_cfg, epoch)
-        rna, hic = self.data.batch(idx)
-        rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
-        t0 = time.perf_counter()
-        terms, peak, per_stratum = measured_step(self.model, self.optimizer, rna, hic, stage_cfg.weights, self.generator)
-        return self._metrics_row(stage_name, epoch, len(idx), terms, time.perf_counter() - t0, peak, per_stratum)
-
     def _metrics_row(self, stage_name, epoch, n_cells, terms, seconds, peak, per_stratum, **extra) -> dict:
         """One line of metrics.jsonl."""
         return {
@@ -239,9 +242,10 @@ class Trainer:
             **extra,
         }
 
-    def _train_step_dp(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
+    def _train_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
         """This dp group's share of the batch (split by Hi-C contacts), one step on the
-        mesh; the metrics row carries every rank's work share, peak and per-stratum bytes."""
+        mesh (in one process: the whole batch); with more than one process the metrics
+        row carries every rank's work share, peak and per-stratum bytes."""
         contacts = self.contacts[idx]
         split = balanced_split(contacts, self.mesh.dp)
         rows = split[self.mesh.dp_rank]
@@ -250,6 +254,8 @@ class Trainer:
         t0 = time.perf_counter()
         terms, peak, per_stratum = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx), self.generator)
         seconds = time.perf_counter() - t0
+        if self.mesh.world == 1:
+            return self._metrics_row(stage_name, epoch, len(idx), terms, seconds, peak, per_stratum)
         ranks: list = [None] * self.mesh.world
         dist.all_gather_object(ranks, (int(peak), seconds, [int(x) for x in per_stratum[: self.data.n_strata]]))
         seconds = max(s for _, s, _ in ranks)
@@ -303,7 +309,7 @@ class Trainer:
                     if math.isnan(row["loss"]["total"]):
                         raise FloatingPointError(f"loss became NaN at step {self.step} ({stage_name}, epoch {epoch})")
                 self.position = (s + 1, 0, 0)
-        if self.mesh is not None and self.mesh.dp > 1 and self.work_ratios:
+        if self.mesh.dp > 1 and self.work_ratios:
             log.info(
                 "per-rank work over %d data-parallel groups (max/mean Hi-C contacts per step): mean %.4f, worst %.4f",
                 self.mesh.dp, sum(self.work_ratios) / len(self.work_ratios), max(self.work_ratios),
@@ -311,7 +317,7 @@ class Trainer:
         model_state, _ = full_state(self.model)  # every rank takes part; rank 0 writes
         if main:
             self._write_outputs(metrics_path, model_state)
-        if self.mesh is not None:
+        if self.mesh.world > 1:
             dist.barrier()
         return True
 
@@ -347,6 +353,7 @@ class Trainer:
                     "state_dict": model_state,
                     "model_config": self.model_cfg.to_dict(),
                     "train_config": _plain(self.cfg.to_dict()),
+                    "plan_settings": self.applied_settings(),
                     "steps": self.step,
                 },
                 tmp,

@@ -1,0 +1,107 @@
+"""Commands of AMP: profile a data folder, diagnose a plan, explain it, record the devices."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ..io.errors import InputError
+
+log = logging.getLogger("ampflow")
+
+
+def _settings(json_text, path, section):
+    """A config section from --SECTION JSON or from a YAML/JSON file's SECTION key (or the whole file)."""
+    import yaml
+
+    if json_text:
+        return json.loads(json_text)
+    if path:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+        return doc.get(section, doc if section == "model" else {})
+    return {}
+
+
+def cmd_profile(a):
+    from ..amp.profile import main_profile
+
+    model = _settings(a.model, a.model_config, "model")
+    train = _settings(a.train, a.model_config, "train")
+    main_profile(a.data_dir, model, train, a.out)
+    log.info("profile of %s written to %s", a.data_dir, a.out)
+
+
+def _device_memory(arg: str, devices_file: str | None = None) -> int:
+    """Bytes per device: a number of GB, or 'auto' = the least free memory among the
+    GPUs in ``devices_file`` (written by `ampflow devices` on a GPU node) or seen here."""
+    if arg != "auto":
+        try:
+            gb = float(arg)
+        except ValueError:
+            raise InputError("must be a number of GB or 'auto'", key="device_memory", value=arg) from None
+        return int(gb * 2**30)
+    from ..devices import probe_devices
+
+    info = json.loads(Path(devices_file).read_text()) if devices_file else probe_devices()
+    free = [d["memory_free"] for d in info["devices"] if "memory_free" in d]
+    if not free:
+        raise InputError("'auto' needs visible NVIDIA GPUs (NVML); give the memory per device in GB", key="device_memory", value=info.get("nvml"))
+    return min(free)
+
+
+def cmd_diagnose(a):
+    from ..amp.diagnose import diagnose
+    from ..amp.profile import read_profile
+
+    settings = {"dimensionality_ratio": a.dimensionality_ratio}
+    plan = diagnose(read_profile(a.profile), a.devices, _device_memory(a.device_memory, a.devices_file), a.budget_fraction, settings=settings)
+    plan.write(a.out)
+    names = ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"
+    log.info("plan: %s; mesh dp %d x tp %d; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, plan.fits, a.out)
+
+
+def cmd_plan_explain(a):
+    from ..amp.diagnose import explain
+    from ..spec.plan import Plan
+
+    sys.stdout.write(explain(Plan.read(a.plan)))
+
+
+def cmd_devices(a):
+    from ..io.atomic import write_text_atomic
+    from ..devices import probe_devices
+
+    info = probe_devices()
+    write_text_atomic(a.out, json.dumps(info, indent=2, sort_keys=True) + "\n")
+    log.info("devices: %s", json.dumps(info))
+
+
+def add_commands(sub) -> None:
+    """Add this group's subcommands to the ``ampflow`` parser."""
+    s = sub.add_parser("profile", help="profile a data folder from metadata only (AMP step 1)")
+    s.add_argument("data_dir")
+    s.add_argument("--model-config", default=None, help="YAML/JSON with 'model' (and 'train') sections, or a model dict")
+    s.add_argument("--model", default="", help="model settings as JSON (instead of --model-config)")
+    s.add_argument("--train", default="", help="training settings as JSON (batch size)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_profile)
+
+    s = sub.add_parser("diagnose", help="signals -> strategies, mesh, chunk size: plan.json (AMP step 2)")
+    s.add_argument("profile")
+    s.add_argument("--devices", type=int, required=True)
+    s.add_argument("--device-memory", required=True, help="GB per device, or 'auto' (free memory from NVML)")
+    s.add_argument("--devices-file", default=None, help="devices.json from `ampflow devices`, for --device-memory auto")
+    s.add_argument("--budget-fraction", type=float, default=0.9)
+    s.add_argument("--dimensionality-ratio", type=float, default=10.0, help="HIGH_INPUT_DIMENSIONALITY threshold")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_diagnose)
+
+    s = sub.add_parser("plan-explain", help="print a plan as a readable table")
+    s.add_argument("plan")
+    s.set_defaults(func=cmd_plan_explain)
+
+    s = sub.add_parser("devices", help="record the visible accelerators (NVML) as JSON")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_devices)

@@ -1,0 +1,290 @@
+"""Commands of the prepare stage: demo data, binning, RNA, QC, pseudobulk, strata, graph."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from ..io.errors import InputError
+
+log = logging.getLogger("ampflow")
+
+
+def _add_naming(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("chromosome names and columns")
+    g.add_argument("--strip-prefix", default="", help="prefix removed from input chromosome names, e.g. mm10_")
+    g.add_argument(
+        "--chr-prefix",
+        default="auto",
+        choices=["auto", "keep", "add", "drop"],
+        help="add or drop 'chr' after stripping (auto: whichever the genome knows)",
+    )
+    g.add_argument("--pairs-columns", default=None, help="1-based 'chrom1,pos1,chrom2,pos2' (default: header or inferred)")
+    g.add_argument("--chromosomes", default=None, help="comma-separated chromosomes to keep (default: all in --chromsizes)")
+
+
+def _chroms(arg):
+    return [c for c in arg.split(",") if c] if arg else None
+
+
+def cmd_demo_data(a):
+    from ..demo import write_demo
+
+    paths = write_demo(a.outdir, n_cells=a.cells, seed=a.seed, scale=a.scale, n_genes=a.genes)
+    log.info("demo data: %s", {k: str(v) for k, v in paths.items()})
+
+
+def cmd_bin_pairs(a):
+    from ..io.atomic import atomic_path
+    from ..io.genome import ChromNamer, read_chromsizes
+    from ..io.pairs import read_pairs
+    from ..prepare.binning import bin_contacts, write_cool
+
+    sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
+    namer = ChromNamer(tuple(sizes), a.strip_prefix, a.chr_prefix)
+    contacts = read_pairs(a.pairs, namer, sizes, columns=a.pairs_columns)
+    pixels = bin_contacts(contacts, sizes, a.resolution)
+    with atomic_path(a.out) as tmp:
+        write_cool(tmp, sizes, a.resolution, pixels, metadata={"source": str(a.pairs), **contacts.stats})
+    log.info("%s: %s -> %s (%d pixels)", a.pairs, contacts.stats, a.out, len(pixels))
+
+
+def cmd_bin_cells(a):
+    from ..io.atomic import atomic_path
+    from ..io.genome import read_chromsizes
+    from ..io.sheet import read_sheet
+    from ..prepare.cells import ParseOptions, bin_cells, write_scool
+
+    sheet = read_sheet(a.sheet)
+    sizes = read_chromsizes(a.chromsizes)
+    keep = _chroms(a.chromosomes)
+    if keep:
+        read_chromsizes(a.chromsizes, keep)  # validates the names
+    if len(a.resolutions) != len(a.out_scool):
+        raise InputError("give one --out-scool per --resolutions entry", key="out_scool", value=a.out_scool)
+    opts = ParseOptions(
+        chromsizes=tuple(sizes.items()),
+        keep=tuple(keep) if keep else None,
+        strip_prefix=a.strip_prefix,
+        chr_prefix=a.chr_prefix,
+        columns=a.pairs_columns,
+        resolutions=tuple(sorted(set(a.resolutions))),
+    )
+    stats = bin_cells(sheet, opts, a.cache_dir, threads=a.threads)
+    for res, out in zip(a.resolutions, a.out_scool):
+        write_scool(out, list(sheet["cell_id"]), a.cache_dir, opts, res)
+        log.info("wrote %s (%d cells at %d bp)", out, len(sheet), res)
+    with atomic_path(a.stats) as tmp:
+        stats.to_csv(tmp, sep="\t")
+
+
+def cmd_load_rna(a):
+    from ..io.atomic import atomic_path
+    from ..io.rna import read_rna, round_counts
+    from ..prepare.qc import rna_stats
+
+    adata = read_rna(a.rna)
+    adata.X, report = round_counts(adata.X, a.rounding)
+    log.info(
+        "%s: %d genes x %d cells; rounded %d fractional of %d nonzero counts (%s): total %.1f -> %.0f",
+        a.rna,
+        adata.n_vars,
+        adata.n_obs,
+        report["fractional_entries"],
+        report["nonzero_entries"],
+        report["mode"],
+        report["total_before"],
+        report["total_after"],
+    )
+    adata.uns["ampflow"] = {"rounding": report, "source": str(a.rna)}
+    with atomic_path(a.out) as tmp:
+        adata.write_h5ad(tmp, compression="gzip")
+    with atomic_path(a.stats) as tmp:
+        rna_stats(adata).to_csv(tmp, sep="\t")
+
+
+def cmd_qc_cells(a):
+    import pandas as pd
+
+    from ..io.atomic import atomic_path
+    from ..io.sheet import read_sheet
+    from ..prepare.qc import QCThresholds, qc_table
+
+    sheet = read_sheet(a.sheet, check_files=False)
+    contacts = pd.read_csv(a.contacts, sep="\t", index_col="cell_id", dtype={"cell_id": str})
+    rna = pd.read_csv(a.rna_stats, sep="\t", index_col="cell_id", dtype={"cell_id": str})
+    th = QCThresholds(a.min_contacts, a.min_cis_fraction, a.min_umis, a.min_genes)
+    table = qc_table(contacts, rna, th, rna_path=a.rna_stats)
+    meta = sheet.drop(columns=["cell_id", "pairs"])
+    table = table.join(meta, how="left")
+    with atomic_path(a.out) as tmp:
+        table.to_csv(tmp, sep="\t")
+
+
+def cmd_pseudobulk(a):
+    from ..prepare.pseudobulk import write_mcool
+    from ..prepare.qc import passing_cells, read_qc
+
+    cells = passing_cells(read_qc(a.qc))
+    if not cells:
+        raise InputError("no cell passes QC; nothing to pool", path=a.qc)
+    scools = {}
+    for spec in a.scool:
+        res, _, path = spec.partition("=")
+        scools[int(res)] = path
+    report = write_mcool(a.out, scools, cells, balance=not a.no_balance, extra=a.extra_resolutions)
+    log.info("pseudobulk of %d cells: %s", len(cells), json.dumps(report))
+
+
+def _qc_obs(qc_path, cells):
+    from ..prepare.qc import read_qc
+
+    qc = read_qc(qc_path)
+    drop = ["pass", "reason", "in_pairs", "in_rna", "matched"]
+    return qc.loc[cells].drop(columns=[c for c in drop if c in qc.columns])
+
+
+def cmd_strata(a):
+    from ..io.atomic import atomic_path
+    from ..io.genome import read_chromsizes
+    from ..prepare.qc import passing_cells, read_qc
+    from ..prepare.strata import build_strata
+
+    cells = [c for c in passing_cells(read_qc(a.qc))]
+    sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
+    adata = build_strata(a.scool, cells, list(sizes), a.strata, a.min_cells, a.min_count, obs=_qc_obs(a.qc, cells))
+    with atomic_path(a.out) as tmp:
+        adata.write_h5ad(tmp, compression="gzip")
+
+
+def cmd_rna_data(a):
+    import anndata as ad
+
+    from ..io.annotation import read_genes
+    from ..io.atomic import atomic_path
+    from ..io.genome import ChromNamer, read_chromsizes
+    from ..prepare.qc import passing_cells, read_qc
+    from ..prepare.rna import build_rna
+
+    sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
+    genes = read_genes(a.genes, ChromNamer(tuple(sizes), a.strip_prefix, a.chr_prefix), sizes)
+    if genes.attrs.get("dropped"):
+        log.info("%s: %d genes off the analysed chromosomes dropped", a.genes, genes.attrs["dropped"])
+    cells = passing_cells(read_qc(a.qc))
+    counts = ad.read_h5ad(a.counts)
+    adata = build_rna(counts, cells, genes, a.n_top_genes, obs=_qc_obs(a.qc, cells))
+    with atomic_path(a.out) as tmp:
+        adata.write_h5ad(tmp, compression="gzip")
+
+
+def cmd_graph(a):
+    import anndata as ad
+
+    from ..io.genome import read_chromsizes
+    from ..prepare.graph import build_graph, write_graph
+
+    sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
+    rna = ad.read_h5ad(a.rna, backed="r")
+    hic = ad.read_h5ad(a.hic, backed="r")
+    res = int(hic.uns["ampflow"]["resolution"])
+    nodes, edges = build_graph(rna.var, hic.var, a.mcool, res, sizes, a.promoter_upstream, a.contact_quantile)
+    meta = {
+        "resolution": res,
+        "n_nodes": int(len(nodes)),
+        "n_genes": int((nodes["kind"] == "gene").sum()),
+        "n_anchors": int((nodes["kind"] == "anchor").sum()),
+        "n_edges": int(len(edges)),
+        "edges_by_kind": {str(k): int(v) for k, v in edges["kind"].value_counts().sort_index().items()},
+        "promoter_upstream": a.promoter_upstream,
+        "contact_quantile": a.contact_quantile,
+    }
+    write_graph(a.out, nodes, edges, meta)
+
+
+def add_commands(sub) -> None:
+    """Add this group's subcommands to the ``ampflow`` parser."""
+    s = sub.add_parser("demo-data", help="write a synthetic HiRES-like dataset")
+    s.add_argument("outdir")
+    s.add_argument("--cells", type=int, default=120)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--scale", type=float, default=0.25, help="chromosome length scale vs mm10")
+    s.add_argument("--genes", type=int, default=3000)
+    s.set_defaults(func=cmd_demo_data)
+
+    s = sub.add_parser("bin-pairs", help="bin one pairs file into a single-cell cooler")
+    s.add_argument("pairs")
+    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--resolution", type=int, required=True)
+    s.add_argument("--out", required=True)
+    _add_naming(s)
+    s.set_defaults(func=cmd_bin_pairs)
+
+    s = sub.add_parser("bin-cells", help="bin every cell of a sheet into .scool files (cached per cell)")
+    s.add_argument("--sheet", required=True)
+    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--resolutions", type=int, nargs="+", required=True)
+    s.add_argument("--out-scool", nargs="+", required=True, help="one per resolution, same order")
+    s.add_argument("--stats", required=True, help="per-cell contact stats TSV")
+    s.add_argument("--cache-dir", required=True)
+    s.add_argument("--threads", type=int, default=1)
+    _add_naming(s)
+    s.set_defaults(func=cmd_bin_cells)
+
+    s = sub.add_parser("load-rna", help="read, validate and round an RNA count matrix")
+    s.add_argument("rna")
+    s.add_argument("--out", required=True)
+    s.add_argument("--stats", required=True)
+    s.add_argument("--rounding", default="half_up", choices=["half_up", "half_even", "floor", "ceil"])
+    s.set_defaults(func=cmd_load_rna)
+
+    s = sub.add_parser("qc-cells", help="per-cell QC table")
+    s.add_argument("--sheet", required=True)
+    s.add_argument("--contacts", required=True)
+    s.add_argument("--rna-stats", required=True)
+    s.add_argument("--min-contacts", type=int, default=1000)
+    s.add_argument("--min-cis-fraction", type=float, default=0.5)
+    s.add_argument("--min-umis", type=int, default=500)
+    s.add_argument("--min-genes", type=int, default=200)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_qc_cells)
+
+    s = sub.add_parser("pseudobulk", help="pool passing cells into a multi-resolution .mcool")
+    s.add_argument("--scool", nargs="+", required=True, help="RES=PATH entries")
+    s.add_argument("--qc", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--no-balance", action="store_true")
+    s.add_argument("--extra-resolutions", type=int, nargs="*", default=[], help="coarser zoom levels (multiples of the finest)")
+    s.set_defaults(func=cmd_pseudobulk)
+
+    s = sub.add_parser("strata", help="build the strata file (hic.h5ad)")
+    s.add_argument("--scool", required=True)
+    s.add_argument("--qc", required=True)
+    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--chromosomes", default=None)
+    s.add_argument("--strata", type=int, required=True)
+    s.add_argument("--min-cells", type=int, default=1)
+    s.add_argument("--min-count", type=int, default=1)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_strata)
+
+    s = sub.add_parser("rna-data", help="build the RNA model file (rna.h5ad)")
+    s.add_argument("--counts", required=True)
+    s.add_argument("--qc", required=True)
+    s.add_argument("--genes", required=True)
+    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--n-top-genes", type=int, default=2000)
+    s.add_argument("--out", required=True)
+    _add_naming(s)
+    s.set_defaults(func=cmd_rna_data)
+
+    s = sub.add_parser("graph", help="build the guidance graph (nodes + edges tables)")
+    s.add_argument("--rna", required=True)
+    s.add_argument("--hic", required=True)
+    s.add_argument("--mcool", required=True)
+    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--chromosomes", default=None)
+    s.add_argument("--promoter-upstream", type=int, default=2000)
+    s.add_argument("--contact-quantile", type=float, default=0.9)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_graph)

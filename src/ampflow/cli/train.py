@@ -1,0 +1,53 @@
+"""Commands that train a configuration and evaluate its embeddings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+log = logging.getLogger("ampflow")
+
+
+def cmd_train(a):
+    from ..spec.config import ModelConfig, TrainConfig
+    from ..spec.plan import Plan
+    from ..train.launch import run_training
+
+    model_cfg = ModelConfig.from_dict(json.loads(a.model) if a.model else {})
+    train_cfg = TrainConfig.from_dict(json.loads(a.train) if a.train else {})
+    plan = Plan.read(a.plan) if a.plan else None
+    relaunch = [x for x in a.argv if x != "--launch"] if a.launch else None
+    return run_training(a.data, a.out, model_cfg, train_cfg, plan, name=a.name, stop_after=a.stop_after, relaunch_argv=relaunch)
+
+
+def cmd_evaluate(a):
+    from ..evaluate.run import main_evaluate
+
+    scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed)
+    log.info("scores: %s", json.dumps(scores, sort_keys=True))
+
+
+def add_commands(sub) -> None:
+    """Add this group's subcommands to the ``ampflow`` parser."""
+    s = sub.add_parser("train", help="train the paired model on one configuration's data folder")
+    s.add_argument("--data", required=True, help="data/{cfg} folder: rna.h5ad, hic.h5ad, graph/")
+    s.add_argument("--out", required=True, help="train/{cfg} folder")
+    s.add_argument("--name", default="", help="configuration name recorded in the outputs")
+    s.add_argument("--model", default="", help="model settings as JSON (config section 'model')")
+    s.add_argument("--train", default="", help="training settings as JSON (config section 'train')")
+    s.add_argument("--plan", default=None, help="plan.json from `ampflow diagnose`: its chunk size and key-first decode apply in any world; its mesh under torchrun")
+    s.add_argument(
+        "--launch", action="store_true",
+        help="for a plan of more than one process (dp x tp > 1) start the plan's world of processes with torchrun; "
+        "without it (or under torchrun) train in this process",
+    )  # fmt: skip
+    s.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop as if killed
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("evaluate", help="score embeddings (Leiden ARI/NMI, FOSCTTM) and plot a UMAP")
+    s.add_argument("--embeddings", required=True)
+    s.add_argument("--out-dir", required=True)
+    s.add_argument("--label-key", default="cell_type")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_evaluate)

@@ -1,0 +1,224 @@
+"""Leiden clustering scores of a latent against cell labels, and checks on the latents.
+
+The trainer writes ``embeddings.h5ad``: cells in ``obs`` (optionally with a
+``cell_type`` column) and three latents in ``obsm``: ``X_rna`` and ``X_hic`` (one
+per modality, in a shared space) and ``X_joint``. :func:`check_embeddings` says
+clearly what is missing or unusable before any scoring starts.
+:func:`cluster_scores` reports ARI and NMI of Leiden clusters of ``X_joint``
+against the cell labels, with the resolution chosen the way scIB does (the best
+NMI over a grid), together with FOSCTTM between ``X_rna`` and ``X_hic`` (see
+:mod:`.foscttm`), so that one call gives every number of ``scores.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from ..io.errors import InputError
+from .foscttm import foscttm_directions
+
+log = logging.getLogger(__name__)
+
+#: The latents the trainer writes, all required.
+EMBEDDING_KEYS = ("X_rna", "X_hic", "X_joint")
+
+#: Leiden resolutions searched for the best NMI (scIB's grid: 0.1, 0.2, ..., 2.0).
+LEIDEN_RESOLUTIONS = tuple(round(0.1 * k, 1) for k in range(1, 21))
+
+#: Resolution used when there are no labels to choose one with (scanpy's default).
+DEFAULT_RESOLUTION = 1.0
+
+#: Neighbours in the kNN graph (scanpy's default); fewer when there are fewer cells.
+N_NEIGHBORS = 15
+
+
+# ---------------------------------------------------------------- input checks
+def check_embeddings(adata: ad.AnnData, keys=EMBEDDING_KEYS, path=None) -> None:
+    """Raise :class:`InputError` unless ``adata`` has usable latents under ``keys``.
+
+    Parameters
+    ----------
+    adata
+        The embeddings.
+    keys
+        ``obsm`` keys that must be present, 2-D, finite, and with at least 3 cells.
+    path
+        The file ``adata`` was read from, named in the error.
+
+    Raises
+    ------
+    InputError
+        Naming the file and the missing or unusable key.
+    """
+    for key in keys:
+        if key not in adata.obsm:
+            have = ", ".join(sorted(adata.obsm.keys())) or "none"
+            raise InputError(f"obsm key missing (obsm has: {have})", path=path, key=f"obsm/{key}")
+        arr = np.asarray(adata.obsm[key])
+        if arr.ndim != 2 or arr.shape[1] == 0:
+            raise InputError(f"expected a cells x latent matrix, got shape {arr.shape}", path=path, key=f"obsm/{key}")
+        if not np.isfinite(arr).all():
+            bad = int((~np.isfinite(arr)).any(axis=1).sum())
+            raise InputError(f"{bad} cells have NaN or infinite latent values", path=path, key=f"obsm/{key}")
+    if adata.n_obs < 3:
+        # a kNN graph and a ranking against "other cells" need a few cells
+        raise InputError(f"need at least 3 cells to evaluate, got {adata.n_obs}", path=path)
+    if "X_rna" in keys and "X_hic" in keys and adata.obsm["X_rna"].shape[1] != adata.obsm["X_hic"].shape[1]:
+        raise InputError(
+            "X_rna and X_hic must share a latent space (same width) to compare them, got "
+            f"{adata.obsm['X_rna'].shape[1]} and {adata.obsm['X_hic'].shape[1]}",
+            path=path,
+            key="obsm/X_hic",
+        )
+
+
+def _labels(adata: ad.AnnData, label_key: str | None) -> pd.Series | None:
+    """Labels as strings with NaN kept, or None when there is no usable label column."""
+    if label_key is None or label_key not in adata.obs.columns:
+        return None
+    labels = adata.obs[label_key]
+    if labels.isna().all():
+        return None
+    # strings, so that integer-coded and categorical labels compare the same way
+    return pd.Series([None if pd.isna(v) else str(v) for v in labels], index=labels.index, dtype=object)
+
+
+# ---------------------------------------------------------------- clustering
+def _neighbors_adata(rep: np.ndarray, seed: int) -> ad.AnnData:
+    """A private AnnData with a kNN graph on ``rep``, so the caller's object is untouched."""
+    import scanpy as sc
+
+    rep = np.asarray(rep, dtype=np.float32)
+    a = ad.AnnData(obs=pd.DataFrame(index=[str(i) for i in range(len(rep))]), obsm={"X_rep": rep})
+    n_neighbors = min(N_NEIGHBORS, a.n_obs - 1)
+    # Exact kNN (sklearn, brute force) at every size instead of scanpy's switch to
+    # pynndescent above 8192 cells: latents are narrow, so exact search stays cheap
+    # at tens of thousands of cells, the graph does not depend on thread count, and
+    # scanpy 1.11's pynndescent path fails under scipy >= 1.17 (csr_array.getnnz).
+    sc.pp.neighbors(a, n_neighbors=n_neighbors, use_rep="X_rep", transformer="sklearn", random_state=seed)
+    return a
+
+
+def _leiden(a: ad.AnnData, resolution: float, seed: int) -> np.ndarray:
+    import scanpy as sc
+
+    sc.tl.leiden(
+        a,
+        resolution=resolution,
+        flavor="igraph",
+        n_iterations=2,
+        directed=False,
+        random_state=seed,
+        key_added="leiden",
+    )
+    return a.obs["leiden"].to_numpy()
+
+
+def cluster_scores(
+    adata: ad.AnnData, use_rep: str = "X_joint", label_key: str | None = "cell_type", seed: int = 0
+) -> dict:
+    """Leiden clustering scores of one latent and FOSCTTM between the modalities.
+
+    Builds a kNN graph on ``obsm[use_rep]`` (15 neighbours, fewer for tiny data)
+    and runs Leiden (igraph, 2 iterations) at each resolution of
+    :data:`LEIDEN_RESOLUTIONS`. As in scIB, the resolution with the highest NMI
+    against the labels is kept (the lowest one on ties) and ARI and NMI are
+    reported there. ARI and NMI are computed over labelled cells only; unlabelled
+    cells still take part in the graph and the clustering. Without labels, Leiden
+    runs once at resolution 1.0 and ARI/NMI are None.
+
+    ``adata`` is not modified.
+
+    Parameters
+    ----------
+    adata
+        Embeddings with ``obsm`` ``X_rna``, ``X_hic`` and ``use_rep``.
+    use_rep
+        The ``obsm`` key clustered.
+    label_key
+        ``obs`` column with the reference labels; missing or all-NaN means no labels.
+    seed
+        Random state for the neighbour search and Leiden; the same seed gives the
+        same scores.
+
+    Returns
+    -------
+    dict
+        ``ari``, ``nmi`` (float or None), ``leiden_resolution`` (float),
+        ``n_clusters`` (int, at that resolution, over all cells), ``n_cells``,
+        ``n_labelled`` (cells with a label), ``foscttm``, ``foscttm_rna_to_hic``,
+        ``foscttm_hic_to_rna`` (floats), and ``use_rep``, ``label_key`` (None when
+        no labels were used) and ``seed`` so a score file says how it was made.
+
+    Raises
+    ------
+    InputError
+        If a needed ``obsm`` key is missing or unusable.
+    """
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    check_embeddings(adata, keys=tuple(dict.fromkeys(("X_rna", "X_hic", use_rep))))
+    n = adata.n_obs
+
+    log.info("FOSCTTM between X_rna and X_hic (%d cells)", n)
+    rna_to_hic, hic_to_rna = foscttm_directions(adata.obsm["X_rna"], adata.obsm["X_hic"])
+    log.info("FOSCTTM: RNA->Hi-C %.4f, Hi-C->RNA %.4f", rna_to_hic, hic_to_rna)
+
+    log.info("kNN graph on %s (%d neighbours)", use_rep, min(N_NEIGHBORS, n - 1))
+    graph = _neighbors_adata(adata.obsm[use_rep], seed)
+
+    labels = _labels(adata, label_key)
+    if labels is None:
+        if label_key is not None:
+            log.info("no labels in obs[%r]: Leiden at resolution %.1f, no ARI/NMI", label_key, DEFAULT_RESOLUTION)
+        best_res = DEFAULT_RESOLUTION
+        best_clusters = _leiden(graph, best_res, seed)
+        ari = nmi = None
+        n_labelled = 0
+    else:
+        mask = labels.notna().to_numpy()
+        truth = labels.to_numpy()[mask]
+        n_labelled = int(mask.sum())
+        log.info(
+            "Leiden over %d resolutions against %s (%d labelled cells, %d labels)",
+            len(LEIDEN_RESOLUTIONS),
+            label_key,
+            n_labelled,
+            len(set(truth)),
+        )
+        best_nmi = -math.inf
+        for res in LEIDEN_RESOLUTIONS:
+            clusters = _leiden(graph, res, seed)
+            score = normalized_mutual_info_score(truth, clusters[mask])
+            log.debug("resolution %.1f: %d clusters, NMI %.4f", res, len(set(clusters)), score)
+            if score > best_nmi:  # strict: ties keep the lower resolution
+                best_nmi, best_res, best_clusters = score, res, clusters
+        nmi = float(best_nmi)
+        ari = float(adjusted_rand_score(truth, best_clusters[mask]))
+    n_clusters = len(set(best_clusters))
+    log.info(
+        "Leiden resolution %.1f: %d clusters, ARI %s, NMI %s",
+        best_res,
+        n_clusters,
+        "n/a" if ari is None else f"{ari:.4f}",
+        "n/a" if nmi is None else f"{nmi:.4f}",
+    )
+    return {
+        "ari": ari,
+        "nmi": nmi,
+        "leiden_resolution": float(best_res),
+        "n_clusters": int(n_clusters),
+        "n_cells": int(n),
+        "n_labelled": n_labelled,
+        "foscttm": float((rna_to_hic + hic_to_rna) / 2.0),
+        "foscttm_rna_to_hic": float(rna_to_hic),
+        "foscttm_hic_to_rna": float(hic_to_rna),
+        "use_rep": use_rep,
+        "label_key": label_key if labels is not None else None,
+        "seed": int(seed),
+    }

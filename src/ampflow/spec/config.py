@@ -1,0 +1,155 @@
+"""The config sections ``model`` and ``train`` as typed dataclasses, validated on construction.
+
+Torch-free, so that the profile and the diagnosis (which never build a model) read the
+same defaults and validation as the trainer does. The Snakemake schema documents the same
+defaults; ``tests/test_config.py`` holds the two together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from ..io.errors import InputError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and switches of the paired model (config section ``model``).
+
+    ``decoder_dim`` is the Hi-C decoder's hidden width D (None: the latent size); it is
+    the dimension the hidden-parallel strategy shards. ``chunk`` > 0 turns on chunked
+    local attention (S3) with query chunks of that many anchors; ``key_first`` the
+    key-first decode (S4). Both give the same numbers as the naive forms.
+    """
+
+    latent_dim: int = 32
+    hidden_dim: int = 256
+    decoder_dim: int | None = None
+    heads: int = 4
+    window: int = 8
+    attention: bool = True
+    chunk: int = 0
+    key_first: bool = False
+    ffn_mult: int = 2
+    dropout: float = 0.1
+    neg_samples: int = 5
+    graph_batch: int = 4096
+
+    def __post_init__(self):
+        for name in ("latent_dim", "hidden_dim", "heads", "ffn_mult", "graph_batch"):
+            if getattr(self, name) < 1:
+                raise InputError("must be >= 1", key=f"model.{name}", value=getattr(self, name))
+        for name in ("window", "chunk", "neg_samples"):
+            if getattr(self, name) < 0:
+                raise InputError("must be >= 0", key=f"model.{name}", value=getattr(self, name))
+        if not 0 <= self.dropout < 1:
+            raise InputError("must be in [0, 1)", key="model.dropout", value=self.dropout)
+        if self.D % self.heads:
+            raise InputError(f"decoder width {self.D} is not divisible by heads", key="model.heads", value=self.heads)
+
+    @property
+    def D(self) -> int:
+        return self.decoder_dim or self.latent_dim
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "ModelConfig":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InputError(f"unknown key(s); known: {sorted(known)}", key="model", value=unknown)
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """Weights of the loss terms (one set per training stage)."""
+
+    kl: float = 1.0
+    graph: float = 0.02
+    align: float = 20.0
+    cross: float = 0.0
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One training stage: epochs, learning rate and loss weights."""
+
+    epochs: int
+    lr: float
+    weights: LossWeights
+
+    @classmethod
+    def from_dict(cls, d: dict, key: str) -> "StageConfig":
+        d = dict(d)
+        w = d.pop("weights", {}) or {}
+        unknown = sorted(set(d) - {"epochs", "lr"})
+        if unknown:
+            raise InputError("unknown key(s); known: epochs, lr, weights", key=key, value=unknown)
+        known_w = {f.name for f in fields(LossWeights)}
+        if set(w) - known_w:
+            raise InputError(f"unknown loss weight(s); known: {sorted(known_w)}", key=f"{key}.weights", value=sorted(set(w) - known_w))
+        cfg = cls(epochs=int(d.get("epochs", 0)), lr=float(d.get("lr", 1e-3)), weights=LossWeights(**w))
+        if cfg.epochs < 0 or cfg.lr <= 0:
+            raise InputError("epochs must be >= 0 and lr > 0", key=key, value=d)
+        return cfg
+
+
+#: Bytes per element of the dtypes a run may train in (``train.dtype``).
+DTYPE_BYTES = {"float32": 4, "float64": 8}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Settings of one training run (config section ``train``)."""
+
+    seed: int = 0
+    batch_size: int = 32
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 3
+    threads: int = 1
+    device: str = "auto"
+    dtype: str = "float32"
+    gpus: int = 1
+    pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 2e-3, LossWeights()))
+    finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 5e-4, LossWeights()))
+
+    def __post_init__(self):
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 2:
+            raise InputError("must be an integer >= 2 (batch normalisation needs two cells)", key="train.batch_size", value=self.batch_size)
+        if self.checkpoint_every < 1 or self.keep_checkpoints < 1 or self.threads < 1:
+            raise InputError("checkpoint_every, keep_checkpoints and threads must be >= 1", key="train", value=asdict(self))
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise InputError("must be auto, cpu or cuda", key="train.device", value=self.device)
+        if self.dtype not in DTYPE_BYTES:
+            raise InputError(f"must be one of {', '.join(DTYPE_BYTES)}", key="train.dtype", value=self.dtype)
+
+    @property
+    def stages(self) -> list[tuple[str, StageConfig]]:
+        return [("pretrain", self.pretrain), ("finetune", self.finetune)]
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def cross_reconstruction(self) -> bool:
+        """Whether any stage trains the cross-reconstruction term (it adds a second pass
+        through both decoders, so the memory model counts it)."""
+        return any(stage.weights.cross > 0 for _, stage in self.stages)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "TrainConfig":
+        d = dict(d or {})
+        stages = {k: StageConfig.from_dict(d.pop(k), f"train.{k}") for k in ("pretrain", "finetune") if k in d}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InputError(f"unknown key(s); known: {sorted(known)}", key="train", value=unknown)
+        return cls(**d, **stages)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,204 @@
+"""The typed plan (``plan.json``): what the diagnosis decided and every later stage obeys.
+
+:meth:`Plan.read` and :meth:`Plan.write` are the only code that reads or writes a plan's
+JSON. The diagnosis (:mod:`ampflow.amp.diagnose`) builds a :class:`Plan`;
+:func:`ampflow.parallel.parallelize.parallelize` applies it to a built model (any world
+size, one included); the launcher starts :attr:`Plan.world` processes; the reports show it.
+Identical plans give identical bytes (:meth:`Plan.dumps`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..io.atomic import write_text_atomic
+from ..io.errors import InputError
+from .strategies import KEY_FIRST_DECODE
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlannedStrategy:
+    """One strategy of a plan: its S-number, name and one-line summary."""
+
+    id: str
+    name: str
+    summary: str = ""
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "summary": self.summary}
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """The dp x tp degrees a plan trains on (the processes themselves are
+    :class:`ampflow.parallel.mesh.Mesh`)."""
+
+    dp: int = 1
+    tp: int = 1
+
+    def __post_init__(self):
+        if self.dp < 1 or self.tp < 1:
+            raise InputError("mesh degrees must be >= 1", key="mesh", value={"dp": self.dp, "tp": self.tp})
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan was made for: the profile, the devices and the memory budget."""
+
+    profile_hash: str = ""
+    devices: int = 1
+    device_memory_bytes: int = 0
+    budget_fraction: float = 1.0
+    budget_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An AMP plan.
+
+    Attributes
+    ----------
+    strategies : tuple of PlannedStrategy
+        In the order the diagnosis chose them.
+    mesh : MeshShape
+    chunk_size : int or None
+        Query chunk of the local attention (S3); None when S3 is not used.
+    key_first : bool
+        Key-first decode (S4).
+    predicted_peak_bytes, M_base_bytes, M_stratum_bytes : int
+        The memory model's per-device prediction for this plan.
+    signals, memory_components : dict
+        Evidence and the prediction's breakdown, as the diagnosis wrote them.
+    """
+
+    version: int = PLAN_VERSION
+    inputs: PlanInputs = field(default_factory=PlanInputs)
+    signals: dict = field(default_factory=dict)
+    strategies: tuple[PlannedStrategy, ...] = ()
+    mesh: MeshShape = field(default_factory=MeshShape)
+    world_size: int | None = None
+    chunk_size: int | None = None
+    key_first: bool = False
+    predicted_peak_bytes: int = 0
+    M_base_bytes: int = 0
+    M_stratum_bytes: int = 0
+    n_strata: int = 0
+    memory_components: dict = field(default_factory=dict)
+    fits: bool = True
+    recommended_devices: int | None = None
+    reasons: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.chunk_size is not None and self.chunk_size < 0:
+            raise InputError("must be >= 0", key="chunk_size", value=self.chunk_size)
+        if self.world_size is not None and self.world_size < 1:
+            raise InputError("must be >= 1", key="world_size", value=self.world_size)
+
+    # ------------------------------------------------------------ what it says
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The strategies' names, in plan order."""
+        return tuple(s.name for s in self.strategies)
+
+    def uses(self, name: str) -> bool:
+        return name in self.names
+
+    @property
+    def world(self) -> int:
+        """Processes that train this plan: dp x tp."""
+        return self.mesh.world
+
+    @property
+    def chunk(self) -> int:
+        """The attention chunk to run with (0: none). A plan that names S3 without a size
+        runs unchunked, as the plain model does."""
+        return int(self.chunk_size or 0)
+
+    @property
+    def uses_key_first(self) -> bool:
+        return bool(self.key_first) or self.uses(KEY_FIRST_DECODE)
+
+    def summary(self) -> str:
+        """One log line: strategies, mesh, chunk, key-first."""
+        return (
+            f"plan: {', '.join(self.names) or 'no strategy'}; mesh dp {self.mesh.dp} x tp {self.mesh.tp}; "
+            f"chunk {self.chunk or '-'}, key-first {self.uses_key_first}"
+        )
+
+    # ------------------------------------------------------------ conversion
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "inputs": dict(vars(self.inputs)),
+            "signals": self.signals,
+            "strategies": [s.to_dict() for s in self.strategies],
+            "mesh": {"dp": self.mesh.dp, "tp": self.mesh.tp},
+            "world_size": self.world_size if self.world_size is not None else self.world,
+            "chunk_size": self.chunk_size,
+            "key_first": self.key_first,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "M_base_bytes": self.M_base_bytes,
+            "M_stratum_bytes": self.M_stratum_bytes,
+            "n_strata": self.n_strata,
+            "memory_components": self.memory_components,
+            "fits": self.fits,
+            "recommended_devices": self.recommended_devices,
+            "reasons": list(self.reasons),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, path=None) -> "Plan":
+        """A plan from its JSON object. Keys left out take their defaults (a hand-written
+        plan may give only ``mesh`` and ``strategies``); a wrong type names the key."""
+        if not isinstance(d, dict):
+            raise InputError("a plan must be a JSON object", path=path, value=type(d).__name__)
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise InputError(f"unknown plan key(s); known: {sorted(cls.__dataclass_fields__)}", path=path, value=unknown)
+        try:
+            mesh = d.get("mesh") or {}
+            strategies = tuple(PlannedStrategy(str(s.get("id", "")), str(s["name"]), str(s.get("summary", ""))) for s in d.get("strategies") or [])
+            inputs = PlanInputs(**(d.get("inputs") or {}))
+            kw = {k: d[k] for k in ("version", "signals", "world_size", "chunk_size", "key_first", "predicted_peak_bytes",
+                                     "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",
+                                     "recommended_devices") if k in d}  # fmt: skip
+            return cls(
+                inputs=inputs,
+                strategies=strategies,
+                mesh=MeshShape(int(mesh.get("dp", 1)), int(mesh.get("tp", 1))),
+                reasons=tuple(d.get("reasons") or ()),
+                **kw,
+            )
+        except InputError as e:
+            raise InputError(e.message, path=path, key=e.key, value=e.value) from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InputError(f"malformed plan ({type(e).__name__}: {e})", path=path) from None
+
+    def dumps(self) -> str:
+        """Canonical text: identical plans give identical bytes."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def write(self, path) -> Path:
+        """Write atomically (nothing under ``path`` until complete)."""
+        write_text_atomic(path, self.dumps())
+        return Path(path)
+
+    @classmethod
+    def read(cls, path) -> "Plan":
+        """Read ``plan.json``; a missing file or bad JSON is an InputError naming it."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputError("plan does not exist", path=path)
+        try:
+            doc = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
+        return cls.from_dict(doc, path)

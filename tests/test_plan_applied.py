@@ -1,0 +1,98 @@
+"""A plan applies through the library API in one process, and plans what the run trains.
+
+Two bugs this file pins down: ``Trainer(plan=...)`` in one process once ignored the plan's
+chunked attention (S3) and key-first decode (S4), which only the command line applied;
+and the profile once planned every run as float32, so a float64 run was planned with half
+its memory. The referees are independent of the plan code: the model's own config path
+(``ModelConfig(chunk=..., key_first=...)``, no plan), and the bytes the trainer measures
+on the CPU (what autograd saved plus parameters, gradients and optimizer state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ampflow.amp.diagnose import diagnose
+from ampflow.amp.memory_model import profile_memory
+from ampflow.amp.profile import profile_data
+from ampflow.amp.signals import evaluate_signals
+from ampflow.demo import write_demo
+from ampflow.spec.config import TrainConfig
+from ampflow.spec.plan import Plan, PlannedStrategy
+from ampflow.spec.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE
+from ampflow.train.data import load_paired
+from ampflow.train.trainer import Trainer
+from test_trainer import MODEL, SETTINGS, prepare
+
+SHORT = {**SETTINGS, "pretrain": {"epochs": 1}, "finetune": {"epochs": 0}}  # 3 steps
+S3_S4 = Plan(
+    strategies=(PlannedStrategy("S3", CHUNKED_ATTENTION), PlannedStrategy("S4", KEY_FIRST_DECODE)),
+    chunk_size=3,
+    key_first=True,
+)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("plan-data")
+    return prepare(write_demo(root / "demo", n_cells=24, seed=0, n_genes=300), root / "work")
+
+
+@pytest.fixture(scope="module")
+def paired(data_dir):
+    return load_paired(data_dir)
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_one_process_trainer_runs_the_plans_chunk_and_key_first(paired, tmp_path):
+    train = TrainConfig.from_dict(SHORT)
+    planned = Trainer(paired, MODEL, train, tmp_path / "planned", plan=S3_S4)
+    assert planned.mesh.world == 1
+    assert planned.applied_settings() == {"chunk": 3, "key_first": True}
+    assert planned.fit()
+    # the same run with the settings in the model config instead of a plan
+    by_config = tmp_path / "by_config"
+    assert Trainer(paired, dataclasses.replace(MODEL, chunk=3, key_first=True), train, by_config).fit()
+    plain = tmp_path / "plain"
+    assert Trainer(paired, MODEL, train, plain).fit()
+    a, b, c = rows(tmp_path / "planned"), rows(by_config), rows(plain)
+    assert len(a) == len(b) == len(c) == 3
+    # chunked attention saves n x (C + 2w) probabilities instead of n x n (and no mask),
+    # key-first saves the gathered keys: the bytes show which kernels ran
+    assert [r["peak_bytes"] for r in a] == [r["peak_bytes"] for r in b]
+    assert [r["stratum_bytes"] for r in a] == [r["stratum_bytes"] for r in b]
+    assert all(x["peak_bytes"] < y["peak_bytes"] for x, y in zip(a, c)), (a[0]["peak_bytes"], c[0]["peak_bytes"])
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    saved = torch.load(tmp_path / "planned" / "model.pt", weights_only=True)
+    assert saved["plan_settings"] == {"chunk": 3, "key_first": True}
+
+
+def _profile(data_dir: Path, train: dict) -> dict:
+    profile = profile_data(data_dir, MODEL.to_dict(), train)
+    profile["signals"] = evaluate_signals(profile)
+    profile["memory"] = profile_memory(profile)
+    return profile
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_plan_predicts_the_measured_peak_of_the_runs_dtype(data_dir, paired, tmp_path, dtype):
+    """The plan for a float64 run predicts what a float64 step holds, about twice the
+    float32 plan's bytes (index tensors and Adam's step counters stay as they are)."""
+    settings = {**SHORT, "dtype": dtype}
+    plan = diagnose(_profile(data_dir, settings), 1, 64 * 2**30)
+    if dtype == "float64":
+        plan32 = diagnose(_profile(data_dir, {**SHORT, "dtype": "float32"}), 1, 64 * 2**30)
+        ratio = plan.predicted_peak_bytes / plan32.predicted_peak_bytes
+        assert 1.9 < ratio <= 2.0, ratio
+    out = tmp_path / dtype
+    assert Trainer(paired, MODEL, TrainConfig.from_dict(settings), out, plan=plan).fit()
+    first = rows(out)[0]  # a full batch of batch_size cells
+    assert first["peak_bytes"] == plan.predicted_peak_bytes
