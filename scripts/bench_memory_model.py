@@ -7,7 +7,9 @@ synthetic shapes (no data files): Hi-C features in stratum-major order with anch
 directions, self-loops). One training step then runs on CPU exactly as the trainer runs
 it (``ampflow.train.memory.measured_step``: ``model.train()``, Adam, ``SavedTensorBytes`` around the forward,
 backward, ``optimizer.step()``, then ``state_bytes``), and the measured bytes are
-compared with :func:`~ampflow.amp.memory_model.predict` from shapes alone.
+compared with :func:`~ampflow.amp.memory_model.predict` from shapes alone. Some
+configurations train the cross-reconstruction term (a second pass through both
+decoders) or run in float64 or bfloat16.
 
 A sweep over the number of strata at one setting fits ``M(L)`` by least squares and
 compares the fitted slope and intercept with the predicted ones.
@@ -30,10 +32,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ampflow.amp.memory_model import Estimate, ShapeSpec, fit_linear, predict
-from ampflow.spec.config import ModelConfig
 from ampflow.model.paired import PairedModel
-from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
+from ampflow.spec.config import LossWeights, ModelConfig
 from ampflow.train.memory import measured_step
 
 MIB = 2**20
@@ -55,6 +56,7 @@ class Config:
     n_genes: int = 1000
     keep: float = 0.5  # share of the valid pairs kept in each stratum k >= 1
     stratum_size: int = 0  # > 0: exactly this |F_k| for every k >= 1 (M(L) is then a line)
+    cross: bool = False  # train the cross-reconstruction term (a second pass through both decoders)
     seed: int = 0
 
 
@@ -73,12 +75,12 @@ def build(cfg: Config):
     fps = torch.bincount(stratum, minlength=cfg.n_strata).tolist()
     spec = ShapeSpec.from_model(
         mcfg, cfg.batch, cfg.n_genes, fps, cfg.n_anchors, graph.n_nodes, graph.src.numel(),
-        dtype_bytes=torch.finfo(cfg.dtype).bits // 8,
+        dtype_bytes=torch.finfo(cfg.dtype).bits // 8, cross=cfg.cross,
     )  # fmt: skip
     return model, rna, hic, spec, mcfg
 
 
-def train_step(model: PairedModel, rna: torch.Tensor, hic: torch.Tensor) -> tuple[int, list[int]]:
+def train_step(model: PairedModel, rna: torch.Tensor, hic: torch.Tensor, cross: bool = False) -> tuple[int, list[int]]:
     """One step as :meth:`ampflow.train.trainer.Trainer._train_step` runs it on CPU.
 
     Returns
@@ -89,14 +91,15 @@ def train_step(model: PairedModel, rna: torch.Tensor, hic: torch.Tensor) -> tupl
         The same after each stratum of the Hi-C decoder.
     """
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    _, peak, marks = measured_step(model, optimizer, rna, hic, LossWeights(), torch.Generator().manual_seed(1))
+    weights = LossWeights(cross=1.0 if cross else 0.0)
+    _, peak, marks = measured_step(model, optimizer, rna, hic, weights, torch.Generator().manual_seed(1))
     return peak, marks
 
 
 def run(cfg: Config) -> tuple[int, list[int], Estimate, float]:
     model, rna, hic, spec, mcfg = build(cfg)
     t0 = time.perf_counter()
-    measured, marks = train_step(model, rna, hic)
+    measured, marks = train_step(model, rna, hic, cfg.cross)
     seconds = time.perf_counter() - t0
     est = predict(spec, chunk=mcfg.chunk, key_first=mcfg.key_first)
     del model, rna, hic
@@ -122,6 +125,8 @@ def configurations(quick: bool) -> list[Config]:
             Config("n400 L4 chunk", 400, 4, 32, chunk=64),
             Config("n500 L3 chunk kf", 500, 3, 16, chunk=64, key_first=True),
             Config("n300 L4 no-attention", 300, 4, 16, attention=False),
+            Config("n300 L4 chunk kf cross", 300, 4, 16, chunk=64, key_first=True, cross=True),
+            Config("n200 L4 full fp64", 200, 4, 16, dtype=torch.float64),
             Config("n200 L4 full bf16", 200, 4, 16, dtype=bf16),
             Config("n400 L3 chunk kf bf16", 400, 3, 16, chunk=64, key_first=True, dtype=bf16),
         ]
@@ -135,6 +140,9 @@ def configurations(quick: bool) -> list[Config]:
         Config("5.4k L32 chunk kf (500kb)", 5400, 32, 32, chunk=256, key_first=True),
         Config("27k L10 chunk kf (100kb)", 27000, 10, 32, chunk=256, key_first=True),
         Config("3k L6 no-attention", 3000, 6, 64, attention=False),
+        Config("2k L8 chunk kf cross", 2000, 8, 32, chunk=256, key_first=True, cross=True),
+        Config("2k L8 full D64 cross", 2000, 8, 32, decoder_dim=64, cross=True),
+        Config("2k L8 chunk kf fp64", 2000, 8, 32, chunk=256, key_first=True, dtype=torch.float64),
         Config("2k L8 full bf16", 2000, 8, 32, dtype=bf16),
         Config("5.4k L6 chunk kf bf16", 5400, 6, 64, chunk=256, key_first=True, dtype=bf16),
     ]
@@ -163,7 +171,7 @@ def main(argv=None) -> int:
         measured, marks, est, seconds = run(cfg)
         err = (est.total - measured) / measured
         marks_err = max(abs(p - m) / m for p, m in zip(est.marks, marks))
-        dtype = "bf16" if cfg.dtype == torch.bfloat16 else "fp32"
+        dtype = {torch.bfloat16: "bf16", torch.float64: "fp64"}.get(cfg.dtype, "fp32")
         line = (
             f"{cfg.name:27s} {cfg.n_anchors:6d} {cfg.n_strata:3d} {cfg.batch:4d} {cfg.chunk or '-':>5} "
             f"{'on' if cfg.key_first else 'off':>3s} {dtype:>5s} {measured / MIB:13.2f} {est.total / MIB:14.2f} "

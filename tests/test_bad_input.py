@@ -1,5 +1,9 @@
 """Bad input gets one clear InputError naming the file, the line (or key) and the value;
-the CLI exits 2 and leaves nothing under its final output names."""
+the CLI exits 2 and leaves nothing under its final output names.
+
+Longer than 400 lines on purpose: one short case per kind of bad input, read as a list;
+splitting them by stage would scatter the contract they share (message, exit 2, no output).
+"""
 
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ import torch
 from ampflow.spec.config import ModelConfig
 from ampflow.model.paired import PairedModel
 from ampflow.spec.config import LossWeights
+from ampflow.spec.plan import Plan
+from ampflow.spec.strategies import CHUNKED_ATTENTION, HIDDEN_PARALLEL
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize
@@ -23,7 +25,7 @@ from ampflow.train.memory import SavedTensorBytes
 from dist_helpers import run_world
 
 B, N_ANCHORS, L, G = 16, 48, 5, 20
-PLAN = {"strategies": [{"name": "chunked_attention"}, {"name": "hidden_parallel"}], "chunk_size": 16}
+PLAN = {"strategies": [{"name": CHUNKED_ATTENTION}, {"name": HIDDEN_PARALLEL}], "chunk_size": 16}
 
 
 def _model(D: int) -> tuple[PairedModel, torch.Tensor, torch.Tensor]:
@@ -55,7 +57,7 @@ def _d_proportional(measure) -> list[int]:
 
 def _sharded(D, world):
     model, rna, hic = _model(D)
-    model = parallelize(model, {**PLAN, "mesh": {"dp": 1, "tp": world}}, Mesh.build(1, world))
+    model = parallelize(model, Plan.from_dict({**PLAN, "mesh": {"dp": 1, "tp": world}}), Mesh.build(1, world))
     return _per_stratum(model, rna, hic)
 
 

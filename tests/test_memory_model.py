@@ -4,6 +4,7 @@ linearity in the number of strata, and the strategies' effects on its terms."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,12 +16,14 @@ from ampflow.amp.memory_model import (
     fit_linear,
     predict,
     profile_memory,
+    spec_from_profile,
 )
 from ampflow.model.attention import chunk_blocks
-from ampflow.spec.config import ModelConfig
 from ampflow.model.paired import PairedModel
-from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
+from ampflow.spec.config import LossWeights, ModelConfig
+from ampflow.spec.model_shapes import paired_model_params, stratum_block_params
+from ampflow.spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from ampflow.train.memory import measured_step
 
 
@@ -39,11 +42,36 @@ def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0):
     return model, rna, hic, spec
 
 
-def _measure(model, rna, hic):
+def _measure(model, rna, hic, weights=None):
     """One step as the trainer runs it on CPU: (peak bytes, per-stratum marks)."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    _, peak, marks = measured_step(model, opt, rna, hic, LossWeights(), torch.Generator().manual_seed(1))
+    _, peak, marks = measured_step(model, opt, rna, hic, weights or LossWeights(), torch.Generator().manual_seed(1))
     return peak, marks
+
+
+def _assert_matches(est, measured, marks):
+    """The prediction against a measured step: total and every per-stratum mark."""
+    assert abs(est.total - measured) <= 0.05 * measured
+    assert len(est.marks) == len(marks)
+    for p, m in zip(est.marks, marks):
+        assert abs(p - m) <= 0.05 * m
+    assert sum(est.components.values()) == est.total
+    assert est.total == est.base + sum(est.strata)
+
+
+def _profile(cfg: ModelConfig, spec: ShapeSpec, dtype="float32", cross=False) -> dict:
+    """The profile sections the memory model reads, for a model of ``spec``'s shapes
+    (what :func:`ampflow.amp.profile.profile_data` writes for such data)."""
+    fps = list(spec.features_per_stratum)
+    return {
+        "modalities": {
+            "rna": {"n_features": spec.n_genes},
+            "hic": {"n_features": spec.n_features, "n_strata": len(fps), "n_anchors": spec.n_anchors, "features_per_stratum": fps},
+        },
+        "graph": {"n_nodes": spec.n_nodes, "n_edges": spec.n_edges},
+        "model": cfg.to_dict(),
+        "train": {"batch_size": spec.n_cells_batch, "dtype": dtype, "optimizer": "adam", "cross_reconstruction": cross},
+    }
 
 
 @pytest.mark.parametrize(
@@ -62,12 +90,106 @@ def test_prediction_matches_a_measured_training_step(L, chunk, key_first, decode
     model, rna, hic, spec = _model(60, L, 8, cfg, dtype=dtype)
     measured, marks = _measure(model, rna, hic)
     est = predict(spec, chunk=chunk, key_first=key_first)
-    assert abs(est.total - measured) <= 0.05 * measured
     assert len(est.marks) == L
-    for p, m in zip(est.marks, marks):
-        assert abs(p - m) <= 0.05 * m
-    assert sum(est.components.values()) == est.total
-    assert est.total == est.base + sum(est.strata)
+    _assert_matches(est, measured, marks)
+
+
+@pytest.mark.parametrize(
+    "L, chunk, key_first, decoder_dim",
+    [(1, 0, False, 32), (2, 0, False, None), (5, 8, True, 32), (4, 0, False, None)],
+)
+def test_cross_reconstruction_matches_a_measured_training_step(L, chunk, key_first, decoder_dim):
+    """A cross weight > 0 decodes RNA from the Hi-C latent and Hi-C from the RNA latent:
+    a second pass through both decoders, every stratum block included, held at the end
+    of the forward pass. A profile of a run with a cross stage plans for it."""
+    cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, chunk=chunk, key_first=key_first)
+    model, rna, hic, spec = _model(60, L, 8, cfg)
+    measured, marks = _measure(model, rna, hic, LossWeights(cross=1.0))
+    est = predict(spec_from_profile(_profile(cfg, spec, cross=True)), chunk=chunk, key_first=key_first)
+    _assert_matches(est, measured, marks)
+    assert spec_from_profile(_profile(cfg, spec, cross=True)) == replace(spec, cross=True)
+    # the second pass comes after the per-stratum marks of the first
+    plain = predict(spec, chunk=chunk, key_first=key_first)
+    assert est.marks == plain.marks and est.total > plain.total
+
+
+#: Components held entirely in the training dtype (no int64 indices, bool masks or
+#: float32 Adam steps among them).
+FLOAT_ONLY = {
+    "parameters", "gradients", "rna_encoder", "hic_encoder", "cell_latents", "stratum0_decode",
+    "stratum_norms", "stratum_projections", "stratum_feed_forward", "stratum_decode",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("L, chunk, key_first, decoder_dim, cross", [(5, 6, True, None, False), (4, 0, False, 32, True)])
+def test_float64_run_doubles_the_float_terms_and_matches_a_measured_step(L, chunk, key_first, decoder_dim, cross):
+    """A profile of a float64 run (``train.dtype``) is planned in float64: every term
+    held in the training dtype doubles, indices, masks and Adam's step counters do not,
+    and the prediction is that of a float64 training step."""
+    cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, chunk=chunk, key_first=key_first)
+    model, rna, hic, spec = _model(60, L, 8, cfg, dtype=torch.float64)
+    f32 = predict(spec_from_profile(_profile(cfg, spec, "float32", cross)), chunk=chunk, key_first=key_first)
+    f64 = predict(spec_from_profile(_profile(cfg, spec, "float64", cross)), chunk=chunk, key_first=key_first)
+    float_only = FLOAT_ONLY | ({"stratum_attention_scores"} if chunk else set())  # full attention keeps a bool mask
+    assert float_only <= set(f32.components) and f32.components.keys() == f64.components.keys()
+    for name, b32 in f32.components.items():
+        if name in float_only:
+            assert f64.components[name] == 2 * b32, name
+        else:
+            assert b32 < f64.components[name] < 2 * b32, name
+    assert 1.9 < f64.total / f32.total <= 2.0
+    measured, marks = _measure(model, rna, hic, LossWeights(cross=float(cross)))
+    _assert_matches(f64, measured, marks)
+
+
+@pytest.mark.parametrize(
+    "L, attention, decoder_dim",
+    [(1, True, None), (1, True, 32), (3, True, 32), (3, False, None), (4, False, 24), (4, True, None)],
+)
+def test_the_shape_description_is_the_models(L, attention, decoder_dim):
+    """The modules are built from :mod:`ampflow.spec.model_shapes`, and the memory
+    model counts the state from it: names, order and shapes of the real parameters
+    are the description's, and the predicted parameter bytes are theirs."""
+    cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, attention=attention)
+    model, _, _, spec = _model(30, L, 4, cfg)
+    described = paired_model_params(cfg, spec.n_genes, L, spec.n_features, spec.n_nodes)
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == [(n, p.shape) for n, p in described.items()]
+    block = stratum_block_params(cfg.latent_dim, cfg.D, cfg.ffn_mult, attention)
+    for b in model.hic_decoder.blocks:
+        assert {n: tuple(p.shape) for n, p in b.named_parameters()} == {n: p.shape for n, p in block.items()}
+    est = predict(spec)
+    assert est.components["parameters"] == est.components["gradients"] == 4 * sum(p.numel() for p in model.parameters())
+    parts = {HIDDEN_PARALLEL: 2, FEATURE_PARALLEL: 2}
+    two = predict(spec, tp=2, strategies=set(parts))
+    assert two.components["parameters"] == 4 * sum(p.local_numel(parts) for p in described.values())
+
+
+@pytest.mark.parametrize("L, decoder_dim, attention", [(3, 32, True), (4, None, False), (1, 32, True)])
+def test_shard_marks_are_the_sharded_modules(L, decoder_dim, attention):
+    """What the description marks as split by S2 / S5 (strategy, dimension, size) is
+    what the sharded modules split, and the predicted parameter bytes are those of the
+    rank holding the most (rank 0: the first pieces are the longer ones)."""
+    from ampflow.parallel.feature_parallel import FeatureParallelLinear
+    from ampflow.parallel.sharded_decoder import ShardedStratifiedZINBDecoder
+
+    cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, attention=attention)
+    _, _, _, spec = _model(31, L, 4, cfg)
+    described = paired_model_params(cfg, spec.n_genes, L, spec.n_features, spec.n_nodes)
+    for active in ({FEATURE_PARALLEL}, {HIDDEN_PARALLEL}, {FEATURE_PARALLEL, HIDDEN_PARALLEL}):
+        features, hidden = FEATURE_PARALLEL in active, HIDDEN_PARALLEL in active
+        marked = {n: (p.dim, p.shape[p.dim]) for n, p in described.items() if p.shard in active}
+        est = predict(spec, tp=2, strategies=active)
+        for rank in (0, 1):
+            model, _, _, _ = _model(31, L, 4, cfg)
+            dec = ShardedStratifiedZINBDecoder(model.hic_decoder, None, 2, rank, features=features, hidden=hidden)
+            model.hic_decoder = dec
+            shards = {f"hic_decoder.{n}": s for n, s in dec.shards.items()}
+            if features:
+                model.hic_encoder.body[0] = FeatureParallelLinear(model.hic_encoder.body[0], dec.local_features, None)
+                shards.update({f"hic_encoder.body.0.{n}": s for n, s in model.hic_encoder.body[0].shards.items()})
+            assert {n: (s.dim, s.size) for n, s in shards.items()} == marked
+            held = 4 * sum(p.numel() for p in model.parameters())
+            assert held == est.components["parameters"] if rank == 0 else held <= est.components["parameters"]
 
 
 def _spec(L, per_stratum=300, n=400, **kw):
@@ -80,12 +202,12 @@ def _spec(L, per_stratum=300, n=400, **kw):
     return ShapeSpec(**args)
 
 
-@pytest.mark.parametrize("chunk, key_first", [(0, False), (32, True)])
-def test_prediction_is_linear_in_the_number_of_strata(chunk, key_first):
-    totals = [predict(_spec(L), chunk=chunk, key_first=key_first).total for L in range(2, 9)]
+@pytest.mark.parametrize("chunk, key_first, cross", [(0, False, False), (32, True, False), (0, False, True)])
+def test_prediction_is_linear_in_the_number_of_strata(chunk, key_first, cross):
+    totals = [predict(_spec(L, cross=cross), chunk=chunk, key_first=key_first).total for L in range(2, 9)]
     steps = {b - a for a, b in zip(totals, totals[1:])}
     assert len(steps) == 1
-    est = predict(_spec(8), chunk=chunk, key_first=key_first)
+    est = predict(_spec(8, cross=cross), chunk=chunk, key_first=key_first)
     assert steps == {est.per_stratum}
     assert est.total == est.base + 7 * est.per_stratum
     # a line fitted to M(L) has the per-stratum cost as slope, M_base - M_stratum as intercept

@@ -1,5 +1,8 @@
 """Report figures and pages: numbers on small synthetic inputs, labels with units on every
-figure, and (slow) the demo's Snakemake report opened in headless Chromium."""
+figure, and (slow) the demo's Snakemake report opened in headless Chromium.
+
+Longer than 400 lines on purpose: the slow cases share one demo run and its report, which a
+split would run again per file."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 The data folder (rna.h5ad, hic.h5ad, graph/) is built once per module from a small
 demo with the same library calls as the workflow's prepare rules, without Snakemake.
 Everything trains on the CPU, where resumed runs are bit-identical.
+
+Longer than 400 lines on purpose: every case shares the module's one prepared data folder
+and reference run, which a split would prepare and train again per file.
 """
 
 from __future__ import annotations

@@ -14,7 +14,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..spec.model_shapes import (
+    hic_decoder_shared_params,
+    nb_decoder_params,
+    stratum_block_params,
+)
 from .attention import local_attention
+from .layers import layer_norm_from, linear_from, parameter_from
 from .prob import NB, ZINB
 
 
@@ -23,9 +29,10 @@ class NBDecoder(nn.Module):
 
     def __init__(self, n_genes: int):
         super().__init__()
-        self.scale_lin = nn.Parameter(torch.zeros(n_genes))
-        self.bias = nn.Parameter(torch.zeros(n_genes))
-        self.log_theta = nn.Parameter(torch.zeros(n_genes))
+        p = nb_decoder_params(n_genes)
+        self.scale_lin = parameter_from(p, "scale_lin", 0.0)
+        self.bias = parameter_from(p, "bias", 0.0)
+        self.log_theta = parameter_from(p, "log_theta", 0.0)
 
     def forward(self, u: torch.Tensor, v_genes: torch.Tensor, library: torch.Tensor) -> NB:
         """u: (B, d), v_genes: (G, d), library: (B,) -> NB over (B, G)."""
@@ -45,12 +52,13 @@ class StratumBlock(nn.Module):
     def __init__(self, latent: int, D: int, heads: int, window: int, ffn_mult: int, attention: bool, chunk: int):
         super().__init__()
         self.heads, self.window, self.attention, self.chunk = heads, window, attention, chunk
-        self.norm_in = nn.LayerNorm(latent)
-        self.w_v = nn.Linear(latent, D, bias=False)
-        self.w_k = nn.Linear(latent, D, bias=False) if attention else None
-        self.norm_ff = nn.LayerNorm(D)
-        self.w_ff = nn.Linear(D, 2 * ffn_mult * D)
-        self.w_out = nn.Linear(ffn_mult * D, D)
+        p = stratum_block_params(latent, D, ffn_mult, attention)
+        self.norm_in = layer_norm_from(p, "norm_in")
+        self.w_v = linear_from(p, "w_v")
+        self.w_k = linear_from(p, "w_k") if "w_k.weight" in p else None
+        self.norm_ff = layer_norm_from(p, "norm_ff")
+        self.w_ff = linear_from(p, "w_ff")
+        self.w_out = linear_from(p, "w_out")
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         """v: (n_anchors, latent) -> key: (n_anchors, D)."""
@@ -79,7 +87,7 @@ class StratifiedZINBDecoder(nn.Module):
     Parameters
     ----------
     latent, D, heads, window, ffn_mult, attention, chunk
-        See :class:`~ampflow.model.config.ModelConfig`.
+        See :class:`~ampflow.spec.config.ModelConfig`.
     feature_anchor : (F,) long
         Anchor index a_f of every feature, features in stratum-major order.
     feature_stratum : (F,) long
@@ -99,13 +107,13 @@ class StratifiedZINBDecoder(nn.Module):
         self.blocks = nn.ModuleList(
             StratumBlock(latent, D, heads, window, ffn_mult, attention, chunk) for _ in range(1, n_strata)
         )
-        self.u_proj = nn.Linear(latent, D, bias=False) if D != latent else None
-        self.strata_head = nn.Linear(latent, n_strata)
-        n_features = int(counts.sum())
-        self.scale_lin = nn.Parameter(torch.zeros(n_features))
-        self.bias = nn.Parameter(torch.zeros(n_features))
-        self.log_theta = nn.Parameter(torch.zeros(n_features))
-        self.zi_logits = nn.Parameter(torch.full((n_features,), -2.0))
+        p = hic_decoder_shared_params(latent, D, n_strata, int(counts.sum()))
+        self.u_proj = linear_from(p, "u_proj") if "u_proj.weight" in p else None
+        self.strata_head = linear_from(p, "strata_head")
+        self.scale_lin = parameter_from(p, "scale_lin", 0.0)
+        self.bias = parameter_from(p, "bias", 0.0)
+        self.log_theta = parameter_from(p, "log_theta", 0.0)
+        self.zi_logits = parameter_from(p, "zi_logits", -2.0)
 
     def stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor) -> torch.Tensor:
         """Logits over the features of stratum k: (B, |F_k|)."""

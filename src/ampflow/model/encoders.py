@@ -6,6 +6,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..spec.model_shapes import ENCODER_LAYERS, encoder_params
+from .layers import batch_norm_from, linear_from
+
 STD_EPS = 1e-4
 
 
@@ -24,14 +27,14 @@ class Encoder(nn.Module):
 
     def __init__(self, n_in: int, hidden: int, latent: int, dropout: float):
         super().__init__()
+        p = encoder_params(n_in, hidden, latent)
         layers = []
-        width = n_in
-        for _ in range(2):
-            layers += [nn.Linear(width, hidden), nn.LeakyReLU(0.2), nn.BatchNorm1d(hidden), nn.Dropout(dropout)]
-            width = hidden
+        for linear, norm in ENCODER_LAYERS:  # the description's positions in ``body``
+            layers += [linear_from(p, f"body.{linear}"), nn.LeakyReLU(0.2)]
+            layers += [batch_norm_from(p, f"body.{norm}"), nn.Dropout(dropout)]
         self.body = nn.Sequential(*layers)
-        self.loc = nn.Linear(hidden, latent)
-        self.std = nn.Linear(hidden, latent)
+        self.loc = linear_from(p, "loc")
+        self.std = linear_from(p, "std")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (B, n_in) transformed counts -> loc, std: (B, latent)."""

@@ -6,7 +6,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..spec.model_shapes import graph_encoder_params
 from .encoders import STD_EPS
+from .layers import linear_from
 
 
 class GraphConv(nn.Module):
@@ -36,11 +38,12 @@ class GraphEncoder(nn.Module):
 
     def __init__(self, n_nodes: int, latent: int, src, dst, weight, sign):
         super().__init__()
-        self.embedding = nn.Parameter(torch.empty(n_nodes, latent))
+        p = graph_encoder_params(n_nodes, latent)
+        self.embedding = nn.Parameter(torch.empty(p["embedding"].shape))
         nn.init.xavier_uniform_(self.embedding)
         self.conv = GraphConv(src, dst, weight, sign, n_nodes)
-        self.loc = nn.Linear(latent, latent)
-        self.std = nn.Linear(latent, latent)
+        self.loc = linear_from(p, "loc")
+        self.std = linear_from(p, "std")
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         """-> loc, std: (n_nodes, latent)."""

@@ -18,7 +18,6 @@ from .graph import GraphEncoder, graph_nll
 from .prob import kl_normal
 
 
-
 @dataclass
 class GraphSpec:
     """Edges (both directions, self-loops included) and where genes and anchors sit."""
