@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 
 from ..io.errors import InputError
-from ..spec.config import ModelConfig
-from ..spec.plan import PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
-from ..spec.strategies import HIDDEN_PARALLEL
 from ..progress import human_bytes
+from ..spec.plan import PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
+from ..spec.profile import model_config, profile_hash
+from ..spec.strategies import HIDDEN_PARALLEL
 from .signals import evaluate_signals
 from .strategies import Context, ordered
 
@@ -69,7 +69,7 @@ def _decide(profile, signals, devices, budget, estimate):
     chunk_options = chunks if uses_chunk else [0]
     tp_options = _divisors(devices) if any(strategies[n].uses_tp for n in ctx.chosen) else [1]
     if HIDDEN_PARALLEL in ctx.chosen:  # every rank takes an equal share of every head
-        cfg = ModelConfig.from_dict(profile.get("model"))
+        cfg = model_config(profile)
         tp_options = [t for t in tp_options if (cfg.D // cfg.heads) % t == 0] or [1]
     choice = None
     for tp in tp_options:
@@ -105,7 +105,6 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         memory model.
     """
     from .memory_model import estimate_for_profile
-    from .profile import profile_hash
 
     _check_profile(profile)
     if devices < 1:

@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..spec.config import ModelConfig
+from ..spec.profile import model_config, train_settings
 from ..spec.strategies import (
     BUILT_IN,
     CHUNKED_ATTENTION,
@@ -255,25 +255,24 @@ def spec_from_profile(profile: dict) -> ShapeSpec:
     """
     mods = profile.get("modalities", {})
     rna, hic = mods.get("rna", {}), mods.get("hic", {})
-    train = profile.get("train", {})
-    dtype = str(train.get("dtype", "float32"))
-    if dtype not in DTYPE_BYTES:
-        raise ValueError(f"train dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-    cfg = ModelConfig.from_dict(profile.get("model"))
+    train = train_settings(profile)
+    if train.dtype not in DTYPE_BYTES:
+        raise ValueError(f"train dtype {train.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    cfg = model_config(profile)
     fps = [int(x) for x in hic.get("features_per_stratum", [])]
     graph = profile.get("graph", {})
     spec = ShapeSpec.from_model(
         cfg,
-        batch_size=int(train.get("batch_size", 32)),
+        batch_size=train.batch_size,
         n_genes=int(rna.get("n_features", 0)),
         features_per_stratum=fps,
         n_anchors=int(hic.get("n_anchors", fps[0] if fps else 0)),
         n_nodes=int(graph.get("n_nodes", 0)),
         n_edges=int(graph.get("n_edges", 0)),
-        dtype_bytes=DTYPE_BYTES[dtype],
-        cross=bool(train.get("cross_reconstruction", False)),
+        dtype_bytes=DTYPE_BYTES[train.dtype],
+        cross=train.cross_reconstruction,
     )
-    optimizer = str(train.get("optimizer", "adam")).lower()
+    optimizer = train.optimizer.lower()
     if optimizer != spec.optimizer:
         spec = replace(spec, optimizer=optimizer)
     return spec
@@ -306,7 +305,7 @@ def profile_memory(profile: dict) -> dict:
         ``components`` and ``transient`` (bytes).
     """
     spec = spec_from_profile(profile)
-    cfg = ModelConfig.from_dict(profile.get("model"))
+    cfg = model_config(profile)
     est = predict(spec, chunk=cfg.chunk if cfg.attention else 0, key_first=cfg.key_first)
     return {
         "model": "M(L) = M_base + (L - 1) * M_stratum",

@@ -16,19 +16,16 @@ when those modules are importable.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from pathlib import Path
 
-from ..io.atomic import write_text_atomic
 from ..io.errors import InputError
 from ..spec.config import ModelConfig, TrainConfig
 from ..spec.layout import GRAPH_FILES, GRAPH_META, MODALITY_FILES
+from ..spec.profile import PROFILE_VERSION, ProfileTrain, profile_hash, write_profile
 from .h5ad_meta import read_h5ad_meta
 
 log = logging.getLogger(__name__)
-
-PROFILE_VERSION = 1
 
 #: Bytes hashed at the start of each input for its fingerprint.
 HEAD_BYTES = 1 << 20
@@ -66,11 +63,6 @@ def _parquet_rows(path: Path) -> int:
         raise InputError(f"cannot be read as parquet ({e})", path=path) from None
 
 
-def train_section(train: TrainConfig) -> dict:
-    """What the memory model needs of the ``train`` section (the optimizer is Adam)."""
-    return {"batch_size": train.batch_size, "dtype": train.dtype, "optimizer": "adam", "cross_reconstruction": train.cross_reconstruction}
-
-
 def profile_data(data_dir, model_config: dict | None, train_config: dict | None) -> dict:
     """The profile of a data folder, without ``signals`` and ``memory``.
 
@@ -82,8 +74,8 @@ def profile_data(data_dir, model_config: dict | None, train_config: dict | None)
     model_config
         The config's ``model`` section (validated through :class:`ModelConfig`).
     train_config
-        The config's ``train`` section (validated through :class:`TrainConfig`); see
-        :func:`train_section` for what the profile keeps.
+        The config's ``train`` section (validated through :class:`TrainConfig`); the
+        profile keeps a :class:`~ampflow.spec.profile.ProfileTrain` of it.
 
     Returns
     -------
@@ -105,7 +97,7 @@ def profile_data(data_dir, model_config: dict | None, train_config: dict | None)
     if not d.is_dir():
         raise InputError("data folder does not exist", path=d)
     model = ModelConfig.from_dict(model_config)
-    train = train_section(TrainConfig.from_dict(train_config))
+    train = ProfileTrain.from_config(TrainConfig.from_dict(train_config)).to_dict()
 
     present = {m: name for m, name in MODALITY_FILES.items() if (d / name).exists()}
     if not present:
@@ -157,28 +149,6 @@ def profile_data(data_dir, model_config: dict | None, train_config: dict | None)
     }
 
 
-def canonical_json(profile: dict) -> str:
-    """The profile as compact JSON with sorted keys: the form that is hashed."""
-    return json.dumps(profile, sort_keys=True, separators=(",", ":"))
-
-
-def profile_hash(profile: dict) -> str:
-    """SHA-256 (hex) of :func:`canonical_json`; equal profiles give equal hashes."""
-    return hashlib.sha256(canonical_json(profile).encode()).hexdigest()
-
-
-def read_profile(path) -> dict:
-    """``profile.json`` as :func:`main_profile` wrote it; a missing file or bad JSON is an
-    InputError naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("profile does not exist", path=path)
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
-
-
 def _optional(module: str, name: str):
     """``ampflow.amp.<module>.<name>``, or None when that module or name does not exist.
 
@@ -220,6 +190,6 @@ def main_profile(data_dir, model_config: dict | None, train_config: dict | None,
     profile_memory = _optional("memory_model", "profile_memory")
     if profile_memory is not None:
         profile["memory"] = profile_memory(profile)
-    write_text_atomic(out_path, json.dumps(profile, indent=2, sort_keys=True) + "\n")
+    write_profile(out_path, profile)
     log.info("profile: %s (sha256 %s)", out_path, profile_hash(profile)[:12])
     return profile

@@ -53,7 +53,7 @@ def _device_memory(arg: str, devices_file: str | None = None) -> int:
 
 def cmd_diagnose(a):
     from ..amp.diagnose import diagnose
-    from ..amp.profile import read_profile
+    from ..spec.profile import read_profile
 
     settings = {"dimensionality_ratio": a.dimensionality_ratio}
     plan = diagnose(read_profile(a.profile), a.devices, _device_memory(a.device_memory, a.devices_file), a.budget_fraction, settings=settings)
@@ -70,8 +70,8 @@ def cmd_plan_explain(a):
 
 
 def cmd_devices(a):
-    from ..io.atomic import write_text_atomic
     from ..devices import probe_devices
+    from ..io.atomic import write_text_atomic
 
     info = probe_devices()
     write_text_atomic(a.out, json.dumps(info, indent=2, sort_keys=True) + "\n")

@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 
-
 log = logging.getLogger("ampflow")
 
 
