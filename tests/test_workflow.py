@@ -21,9 +21,12 @@ pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 # 20 training steps (5 epochs of 4 batches): the workflow is under test here, not the
 # fit. float64, so that the sharded runs can be compared with one process beyond the
-# rounding drift that Adam amplifies in float32 (see test_train_dist).
+# rounding drift that Adam amplifies in float32 (see test_train_dist). A float64 step holds
+# about twice the bytes of a float32 one, and AMP plans the dtype the run trains in: twice
+# the demo's per-process memory keeps the demo's plans (light: S1 + S3; heavy: S1-S5, tp 2).
 QUICK_CONFIG = """
 train: {pretrain: {epochs: 4}, finetune: {epochs: 1}, dtype: float64}
+amp: {device_memory_gb: 0.140625}
 """
 QUICK = ["--configfile", "config/config.yaml", "config/quick.yaml"]
 
