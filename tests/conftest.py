@@ -19,6 +19,17 @@ def shared_data_dir() -> Path | None:
     return None
 
 
+@pytest.fixture(scope="module", autouse=True)
+def keep_torch_threads():
+    """The trainer sets torch's thread count for the process; every test module gets
+    the count it started with back (float32 sums elsewhere round by it)."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     d = shared_data_dir()

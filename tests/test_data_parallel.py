@@ -12,14 +12,7 @@ from ampflow.spec.config import ModelConfig
 from ampflow.model.paired import PairedModel
 from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
-from ampflow.parallel.data_parallel import (
-    DataParallelStep,
-    balanced_split,
-    contiguous_split,
-    draw_noise,
-    parallelize_data_parallel,
-    work_ratio,
-)
+from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, contiguous_split, draw_noise, parallelize_data_parallel, work_ratio
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.sync_batchnorm import SyncBatchNorm1d, convert_sync_batchnorm
 from dist_helpers import run_world

@@ -9,15 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ampflow.amp.memory_model import (
-    ShapeSpec,
-    chunked_score_elements,
-    estimate_for_profile,
-    fit_linear,
-    predict,
-    profile_memory,
-    spec_from_profile,
-)
+from ampflow.amp.memory_model import ShapeSpec, chunked_score_elements, estimate_for_profile, fit_linear, predict, profile_memory, spec_from_profile
 from ampflow.model.attention import chunk_blocks
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph

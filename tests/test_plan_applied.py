@@ -37,15 +37,6 @@ S3_S4 = Plan(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def keep_torch_threads():
-    """Trainer sets torch's thread count; give other test modules theirs back (the
-    tensor-parallel tests compare float32 sums whose rounding follows it)."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("plan-data")

@@ -78,14 +78,6 @@ def prepare(paths: dict, work: Path, rna=None, genes=None) -> Path:
     return data
 
 
-@pytest.fixture(scope="module", autouse=True)
-def keep_torch_threads():
-    """Trainer sets torch's thread count; give other test modules theirs back."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("train-data")

@@ -50,13 +50,7 @@ import math
 from dataclasses import replace
 
 from ..spec.profile import model_config, train_settings
-from ..spec.strategies import (
-    BUILT_IN,
-    CHUNKED_ATTENTION,
-    FEATURE_PARALLEL,
-    HIDDEN_PARALLEL,
-    KEY_FIRST_DECODE,
-)
+from ..spec.strategies import BUILT_IN, CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .memory_spec import DTYPE_BYTES, OPTIMIZERS, Estimate, ShapeSpec
 from .memory_terms import (
     INDEX_BYTES,

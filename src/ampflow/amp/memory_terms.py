@@ -12,14 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..spec.model_shapes import (
-    ParamShape,
-    encoder_params,
-    graph_encoder_params,
-    hic_decoder_shared_params,
-    nb_decoder_params,
-    stratum_block_params,
-)
+from ..spec.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
 from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .memory_spec import ShapeSpec
 

@@ -12,13 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..progress import human_bytes
-from ..spec.strategies import (
-    CHUNKED_ATTENTION,
-    DATA_PARALLEL,
-    FEATURE_PARALLEL,
-    HIDDEN_PARALLEL,
-    KEY_FIRST_DECODE,
-)
+from ..spec.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIONALITY
 
 

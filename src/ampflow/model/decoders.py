@@ -14,11 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..spec.model_shapes import (
-    hic_decoder_shared_params,
-    nb_decoder_params,
-    stratum_block_params,
-)
+from ..spec.model_shapes import hic_decoder_shared_params, nb_decoder_params, stratum_block_params
 from .attention import local_attention
 from .layers import layer_norm_from, linear_from, parameter_from
 from .prob import NB, ZINB

@@ -46,16 +46,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.errors import InputError, require_file
-from .common import (
-    GIB,
-    colour,
-    html_table,
-    new_figure,
-    note,
-    read_jsonl,
-    save_png,
-    write_html,
-)
+from .common import GIB, colour, html_table, new_figure, note, read_jsonl, save_png, write_html
 
 log = logging.getLogger(__name__)
 

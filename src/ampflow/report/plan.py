@@ -28,19 +28,7 @@ from ..progress import human_bytes
 from ..spec.plan import Plan
 from ..spec.profile import read_profile
 from ..spec.strategies import DATA_PARALLEL
-from .common import (
-    GIB,
-    LIMIT_COLOUR,
-    MIB,
-    colour,
-    esc,
-    html_table,
-    new_figure,
-    note,
-    read_jsonl,
-    save_png,
-    write_html,
-)
+from .common import GIB, LIMIT_COLOUR, MIB, colour, esc, html_table, new_figure, note, read_jsonl, save_png, write_html
 
 log = logging.getLogger(__name__)
 

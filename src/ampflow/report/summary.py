@@ -19,15 +19,7 @@ import pandas as pd
 from ..io.atomic import atomic_path, write_text_atomic
 from ..progress import human_bytes
 from ..spec.plan import Plan
-from .common import (
-    colour,
-    html_table,
-    new_figure,
-    read_json,
-    read_jsonl,
-    save_png,
-    write_html,
-)
+from .common import colour, html_table, new_figure, read_json, read_jsonl, save_png, write_html
 from .plan import measured_memory, mesh_text, strategy_ids
 
 log = logging.getLogger(__name__)
