@@ -9,6 +9,7 @@ import yaml
 from ampflow.spec.config import ModelConfig
 from ampflow.spec.config import LossWeights
 from ampflow.spec.config import TrainConfig
+from ampflow.spec.config import EvaluateConfig
 from conftest import REPO
 
 
@@ -27,6 +28,9 @@ def test_schema_defaults_equal_dataclass_defaults():
     assert TrainConfig.from_dict(train) == TrainConfig()
     assert train["pretrain"]["weights"] == dataclasses.asdict(LossWeights())
     assert set(train) == {f.name for f in dataclasses.fields(TrainConfig)}
+    evaluate = schema_defaults(schema["properties"]["evaluate"])
+    assert evaluate == dataclasses.asdict(EvaluateConfig())
+    assert EvaluateConfig.from_dict(evaluate) == EvaluateConfig()
 
 
 def test_extract_schema_defaults_equal_dataclass_defaults():

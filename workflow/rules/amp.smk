@@ -47,6 +47,7 @@ rule train:
         hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
         graph=f"{RESULTS}/data/{{cfg}}/graph",
         plan=rules.diagnose.output[0],
+        split=rules.split_cells.output[0],
     output:
         model=f"{RESULTS}/train/{{cfg}}/model.pt",
         embeddings=f"{RESULTS}/train/{{cfg}}/embeddings.h5ad",
@@ -72,10 +73,12 @@ rule train:
         launcher=lambda wc, resources: resources.get("mpi", ""),
     # --launch: a plan of dp x tp > 1 processes trains under torchrun (--standalone on
     # one node; c10d rendezvous across the nodes of an srun step); gloo on CPU, NCCL on
-    # GPUs. A one-device plan trains in this process.
+    # GPUs. A one-device plan trains in this process. Held-out cells (--split) are in
+    # no batch; embeddings.h5ad holds every cell.
     shell:
         "{params.launcher} ampflow train --launch --data {params.data} --out {params.out} --name {wildcards.cfg}"
-        " --model {params.model} --train {params.train} --plan {input.plan} > {log} 2>&1"
+        " --model {params.model} --train {params.train} --plan {input.plan}"
+        " --split {input.split} > {log} 2>&1"
 
 
 rule evaluate:

@@ -96,6 +96,16 @@ def naming_args():
     return args
 
 
+def label_arg():
+    """``--label-key`` for the split when the cell sheet has that column (then the
+    split is stratified by it); a random split otherwise, as evaluation then has no labels."""
+    key = config["evaluate"]["label_key"]
+    if key in CELLS.columns:
+        return f"--label-key {shlex.quote(key)}"
+    logger.info(f"split: the cell sheet has no column {key!r}; held-out cells drawn at random")
+    return ""
+
+
 def qc_args():
     """The QC thresholds as ``--min-contacts N ...`` options."""
     return " ".join(
@@ -106,6 +116,7 @@ def qc_args():
 def all_outputs():
     out = [
         f"{RESULTS}/qc/cells.tsv",
+        f"{RESULTS}/qc/split.tsv",
         f"{RESULTS}/binned/pseudobulk.mcool",
         f"{RESULTS}/amp/devices.json",
     ]

@@ -1,4 +1,5 @@
-# Raw pairs + RNA counts -> QC table, binned coolers, strata files, guidance graph.
+# Raw pairs + RNA counts -> QC table, held-out split, binned coolers, strata files,
+# guidance graph. Held-out cells stay in the data files but nothing is fitted on them.
 
 
 rule bin_cells:
@@ -68,6 +69,28 @@ rule qc_cells:
         " --rna-stats {input.rna} {params.qc} --out {output} > {log} 2>&1"
 
 
+rule split_cells:
+    input:
+        rules.qc_cells.output[0],
+    output:
+        f"{RESULTS}/qc/split.tsv",
+    log:
+        f"{LOGS}/split_cells.log",
+    conda:
+        "../../envs/prepare.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        holdout=config["evaluate"]["holdout"],
+        seed=config["evaluate"]["seed"],
+        label=label_arg(),
+    shell:
+        "ampflow split-cells --qc {input} --holdout {params.holdout} {params.label}"
+        " --seed {params.seed} --out {output} > {log} 2>&1"
+
+
 rule pseudobulk:
     input:
         scool=rules.bin_cells.output.scool,
@@ -96,6 +119,7 @@ rule strata:
     input:
         scool=lambda wc: f"{RESULTS}/binned/{cfg_resolution(wc)}.scool",
         qc=rules.qc_cells.output[0],
+        split=rules.split_cells.output[0],
         chromsizes=INPUTS["chromsizes"],
     output:
         f"{RESULTS}/data/{{cfg}}/hic.h5ad",
@@ -115,13 +139,14 @@ rule strata:
         "ampflow strata --scool {input.scool} --qc {input.qc}"
         " --chromsizes {input.chromsizes} {params.chroms} --strata {params.strata}"
         " --min-cells {params.min_cells} --min-count {params.min_count}"
-        " --out {output} > {log} 2>&1"
+        " --split {input.split} --out {output} > {log} 2>&1"
 
 
 rule rna_data:
     input:
         counts=rules.load_rna.output.counts,
         qc=rules.qc_cells.output[0],
+        split=rules.split_cells.output[0],
         genes=INPUTS["genes"],
         chromsizes=INPUTS["chromsizes"],
     output:
@@ -139,7 +164,8 @@ rule rna_data:
     shell:
         "ampflow rna-data --counts {input.counts} --qc {input.qc}"
         " --genes {input.genes} --chromsizes {input.chromsizes}"
-        " --n-top-genes {params.n_top} {params.naming} --out {output} > {log} 2>&1"
+        " --n-top-genes {params.n_top} {params.naming} --split {input.split}"
+        " --out {output} > {log} 2>&1"
 
 
 rule graph:

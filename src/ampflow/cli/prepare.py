@@ -1,4 +1,4 @@
-"""Commands of the prepare stage: demo data, binning, RNA, QC, pseudobulk, strata, graph."""
+"""Commands of the prepare stage: demo data, binning, RNA, QC, held-out split, pseudobulk, strata, graph."""
 
 from __future__ import annotations
 
@@ -137,12 +137,31 @@ def cmd_pseudobulk(a):
     log.info("pseudobulk of %d cells: %s", len(cells), json.dumps(report))
 
 
+def cmd_split_cells(a):
+    from ..prepare.qc import read_qc
+    from ..prepare.split import split_cells, write_split
+
+    split = split_cells(read_qc(a.qc), a.holdout, seed=a.seed, label_key=a.label_key, path=a.qc)
+    write_split(a.out, split)
+
+
 def _qc_obs(qc_path, cells):
     from ..prepare.qc import read_qc
+    from ..spec.layout import SPLIT_COLUMN
 
     qc = read_qc(qc_path)
-    drop = ["pass", "reason", "in_pairs", "in_rna", "matched"]
+    if SPLIT_COLUMN in qc.columns:
+        # the name the held-out split is written under (obs["split"])
+        log.warning("%s: the cell sheet's column %r is not carried into obs (a reserved name)", qc_path, SPLIT_COLUMN)
+    drop = ["pass", "reason", "in_pairs", "in_rna", "matched", SPLIT_COLUMN]
     return qc.loc[cells].drop(columns=[c for c in drop if c in qc.columns])
+
+
+def _split(split_path, cells):
+    """``train`` / ``heldout`` per cell from ``--split`` (None without one)."""
+    from ..prepare.split import read_split, split_of
+
+    return None if split_path is None else split_of(cells, read_split(split_path), path=split_path)
 
 
 def cmd_strata(a):
@@ -153,7 +172,8 @@ def cmd_strata(a):
 
     cells = [c for c in passing_cells(read_qc(a.qc))]
     sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
-    adata = build_strata(a.scool, cells, list(sizes), a.strata, a.min_cells, a.min_count, obs=_qc_obs(a.qc, cells))
+    split = _split(a.split, cells)
+    adata = build_strata(a.scool, cells, list(sizes), a.strata, a.min_cells, a.min_count, obs=_qc_obs(a.qc, cells), split=split)
     with atomic_path(a.out) as tmp:
         adata.write_h5ad(tmp, compression="gzip")
 
@@ -173,7 +193,7 @@ def cmd_rna_data(a):
         log.info("%s: %d genes off the analysed chromosomes dropped", a.genes, genes.attrs["dropped"])
     cells = passing_cells(read_qc(a.qc))
     counts = ad.read_h5ad(a.counts)
-    adata = build_rna(counts, cells, genes, a.n_top_genes, obs=_qc_obs(a.qc, cells))
+    adata = build_rna(counts, cells, genes, a.n_top_genes, obs=_qc_obs(a.qc, cells), split=_split(a.split, cells))
     with atomic_path(a.out) as tmp:
         adata.write_h5ad(tmp, compression="gzip")
 
@@ -249,6 +269,14 @@ def add_commands(sub) -> None:
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_qc_cells)
 
+    s = sub.add_parser("split-cells", help="hold out a share of the passing cells from fitting (qc/split.tsv)")
+    s.add_argument("--qc", required=True, help="qc/cells.tsv")
+    s.add_argument("--holdout", type=float, default=0.2, help="share of the passing cells held out, in [0, 1); 0: none")
+    s.add_argument("--label-key", default=None, help="QC-table column to stratify by (it must exist); default: a random draw")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", required=True, help="TSV: cell_id, split (train or heldout)")
+    s.set_defaults(func=cmd_split_cells)
+
     s = sub.add_parser("pseudobulk", help="pool passing cells into a multi-resolution .mcool")
     s.add_argument("--scool", nargs="+", required=True, help="RES=PATH entries")
     s.add_argument("--qc", required=True)
@@ -265,6 +293,7 @@ def add_commands(sub) -> None:
     s.add_argument("--strata", type=int, required=True)
     s.add_argument("--min-cells", type=int, default=1)
     s.add_argument("--min-count", type=int, default=1)
+    s.add_argument("--split", default=None, help="qc/split.tsv: the feature filter counts its training cells only")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_strata)
 
@@ -274,6 +303,7 @@ def add_commands(sub) -> None:
     s.add_argument("--genes", required=True)
     s.add_argument("--chromsizes", required=True)
     s.add_argument("--n-top-genes", type=int, default=2000)
+    s.add_argument("--split", default=None, help="qc/split.tsv: genes are chosen from its training cells only")
     s.add_argument("--out", required=True)
     _add_naming(s)
     s.set_defaults(func=cmd_rna_data)

@@ -1,4 +1,5 @@
-"""The RNA model file: passing cells, rounded counts, genes placed on the genome, HVGs."""
+"""The RNA model file: passing cells, rounded counts, genes placed on the genome, HVGs
+(chosen from the training cells when some are held out)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.errors import InputError
+from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, TRAIN
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +30,15 @@ def place_genes(var_names: pd.Index, genes: pd.DataFrame) -> pd.DataFrame:
     return placed
 
 
-def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_genes: int, obs=None) -> ad.AnnData:
+def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_genes: int, obs=None, split=None) -> ad.AnnData:
     """Subset ``counts`` (cells x genes, rounded) to ``cells`` and to HVGs on the genome.
 
     HVGs: scanpy's ``seurat`` flavour on log1p(library-normalised) counts, among genes
-    with an annotation position and nonzero counts in the selected cells.
+    with an annotation position and nonzero counts in the fitted cells.
+
+    ``split`` (one of ``train`` / ``heldout`` per cell of ``cells``) holds cells out of
+    the gene choice: the genes are chosen from the training cells alone, every cell stays
+    in the file, and ``obs["split"]`` records the split. None: every cell is fitted on.
     """
     import scanpy as sc
 
@@ -40,15 +46,17 @@ def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_g
     if missing:
         raise InputError("cells passed QC but are missing from the RNA counts", key="cells", value=missing[:5])
     a = counts[cells].copy()
+    fit = np.ones(len(cells), dtype=bool) if split is None else np.asarray(split) == TRAIN
     placed = place_genes(a.var_names, genes)
     on_genome = placed["chrom"].notna().to_numpy()
-    expressed = np.asarray(a.X.sum(axis=0)).ravel() > 0
+    expressed = np.asarray(a.X[fit].sum(axis=0)).ravel() > 0
     log.info(
-        "genes: %d in matrix, %d placed on the genome, %d of those expressed in the %d cells",
+        "genes: %d in matrix, %d placed on the genome, %d of those expressed in the %d %s cells",
         a.n_vars,
         int(on_genome.sum()),
         int((on_genome & expressed).sum()),
-        a.n_obs,
+        int(fit.sum()),
+        "passing" if split is None else "training",
     )
     if not (on_genome & expressed).any():
         raise InputError("no expressed RNA gene matches a gene of the annotation (by symbol or id)", key="genes")
@@ -58,7 +66,7 @@ def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_g
     for c in ("start", "end"):
         a.var[c] = placed.loc[a.var_names, c].astype(np.int64).to_numpy()
 
-    norm = a.copy()
+    norm = a[fit].copy()
     sc.pp.normalize_total(norm, target_sum=1e4)
     sc.pp.log1p(norm)
     n_top = min(n_top_genes, a.n_vars)
@@ -69,6 +77,8 @@ def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_g
     if obs is not None:
         extra = obs.drop(columns=[c for c in obs.columns if c in a.obs.columns or c == "cell_id"])
         a.obs = a.obs.join(extra, how="left")
+    if split is not None:
+        a.obs[SPLIT_COLUMN] = pd.Categorical(np.asarray(split).astype(str), categories=list(SPLIT_VALUES))
     a.obs.index.name = "cell_id"
     a.uns["ampflow"] = {
         "modality": "rna",
@@ -77,5 +87,7 @@ def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_g
         "hvg": {"flavor": "seurat", "n_top_genes": int(n_top_genes), "n_selected": int(hvg.sum())},
         "rounding": dict(counts.uns.get("ampflow", {}).get("rounding", {})),
     }
+    if split is not None:
+        a.uns["ampflow"]["hvg"]["fitted_cells"] = int(fit.sum())
     log.info("rna: %d cells x %d HVGs", a.n_obs, a.n_vars)
     return a

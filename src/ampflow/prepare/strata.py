@@ -2,7 +2,8 @@
 
 A feature is a cis bin pair (i, i + k) on one chromosome; k is its stratum (0 = the
 diagonal, whose features are the anchors). Features of strata k >= 1 are kept only if
-seen in at least ``min_cells`` cells with at least ``min_count`` contacts in total.
+seen in at least ``min_cells`` cells with at least ``min_count`` contacts in total,
+counted over the training cells when some are held out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import scipy.sparse as sp
 
 from ..io.errors import InputError
 from ..progress import Progress
-from ..spec.layout import feature_names
+from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, TRAIN, feature_names
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ def build_strata(
     min_cells: int = 1,
     min_count: int = 1,
     obs: pd.DataFrame | None = None,
+    split=None,
 ) -> ad.AnnData:
     """Read ``cells`` from a .scool and build the strata AnnData.
 
@@ -87,6 +89,10 @@ def build_strata(
         Feature filter for strata k >= 1.
     obs
         Optional per-cell metadata (indexed by cell id) joined into ``obs``.
+    split
+        Optional ``train`` / ``heldout`` per cell of ``cells``: the feature filter counts
+        the training cells only (held-out cells stay in the file) and ``obs["split"]``
+        records the split. None: the filter counts every cell.
     """
     import cooler
 
@@ -120,8 +126,9 @@ def build_strata(
     )
     X.sum_duplicates()
 
-    n_cells_seen = np.asarray((X > 0).sum(axis=0)).ravel()
-    totals = np.asarray(X.sum(axis=0)).ravel()
+    fit = X if split is None else X[np.flatnonzero(np.asarray(split) == TRAIN)]
+    n_cells_seen = np.asarray((fit > 0).sum(axis=0)).ravel()
+    totals = np.asarray(fit.sum(axis=0)).ravel()
     keep = (cand["stratum"].to_numpy() == 0) | ((n_cells_seen >= min_cells) & (totals >= min_count))
     X = X[:, np.nonzero(keep)[0]].tocsr()
     var = cand[keep].reset_index(drop=True)
@@ -131,6 +138,8 @@ def build_strata(
     obs_df = pd.DataFrame(index=pd.Index(cells, name="cell_id"))
     if obs is not None:
         obs_df = obs_df.join(obs.drop(columns=[c for c in ("cell_id",) if c in obs.columns]), how="left")
+    if split is not None:
+        obs_df[SPLIT_COLUMN] = pd.Categorical(np.asarray(split).astype(str), categories=list(SPLIT_VALUES))
     adata = ad.AnnData(X=X, obs=obs_df, var=var)
     adata.layers["counts"] = X.copy()
     adata.uns["ampflow"] = {
@@ -145,6 +154,8 @@ def build_strata(
         "min_count": int(min_count),
         "counts_layer": "counts",
     }
+    if split is not None:
+        adata.uns["ampflow"]["filter_cells"] = int(fit.shape[0])
     log.info(
         "strata: %d cells x %d features (%s per stratum), %d of %d candidates kept",
         adata.n_obs,

@@ -1,4 +1,4 @@
-"""The config sections ``model`` and ``train`` as typed dataclasses, validated on construction.
+"""The config sections ``model``, ``train`` and ``evaluate`` as typed dataclasses, validated on construction.
 
 Torch-free, so that the profile and the diagnosis (which never build a model) read the
 same defaults and validation as the trainer does. The Snakemake schema documents the same
@@ -150,6 +150,42 @@ class TrainConfig:
         if unknown:
             raise InputError(f"unknown key(s); known: {sorted(known)}", key="train", value=unknown)
         return cls(**d, **stages)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """How the embedding is scored (config section ``evaluate``).
+
+    ``holdout`` is the share of QC-passing cells held out of everything that is fitted
+    (HVG choice, the strata feature filter, training) so that scores can be taken on
+    cells the model never saw; 0 holds out none. ``seed`` draws which cells, apart from
+    ``train.seed``, so that retraining with another seed keeps the same held-out cells.
+    """
+
+    label_key: str = "cell_type"
+    holdout: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self):
+        h = self.holdout
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not 0 <= h < 1:
+            raise InputError("must be a number in [0, 1)", key="evaluate.holdout", value=h)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InputError("must be an integer >= 0", key="evaluate.seed", value=self.seed)
+        if not isinstance(self.label_key, str) or not self.label_key:
+            raise InputError("must be a column name", key="evaluate.label_key", value=self.label_key)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "EvaluateConfig":
+        d = dict(d or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InputError(f"unknown key(s); known: {sorted(known)}", key="evaluate", value=unknown)
+        return cls(**d)
 
     def to_dict(self) -> dict:
         return asdict(self)

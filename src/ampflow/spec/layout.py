@@ -23,6 +23,12 @@ GRAPH_META = "graph/graph.json"
 #: Probability model assumed when a file does not record one.
 DEFAULT_PROB_MODEL = {"hic": "HiCZINB", "rna": "NB"}
 
+#: ``obs`` column of the data files (and ``embeddings.h5ad``) that says which cells are
+#: held out of fitting; a file without it holds out none.
+SPLIT_COLUMN = "split"
+TRAIN, HELDOUT = "train", "heldout"
+SPLIT_VALUES = (TRAIN, HELDOUT)
+
 
 @dataclass(frozen=True)
 class DataFolder:
@@ -65,6 +71,21 @@ class DataFolder:
     def model_inputs(self) -> tuple[Path, ...]:
         """What training reads."""
         return (self.rna, self.hic, self.nodes, self.edges)
+
+
+def training_rows(obs, path=None) -> np.ndarray:
+    """Row indices of the cells that are fitted on: those not marked held out in
+    ``obs[SPLIT_COLUMN]``; every row when the column is absent.
+
+    Raises InputError for a split value other than ``train`` or ``heldout``.
+    """
+    if SPLIT_COLUMN not in obs.columns:
+        return np.arange(len(obs))
+    split = np.asarray(obs[SPLIT_COLUMN]).astype(str)
+    bad = sorted(set(split) - set(SPLIT_VALUES))
+    if bad:
+        raise InputError(f"split must be one of {', '.join(SPLIT_VALUES)}", path=path, key=f"obs.{SPLIT_COLUMN}", value=bad[:5])
+    return np.flatnonzero(split == TRAIN)
 
 
 # ------------------------------------------------------------------ feature names

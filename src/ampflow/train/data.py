@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import anndata as ad
@@ -12,7 +13,9 @@ import torch
 
 from ..io.errors import InputError
 from ..model.paired import GraphSpec
-from ..spec.layout import DataFolder
+from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, DataFolder, training_rows
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,6 +35,11 @@ class PairedData:
     def n_cells(self) -> int:
         return self.rna.shape[0]
 
+    @property
+    def train_rows(self) -> np.ndarray:
+        """Rows of the cells training fits on: all but those ``obs["split"]`` holds out."""
+        return training_rows(self.obs)
+
     def batch(self, idx: np.ndarray, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense (B, G) and (B, F) count tensors for rows ``idx``."""
         return (
@@ -46,14 +54,40 @@ def _counts(adata: ad.AnnData) -> sp.csr_matrix:
     return sp.csr_matrix(X, dtype=np.float32)
 
 
-def load_paired(data_dir) -> PairedData:
+def apply_split(obs: pd.DataFrame, split_path, data_root) -> pd.DataFrame:
+    """``obs`` with the split of ``split_path`` (``qc/split.tsv``): it must equal the split
+    the data files were built with; a folder built without one takes it as it is."""
+    from ..prepare.split import read_split, split_of
+
+    given = split_of(list(obs.index), read_split(split_path), path=split_path)
+    if SPLIT_COLUMN in obs.columns:
+        built = np.asarray(obs[SPLIT_COLUMN]).astype(str)
+        if not np.array_equal(built, given):
+            raise InputError(
+                f"the data files were built with another split ({int((built != given).sum())} cells differ); build them again with this one",
+                path=split_path,
+                value=[c for c, a, b in zip(obs.index, built, given) if a != b][:5],
+            )
+        return obs
+    log.warning("%s was built without a split: genes and features were chosen from every cell; training holds out the cells of %s", data_root, split_path)
+    obs = obs.copy()
+    obs[SPLIT_COLUMN] = pd.Categorical(given, categories=list(SPLIT_VALUES))
+    return obs
+
+
+def load_paired(data_dir, split=None) -> PairedData:
     """Read ``rna.h5ad``, ``hic.h5ad`` and ``graph/`` of one configuration folder.
+
+    Training holds out the cells that ``obs["split"]`` of the files marks ``heldout``;
+    ``split`` (the path of ``qc/split.tsv``) must agree with it, or sets it for a folder
+    built without one.
 
     Raises
     ------
     InputError
-        A file is missing, the two modalities list different cells, or graph nodes do
-        not match the files' genes and anchors.
+        A file is missing, the two modalities list different cells or split them
+        differently, a split value is unknown, or graph nodes do not match the files'
+        genes and anchors.
     """
     d = DataFolder(data_dir)
     for path in d.model_inputs:
@@ -63,6 +97,12 @@ def load_paired(data_dir) -> PairedData:
     hic = ad.read_h5ad(d.hic)
     if list(rna.obs_names) != list(hic.obs_names):
         raise InputError(f"{d.rna.name} and {d.hic.name} must list the same cells in the same order", path=d.root)
+    rows = {name: tuple(training_rows(m.obs, path)) for name, m, path in (("rna", rna, d.rna), ("hic", hic, d.hic))}
+    if rows["rna"] != rows["hic"]:
+        raise InputError(f"{d.rna.name} and {d.hic.name} hold out different cells (obs[{SPLIT_COLUMN!r}])", path=d.root)
+    obs = rna.obs.copy()
+    if split is not None:
+        obs = apply_split(obs, split, d.root)
     nodes = pd.read_parquet(d.nodes)
     edges = pd.read_parquet(d.edges)
     index = {n: i for i, n in enumerate(nodes["name"])}
@@ -86,7 +126,7 @@ def load_paired(data_dir) -> PairedData:
     )
     meta = {"rna": dict(rna.uns.get("ampflow", {})), "hic": dict(hic.uns.get("ampflow", {}))}
     return PairedData(
-        obs=rna.obs.copy(),
+        obs=obs,
         rna=_counts(rna),
         hic=hic_counts,
         feature_anchor=torch.as_tensor(hic.var["anchor"].to_numpy(), dtype=torch.long),

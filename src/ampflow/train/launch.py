@@ -62,13 +62,15 @@ def launch(n: int, argv: list[str]) -> int:
 
 
 def run_training(data_dir, out_dir, model_cfg: ModelConfig, train_cfg: TrainConfig, plan: Plan | None = None,
-                 name: str = "", stop_after: int | None = None, relaunch_argv: list[str] | None = None) -> int:  # fmt: skip
+                 name: str = "", stop_after: int | None = None, relaunch_argv: list[str] | None = None, split=None) -> int:  # fmt: skip
     """Train one configuration; an exit status.
 
     With ``relaunch_argv`` (``ampflow train --launch``), a plan of more than one process
     and no torchrun around this process, the plan's world is started under torchrun
     running ``ampflow <relaunch_argv>``; otherwise this process joins torchrun's group (if
-    any) and trains, rank 0 speaking for the group.
+    any) and trains, rank 0 speaking for the group. ``split`` (``qc/split.tsv``) is
+    checked against the split the data files were built with (see
+    :func:`~ampflow.train.data.load_paired`).
     """
     from .data import load_paired
     from .trainer import Trainer
@@ -81,8 +83,11 @@ def run_training(data_dir, out_dir, model_cfg: ModelConfig, train_cfg: TrainConf
     try:
         if world > 1 and dist.get_rank() > 0:
             logging.getLogger().setLevel(logging.WARNING)
-        data = load_paired(data_dir)
-        log.info("training %s: %d cells, %d genes, %d Hi-C features in %d strata", name or out_dir, data.n_cells, data.rna.shape[1], data.hic.shape[1], data.n_strata)
+        data = load_paired(data_dir, split=split)
+        log.info(
+            "training %s: %d cells (%d held out), %d genes, %d Hi-C features in %d strata",
+            name or out_dir, data.n_cells, data.n_cells - len(data.train_rows), data.rna.shape[1], data.hic.shape[1], data.n_strata,
+        )  # fmt: skip
         Trainer(data, model_cfg, train_cfg, out_dir, name=name, stop_after=stop_after, plan=plan).fit()
     finally:
         if world > 1:

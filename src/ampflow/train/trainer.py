@@ -16,6 +16,10 @@ that draws its noise from that generator; with dropout > 0 each dp group draws i
 dropout masks, so the run is a correct data-parallel training but not equal to one
 process.
 
+Cells that ``obs["split"]`` holds out are in no batch (:meth:`Trainer.batches`): no
+loss, gradient or BatchNorm statistic sees them; ``embeddings.h5ad`` still embeds every
+cell. Without held-out cells the batches are those of every cell, as before.
+
 Rank 0 alone writes the outputs and the checkpoints. A checkpoint holds the
 consolidated single-process model and optimizer state (so it resumes on any tp degree)
 and every rank's RNG states.
@@ -127,6 +131,11 @@ class Trainer:
         self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), self.plan, self.mesh)
         self.dp_step = DataParallelStep(self.mesh)
         self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
+        # the cells it fits on; held-out ones (obs["split"]) are in no batch, so in no
+        # loss, gradient or BatchNorm statistic, and are only embedded at the end
+        self.train_rows = data.train_rows
+        if len(self.train_rows) < 2:
+            raise InputError(f"{len(self.train_rows)} training cell(s) of {data.n_cells}; training needs at least two", key="obs.split")
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr)
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
@@ -149,6 +158,8 @@ class Trainer:
             h.update(json.dumps(self.applied_settings(), sort_keys=True).encode())
         if self.mesh.dp > 1:  # other dp degrees draw other noise
             h.update(json.dumps({"dp": self.mesh.dp}).encode())
+        if len(self.train_rows) < d.n_cells:  # another split trains on other cells
+            h.update(json.dumps({"train_rows": self.train_rows.tolist()}).encode())
         return h.hexdigest()
 
     def applied_settings(self) -> dict:
@@ -228,6 +239,11 @@ class Trainer:
         return partial
 
     # ----------------------------------------------------------- loop
+    def batches(self, stage: int, epoch: int) -> list[np.ndarray]:
+        """Cell (row) indices of every batch of one epoch: :func:`epoch_batches` over the
+        training cells, so with none held out the indices are those of every cell."""
+        return [self.train_rows[b] for b in epoch_batches(len(self.train_rows), self.cfg.batch_size, self.cfg.seed, stage, epoch)]
+
     def _metrics_row(self, stage_name, epoch, n_cells, terms, seconds, peak, per_stratum, **extra) -> dict:
         """One line of metrics.jsonl."""
         return {
@@ -278,7 +294,7 @@ class Trainer:
         resumed = self._resume()
         main = self.rank == 0
         metrics_path = self._metrics_file(resumed) if main else Path(os.devnull)
-        n = self.data.n_cells
+        n = len(self.train_rows)
         total_steps = sum(cfg.epochs * len(epoch_batches(n, self.cfg.batch_size, 0, 0, 0)) for _, cfg in self.cfg.stages)
         progress = Progress(total_steps, "steps", log, verb="trained")
         progress.done = self.step
@@ -290,7 +306,7 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = stage_cfg.lr
                 for epoch in range(start_epoch if s == start_stage else 0, stage_cfg.epochs):
-                    batches = epoch_batches(n, self.cfg.batch_size, self.cfg.seed, s, epoch)
+                    batches = self.batches(s, epoch)
                     first = start_batch if (s == start_stage and epoch == start_epoch) else 0
                     for b in range(first, len(batches)):
                         row = self._train_step(batches[b], stage_name, stage_cfg, epoch)
@@ -324,7 +340,8 @@ class Trainer:
     # ----------------------------------------------------------- outputs
     @torch.no_grad()
     def embeddings(self, model: PairedModel, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-        """RNA and Hi-C latent means of every cell from a plain (single-process) model."""
+        """RNA and Hi-C latent means of every cell (held-out ones included) from a plain
+        (single-process) model in eval mode."""
         model.eval()
         xr, xh = [], []
         for i in range(0, self.data.n_cells, batch_size):
@@ -345,6 +362,8 @@ class Trainer:
         emb.obsm["X_hic"] = x_hic.astype(np.float32)
         emb.obsm["X_joint"] = ((x_rna + x_hic) / 2).astype(np.float32)
         emb.uns["ampflow"] = {"config": self.name, "seed": self.cfg.seed, "steps": self.step}
+        if len(self.train_rows) < self.data.n_cells:
+            emb.uns["ampflow"]["trained_cells"] = len(self.train_rows)
         with atomic_path(self.out / "embeddings.h5ad") as tmp:
             emb.write_h5ad(tmp)
         with atomic_path(self.out / "model.pt") as tmp:

@@ -1,0 +1,292 @@
+"""Held-out cells: the split is stratified, deterministic and in proportion per label, and
+the prepare steps that fit on cells (HVG choice, strata feature filter) ignore held-out ones.
+
+Training on training cells only is tested in ``test_trainer.py`` (it shares that module's
+trained reference); the split rule in the DAG in ``test_workflow.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anndata as ad
+import cooler
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+from ampflow.cli import main
+from ampflow.demo import write_demo
+from ampflow.io.errors import InputError
+from ampflow.prepare.split import heldout_count, read_split, split_cells, split_of
+from ampflow.spec.config import EvaluateConfig
+from ampflow.spec.layout import training_rows
+
+SIZES = {"a": 1, "b": 2, "c": 3, "d": 7, "e": 10, "f": 25, "g": 40}
+
+
+def qc_table(sizes=SIZES, failing: int = 5, seed: int = 0) -> pd.DataFrame:
+    """A QC table with labelled passing cells (``sizes`` per label) and failing ones, rows shuffled."""
+    labels = [lab for lab, n in sizes.items() for _ in range(n)] + ["a"] * failing
+    passed = [True] * sum(sizes.values()) + [False] * failing
+    ids = [f"cell{i:04d}" for i in range(len(labels))]
+    order = np.random.default_rng(seed).permutation(len(ids))
+    t = pd.DataFrame({"pass": np.array(passed)[order], "cell_type": np.array(labels)[order]}, index=pd.Index(np.array(ids)[order], name="cell_id"))
+    return t
+
+
+# ------------------------------------------------------------------ the split itself
+@pytest.mark.parametrize("fraction", [0.2, 0.25, 0.5, 0.9])
+def test_stratified_proportions_hold_per_label(fraction):
+    qc = qc_table()
+    split = split_cells(qc, fraction, seed=3, label_key="cell_type")
+    passing = qc.index[qc["pass"]]
+    assert list(split.index) == list(passing), "every passing cell, in table order"
+    assert set(split) <= {"train", "heldout"}
+    labels = qc.loc[split.index, "cell_type"]
+    for label, n in SIZES.items():
+        held = int((split[labels == label] == "heldout").sum())
+        expected = min(int(np.floor(fraction * n + 0.5)), n - 1)
+        assert held == expected == heldout_count(n, fraction), (label, n, held)
+        assert held < n, "every label keeps a training cell"
+    assert not split.index.isin(qc.index[~qc["pass"]]).any(), "failing cells are not split"
+    # a label of one cell stays in training
+    assert (split[labels == "a"] == "train").all()
+
+
+def test_round_half_up_at_the_default():
+    # 0.2 x 10 = 2, x 25 = 5, x 7 = 1.4 -> 1, x 3 = 0.6 -> 1, x 2 = 0.4 -> 0, x 1 -> 0
+    assert [heldout_count(n, 0.2) for n in (1, 2, 3, 7, 10, 25, 40)] == [0, 0, 1, 1, 2, 5, 8]
+    assert heldout_count(5, 0.5) == 2 + 1  # 2.5 rounds up
+    assert heldout_count(2, 0.9) == 1 and heldout_count(1, 0.9) == 0
+
+
+def test_deterministic_for_a_seed_and_independent_of_row_order():
+    a = split_cells(qc_table(seed=0), 0.2, seed=7, label_key="cell_type")
+    b = split_cells(qc_table(seed=0), 0.2, seed=7, label_key="cell_type")
+    shuffled = split_cells(qc_table(seed=1), 0.2, seed=7, label_key="cell_type")
+    other = split_cells(qc_table(seed=0), 0.2, seed=8, label_key="cell_type")
+    assert a.equals(b)
+    assert shuffled.sort_index().equals(a.sort_index())
+    assert not other.sort_index().equals(a.sort_index())
+
+
+def test_random_without_a_label_column():
+    qc = qc_table().drop(columns="cell_type")
+    split = split_cells(qc, 0.2, seed=0)
+    n = int(qc["pass"].sum())
+    assert int((split == "heldout").sum()) == heldout_count(n, 0.2) == round(0.2 * n)
+    assert split.equals(split_cells(qc, 0.2, seed=0))
+
+
+def test_holdout_zero_holds_out_none():
+    split = split_cells(qc_table(), 0.0, seed=0, label_key="cell_type")
+    assert (split == "train").all() and len(split) == sum(SIZES.values())
+
+
+@pytest.mark.parametrize(
+    "kwargs, key, value",
+    [
+        ({"fraction": 1.0}, "evaluate.holdout", "1.0"),
+        ({"fraction": -0.1}, "evaluate.holdout", "-0.1"),
+        ({"fraction": 0.2, "seed": -1}, "evaluate.seed", "-1"),
+        ({"fraction": 0.2, "label_key": "celltype"}, "evaluate.label_key", "'celltype'"),
+    ],
+)
+def test_bad_values_name_key_and_value(kwargs, key, value):
+    with pytest.raises(InputError) as e:
+        split_cells(qc_table(), **kwargs)
+    assert e.value.key == key and f"(value: {value})" in str(e.value)
+
+
+def test_too_few_training_cells_left():
+    qc = qc_table({"x": 2})
+    with pytest.raises(InputError, match="training needs at least two"):
+        split_cells(qc, 0.5, seed=0)
+
+
+def test_evaluate_config_validates():
+    assert EvaluateConfig.from_dict({"holdout": 0}) == EvaluateConfig(holdout=0)
+    with pytest.raises(InputError, match="evaluate"):
+        EvaluateConfig.from_dict({"hold_out": 0.1})
+
+
+# ------------------------------------------------------------------ the command and the file
+def write_qc(tmp_path: Path, qc: pd.DataFrame) -> Path:
+    path = tmp_path / "qc" / "cells.tsv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    qc.to_csv(path, sep="\t")
+    return path
+
+
+def test_split_cells_command(tmp_path):
+    qc = qc_table()
+    path = write_qc(tmp_path, qc)
+    out = tmp_path / "qc" / "split.tsv"
+    args = ["split-cells", "--qc", str(path), "--holdout", "0.2", "--label-key", "cell_type", "--seed", "0", "--out", str(out)]
+    assert main(args) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "cell_id\tsplit"
+    assert all(len(ln.split("\t")) == 2 for ln in lines)
+    split = read_split(out)
+    assert split.equals(split_cells(qc, 0.2, seed=0, label_key="cell_type"))
+    assert not list(out.parent.glob(".tmp-*"))
+    first = out.read_bytes()
+    assert main(args) == 0 and out.read_bytes() == first
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--holdout", "1"], ["evaluate.holdout", "1.0"]),
+        (["--holdout", "0.2", "--label-key", "batch"], ["evaluate.label_key", "'batch'"]),
+    ],
+)
+def test_split_cells_command_bad_values(tmp_path, capsys, args, expected):
+    path = write_qc(tmp_path, qc_table())
+    out = tmp_path / "split.tsv"
+    assert main(["split-cells", "--qc", str(path), *args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(text in err for text in expected), err
+    assert not out.exists()
+
+
+def test_read_split_names_the_bad_line(tmp_path):
+    p = tmp_path / "split.tsv"
+    p.write_text("cell_id\tsplit\nc1\ttrain\nc2\ttest\n")
+    with pytest.raises(InputError) as e:
+        read_split(p)
+    assert e.value.line == 3 and e.value.value == "test"
+    p.write_text("cell_id\tsplit\nc1\ttrain\nc2\theldout\n")
+    with pytest.raises(InputError, match="1 missing, 0 extra"):
+        split_of(["c1", "c2", "c3"], read_split(p), path=p)
+    assert list(split_of(["c2", "c1"], read_split(p))) == ["heldout", "train"]
+
+
+# ------------------------------------------------------------------ prepare ignores held-out cells
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> dict:
+    """A 24-cell demo binned, loaded, QC'd and split (a quarter held out, by cell type)."""
+    root = tmp_path_factory.mktemp("split")
+    paths = write_demo(root / "demo", n_cells=24, seed=0, n_genes=300)
+    w = root / "work"
+    scool = w / "binned" / "1000000.scool"
+    steps = [
+        ["bin-cells", "--sheet", paths["sheet"], "--chromsizes", paths["chromsizes"], "--resolutions", "1000000",
+         "--out-scool", scool, "--stats", w / "qc/contacts.tsv", "--cache-dir", w / "cache", "--threads", "1"],
+        ["load-rna", paths["rna"], "--out", w / "rna/counts.h5ad", "--stats", w / "qc/rna.tsv"],
+        ["qc-cells", "--sheet", paths["sheet"], "--contacts", w / "qc/contacts.tsv", "--rna-stats", w / "qc/rna.tsv",
+         "--min-contacts", "100", "--min-umis", "10", "--min-genes", "5", "--out", w / "qc/cells.tsv"],
+        ["split-cells", "--qc", w / "qc/cells.tsv", "--holdout", "0.25", "--label-key", "cell_type", "--seed", "0",
+         "--out", w / "qc/split.tsv"],
+    ]  # fmt: skip
+    for step in steps:
+        assert main([str(x) for x in step]) == 0, step[0]
+    split = read_split(w / "qc/split.tsv")
+    assert (split == "heldout").sum() >= 4
+    return {**paths, "work": w, "scool": scool, "split": split}
+
+
+def rna_data(work: dict, counts: Path, out: Path, split: bool = True) -> ad.AnnData:
+    w = work["work"]
+    args = ["rna-data", "--counts", counts, "--qc", w / "qc/cells.tsv", "--genes", work["genes"],
+            "--chromsizes", work["chromsizes"], "--n-top-genes", "60", "--out", out]  # fmt: skip
+    if split:
+        args += ["--split", w / "qc/split.tsv"]
+    assert main([str(x) for x in args]) == 0
+    return ad.read_h5ad(out)
+
+
+@pytest.mark.slow
+def test_hvgs_are_chosen_from_training_cells_only(work, tmp_path):
+    w, split = work["work"], work["split"]
+    base = rna_data(work, w / "rna/counts.h5ad", tmp_path / "a.h5ad")
+    assert list(base.obs_names) == list(split.index), "held-out cells stay in the file"
+    assert list(base.obs["split"].astype(str)) == list(split)
+    assert base.uns["ampflow"]["hvg"]["fitted_cells"] == int((split == "train").sum())
+
+    # held-out cells get loud, variable counts on genes the training cells barely show
+    counts = ad.read_h5ad(w / "rna/counts.h5ad")
+    X = counts.X.toarray()
+    held = np.flatnonzero(counts.obs_names.isin(split.index[split == "heldout"]))
+    quiet = np.argsort(X[~np.isin(np.arange(len(X)), held)].sum(0))[:80]
+    rng = np.random.default_rng(0)
+    X[np.ix_(held, quiet)] = rng.integers(0, 400, size=(len(held), len(quiet)))
+    counts.X = sp.csr_matrix(X)
+    counts.write_h5ad(tmp_path / "changed.h5ad")
+
+    changed = rna_data(work, tmp_path / "changed.h5ad", tmp_path / "b.h5ad")
+    assert list(changed.var_names) == list(base.var_names)
+    pd.testing.assert_frame_equal(changed.var, base.var)
+    train = (split == "train").to_numpy()
+    assert (changed.X[train] != base.X[train]).nnz == 0
+    assert (changed.X[~train] != base.X[~train]).nnz > 0
+    # the change is one the gene choice would see if it fitted on every cell
+    a = rna_data(work, w / "rna/counts.h5ad", tmp_path / "c.h5ad", split=False)
+    b = rna_data(work, tmp_path / "changed.h5ad", tmp_path / "d.h5ad", split=False)
+    assert list(a.var_names) != list(b.var_names)
+    assert "split" not in a.obs.columns
+
+
+def strata(work: dict, scool: Path, out: Path, split: bool = True) -> ad.AnnData:
+    w = work["work"]
+    args = ["strata", "--scool", scool, "--qc", w / "qc/cells.tsv", "--chromsizes", work["chromsizes"],
+            "--strata", "4", "--min-cells", "3", "--min-count", "3", "--out", out]  # fmt: skip
+    if split:
+        args += ["--split", w / "qc/split.tsv"]
+    assert main([str(x) for x in args]) == 0
+    return ad.read_h5ad(out)
+
+
+def rewrite_scool(src: Path, dst: Path, heldout: set[str]) -> None:
+    """A copy of ``src`` whose held-out cells gain 5 contacts at every bin distance 1-3."""
+    first = cooler.Cooler(f"{src}::/cells/{cooler.fileops.list_scool_cells(str(src))[0].split('/')[-1]}")
+    bins = first.bins()[:]
+    chrom = bins["chrom"].astype(str).to_numpy()
+    pixels = {}
+    for path in cooler.fileops.list_scool_cells(str(src)):
+        cell = path.split("/")[-1]
+        px = cooler.Cooler(f"{src}::{path}").pixels()[:][["bin1_id", "bin2_id", "count"]]
+        if cell in heldout:
+            extra = []
+            for k in (1, 2, 3):
+                b1 = np.arange(len(bins) - k)
+                b1 = b1[chrom[b1] == chrom[b1 + k]]
+                extra.append(pd.DataFrame({"bin1_id": b1, "bin2_id": b1 + k, "count": 5}))
+            px = pd.concat([px, *extra]).groupby(["bin1_id", "bin2_id"], as_index=False)["count"].sum()
+        pixels[cell] = px.sort_values(["bin1_id", "bin2_id"]).reset_index(drop=True)
+    cooler.create_scool(str(dst), bins[["chrom", "start", "end"]], pixels, ordered=True, symmetric_upper=True, dtypes={"count": np.int64})
+
+
+@pytest.mark.slow
+def test_strata_feature_filter_counts_training_cells_only(work, tmp_path):
+    split = work["split"]
+    base = strata(work, work["scool"], tmp_path / "a.h5ad")
+    assert list(base.obs_names) == list(split.index)
+    assert list(base.obs["split"].astype(str)) == list(split)
+    assert base.uns["ampflow"]["filter_cells"] == int((split == "train").sum())
+
+    changed_scool = tmp_path / "changed.scool"
+    rewrite_scool(work["scool"], changed_scool, set(split.index[split == "heldout"]))
+    changed = strata(work, changed_scool, tmp_path / "b.h5ad")
+    pd.testing.assert_frame_equal(changed.var, base.var)
+    train = (split == "train").to_numpy()
+    assert (changed.X[train] != base.X[train]).nnz == 0
+    assert (changed.X[~train] != base.X[~train]).nnz > 0
+    # with every cell counted, the held-out contacts would add features
+    a = strata(work, work["scool"], tmp_path / "c.h5ad", split=False)
+    b = strata(work, changed_scool, tmp_path / "d.h5ad", split=False)
+    assert b.n_vars > a.n_vars
+    assert "split" not in a.obs.columns
+
+
+@pytest.mark.slow
+def test_training_rows_of_a_data_file(work, tmp_path):
+    base = strata(work, work["scool"], tmp_path / "a.h5ad")
+    rows = training_rows(base.obs)
+    assert list(base.obs_names[rows]) == list(work["split"].index[work["split"] == "train"])
+    assert list(training_rows(base.obs.drop(columns="split"))) == list(range(base.n_obs))
+    bad = base.obs.assign(split="test")
+    with pytest.raises(InputError, match="split must be one of"):
+        training_rows(bad)
