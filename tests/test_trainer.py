@@ -25,6 +25,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
 import torch
 import yaml
 
@@ -34,7 +35,9 @@ from ampflow.io.genome import read_chromsizes
 from ampflow.spec.config import ModelConfig
 from ampflow.train import checkpoint
 from ampflow.spec.config import TrainConfig
-from ampflow.train.data import load_paired
+from ampflow.train.data import PairedData, load_paired
+from ampflow.io.errors import InputError
+from ampflow.prepare.split import read_split, write_split
 from ampflow.train.trainer import Trainer
 
 MODEL = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2)
@@ -55,10 +58,12 @@ N_STEPS = 5 * STEPS_PER_EPOCH
 LOSS_TERMS = {"rna_nll", "hic_nll", "rna_kl", "hic_kl", "graph_nll", "graph_kl", "align", "total"}
 
 
-def prepare(paths: dict, work: Path, rna=None, genes=None) -> Path:
-    """Run the prepare commands on a demo's files; return the data folder."""
+def prepare(paths: dict, work: Path, rna=None, genes=None, holdout: float | None = None, folder: str = "data") -> Path:
+    """Run the prepare commands on a demo's files; return the data folder. With
+    ``holdout`` the cells are split first (qc/split.tsv) and the data folder built with
+    the split, as the workflow does."""
     rna, genes, sheet, sizes = rna or paths["rna"], genes or paths["genes"], paths["sheet"], paths["chromsizes"]
-    data, scool = work / "data", work / "binned" / "1000000.scool"
+    data, scool = work / folder, work / "binned" / "1000000.scool"
     steps = [
         ["bin-cells", "--sheet", sheet, "--chromsizes", sizes, "--resolutions", "1000000", "--out-scool", scool,
          "--stats", work / "qc" / "contacts.tsv", "--cache-dir", work / "cache", "--threads", "1"],
@@ -73,16 +78,27 @@ def prepare(paths: dict, work: Path, rna=None, genes=None) -> Path:
         ["graph", "--rna", data / "rna.h5ad", "--hic", data / "hic.h5ad", "--mcool", work / "binned" / "pseudobulk.mcool",
          "--chromsizes", sizes, "--out", data / "graph"],
     ]  # fmt: skip
+    if holdout is not None:
+        split = work / "qc" / "split.tsv"
+        steps.insert(3, ["split-cells", "--qc", work / "qc" / "cells.tsv", "--holdout", holdout, "--label-key", "cell_type",
+                         "--seed", "0", "--out", split])  # fmt: skip
+        for step in steps:
+            if step[0] in ("strata", "rna-data"):
+                step += ["--split", split]
     for step in steps:
         assert main([str(x) for x in step]) == 0, step[0]
     return data
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def demo_work(tmp_path_factory) -> tuple[dict, Path]:
     root = tmp_path_factory.mktemp("train-data")
-    paths = write_demo(root / "demo", n_cells=24, seed=0, n_genes=300)
-    return prepare(paths, root / "work")
+    return write_demo(root / "demo", n_cells=24, seed=0, n_genes=300), root / "work"
+
+
+@pytest.fixture(scope="module")
+def data_dir(demo_work) -> Path:
+    return prepare(*demo_work)
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +210,130 @@ def test_outputs(paired, reference):
     kept = checkpoint.list_checkpoints(out / "checkpoints")
     assert [p.name for p in kept] == ["step-00000015.pt", "step-00000012.pt", "step-00000009.pt"]
     assert no_temporaries(out) == []
+
+
+# ------------------------------------------------------------------ held-out cells
+HOLDOUT = 0.25
+
+
+@pytest.fixture(scope="module")
+def split_dir(demo_work, data_dir) -> Path:
+    """The same demo prepared with a quarter of the cells held out (binning reused)."""
+    return prepare(*demo_work, holdout=HOLDOUT, folder="data_split")
+
+
+@pytest.fixture(scope="module")
+def split_file(split_dir) -> Path:
+    return split_dir.parent / "qc" / "split.tsv"
+
+
+@pytest.fixture(scope="module")
+def paired_split(split_dir, split_file):
+    return load_paired(split_dir, split=split_file)
+
+
+@pytest.fixture(scope="module")
+def split_reference(paired_split, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("split-reference") / "run"
+    assert fit(paired_split, out) is True
+    return out
+
+
+def with_counts(data: PairedData, rows: np.ndarray, change) -> PairedData:
+    """A copy of ``data`` whose counts in ``rows`` (both modalities) are ``change(x)``."""
+    out = {}
+    for name in ("rna", "hic"):
+        x = getattr(data, name).toarray()
+        x[rows] = change(x[rows])
+        out[name] = sp.csr_matrix(x.astype(np.float32))
+    return dataclasses.replace(data, **out)
+
+
+def test_heldout_cells_are_in_no_batch(paired_split, split_file, split_reference, tmp_path):
+    """The cell indices of every step the trainer runs, against the split file: training
+    cells only, each once per epoch, and :meth:`Trainer.batches` is what ran."""
+    split = read_split(split_file)
+    heldout = set(split.index[split == "heldout"])
+    assert len(heldout) >= 4 and len(split) == paired_split.n_cells == 23
+    trainer = Trainer(paired_split, MODEL, TRAIN, tmp_path / "run")
+    ran = []
+    step = trainer._train_step
+
+    def record(idx, *args):
+        ran.append(np.array(idx))
+        return step(idx, *args)
+
+    trainer._train_step = record
+    assert trainer.fit() is True
+    names = paired_split.obs.index
+    assert not {names[i] for b in ran for i in b} & heldout
+    planned = [b for s, (_, cfg) in enumerate(TRAIN.stages) for e in range(cfg.epochs) for b in trainer.batches(s, e)]
+    assert len(ran) == len(planned) == metrics(tmp_path / "run")[-1]["step"]
+    assert all(np.array_equal(a, b) for a, b in zip(ran, planned))
+    training = sorted(names.get_loc(c) for c in split.index[split == "train"])
+    for s, (_, cfg) in enumerate(TRAIN.stages):
+        for e in range(cfg.epochs):
+            assert sorted(np.concatenate(trainer.batches(s, e)).tolist()) == training, "each training cell once per epoch"
+    assert_same_model(split_reference, tmp_path / "run")
+
+    emb = ad.read_h5ad(tmp_path / "run" / "embeddings.h5ad")
+    assert list(emb.obs_names) == list(split.index), "every cell is embedded, held-out ones included"
+    assert list(emb.obs["split"].astype(str)) == list(split)
+    assert emb.uns["ampflow"]["trained_cells"] == len(split) - len(heldout)
+
+
+def test_heldout_counts_do_not_change_the_model(paired_split, split_reference, tmp_path):
+    """Other counts for the held-out cells only: the same trained model, bit for bit; their
+    own embeddings move. Other counts for one training cell: another model."""
+    train = paired_split.train_rows
+    heldout = np.setdiff1d(np.arange(paired_split.n_cells), train)
+    changed = with_counts(paired_split, heldout, lambda x: x[::-1] * 3 + 1)
+    assert (changed.rna != paired_split.rna).nnz > 0 and (changed.hic != paired_split.hic).nnz > 0
+    out = tmp_path / "changed"
+    assert fit(changed, out) is True
+    assert_same_model(split_reference, out)
+    assert_same_metrics(split_reference, out)
+    a, b = ad.read_h5ad(split_reference / "embeddings.h5ad"), ad.read_h5ad(out / "embeddings.h5ad")
+    for key in ("X_rna", "X_hic"):
+        np.testing.assert_array_equal(a.obsm[key][train], b.obsm[key][train])
+        assert not np.array_equal(a.obsm[key][heldout], b.obsm[key][heldout])
+
+    one = with_counts(paired_split, train[:1], lambda x: x * 2 + 1)
+    Trainer(one, MODEL, TRAIN, tmp_path / "one").fit()
+    sa, sb = load_model(split_reference)["state_dict"], load_model(tmp_path / "one")["state_dict"]
+    assert any(not torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_resume_with_heldout_cells(paired_split, split_reference, tmp_path):
+    out = tmp_path / "run"
+    assert fit(paired_split, out, stop_after=4) is False
+    assert fit(paired_split, out) is True
+    assert_same_model(split_reference, out)
+    assert_same_metrics(split_reference, out)
+
+
+def test_no_heldout_cells_train_as_without_a_split(paired, reference, tmp_path):
+    """A split that holds out none (evaluate.holdout = 0): the run of old data folders."""
+    alltrain = dataclasses.replace(paired, obs=paired.obs.assign(split="train"))
+    assert Trainer(alltrain, MODEL, TRAIN, tmp_path / "x").run_key() == Trainer(paired, MODEL, TRAIN, tmp_path / "y").run_key()
+    assert fit(alltrain, tmp_path / "run") is True
+    assert_same_model(reference, tmp_path / "run")
+    assert_same_metrics(reference, tmp_path / "run")
+
+
+def test_split_must_match_the_data_files(split_dir, split_file, data_dir, tmp_path, caplog):
+    split = read_split(split_file)
+    flipped = split.copy()
+    flipped.iloc[0] = "heldout" if split.iloc[0] == "train" else "train"
+    write_split(tmp_path / "other.tsv", flipped)
+    with pytest.raises(InputError, match="another split"):
+        load_paired(split_dir, split=tmp_path / "other.tsv")
+    # a folder built without a split takes the file's
+    with caplog.at_level(logging.WARNING, logger="ampflow.train.data"):
+        old = load_paired(data_dir, split=split_file)
+    assert "built without a split" in caplog.text
+    assert list(old.obs.index[old.train_rows]) == list(split.index[split == "train"])
+    assert len(load_paired(data_dir).train_rows) == 23
 
 
 # ------------------------------------------------------------------ resume

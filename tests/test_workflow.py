@@ -19,13 +19,13 @@ from conftest import workflow_copy
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
-# 20 training steps (5 epochs of 4 batches): the workflow is under test here, not the
-# fit. float64, so that the sharded runs can be compared with one process beyond the
+# 21 training steps (7 epochs of 3 batches of the ~93 training cells; a fifth of the 116
+# passing cells is held out): the workflow is under test here, not the fit. float64, so that the sharded runs can be compared with one process beyond the
 # rounding drift that Adam amplifies in float32 (see test_train_dist). A float64 step holds
 # about twice the bytes of a float32 one, and AMP plans the dtype the run trains in: twice
 # the demo's per-process memory keeps the demo's plans (light: S1 + S3; heavy: S1-S5, tp 2).
 QUICK_CONFIG = """
-train: {pretrain: {epochs: 4}, finetune: {epochs: 1}, dtype: float64}
+train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, dtype: float64}
 amp: {device_memory_gb: 0.140625}
 """
 QUICK = ["--configfile", "config/config.yaml", "config/quick.yaml"]
@@ -201,6 +201,39 @@ def test_paired_files_share_cells(run_dir):
     fwd = set(zip(edges["source"], edges["target"]))
     assert all((t, s) in fwd for s, t in fwd), "every edge in both directions"
     assert set(edges["kind"]) == {"gene_bin", "bin_bin", "self"}
+
+
+def test_heldout_cells_in_the_dag(run_dir):
+    """split_cells feeds rna_data, strata and train: a fifth of each cell type's passing
+    cells is held out, marked in every data file and embedding, and in no training step."""
+    from ampflow.prepare.qc import passing_cells, read_qc
+    from ampflow.prepare.split import heldout_count, read_split
+    from ampflow.train.trainer import epoch_batches
+
+    res = run_dir / "results/demo"
+    qc = read_qc(res / "qc/cells.tsv")
+    split = read_split(res / "qc/split.tsv")
+    assert list(split.index) == passing_cells(qc)
+    labels = qc.loc[split.index, "cell_type"]
+    for label in sorted(set(labels)):
+        mine = split[labels == label]
+        assert (mine == "heldout").sum() == heldout_count(len(mine), 0.2), label
+    n_train = int((split == "train").sum())
+    assert 0 < len(split) - n_train < len(split)
+    for cfg in ("500kb_s10", "250kb_s12"):
+        rna = ad.read_h5ad(res / f"data/{cfg}/rna.h5ad", backed="r")
+        hic = ad.read_h5ad(res / f"data/{cfg}/hic.h5ad", backed="r")
+        emb = ad.read_h5ad(res / f"train/{cfg}/embeddings.h5ad")
+        for a in (rna, hic, emb):
+            assert list(a.obs_names) == list(split.index) and list(a.obs["split"].astype(str)) == list(split)
+        assert rna.uns["ampflow"]["hvg"]["fitted_cells"] == hic.uns["ampflow"]["filter_cells"] == n_train
+        assert emb.uns["ampflow"]["trained_cells"] == n_train
+        rows = [json.loads(x) for x in (res / f"train/{cfg}/metrics.jsonl").read_text().splitlines()]
+        per_epoch = len(epoch_batches(n_train, 32, 0, 0, 0))
+        assert len(rows) == 7 * per_epoch
+        for e in range(7):  # both plans launch two processes: rows carry each dp group's cells
+            assert sum(sum(r["rank_cells"]) for r in rows[e * per_epoch : (e + 1) * per_epoch]) == n_train
+        assert f"({len(split) - n_train} held out)" in (run_dir / f"logs/demo/train.{cfg}.log").read_text()
 
 
 def _rank_pid(rank: int, cwd: Path) -> int | None:

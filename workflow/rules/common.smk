@@ -98,11 +98,11 @@ def naming_args():
 
 def label_arg():
     """``--label-key`` for the split when the cell sheet has that column (then the
-    split is stratified by it); a random split otherwise, as evaluation then has no labels."""
+    split is stratified by it); none otherwise: evaluation then has no labels either."""
     key = config["evaluate"]["label_key"]
     if key in CELLS.columns:
         return f"--label-key {shlex.quote(key)}"
-    logger.info(f"split: the cell sheet has no column {key!r}; held-out cells drawn at random")
+    logger.info(f"split: no column {key!r} in the cell sheet; a random split")
     return ""
 
 
