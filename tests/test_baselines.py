@@ -54,7 +54,7 @@ def planted(n=240, k=4, n_genes=300, n_anchors=40, n_strata=4, seed=0, heldout=0
 
     strata = np.concatenate([np.full(n_anchors - s, s) for s in range(n_strata)])
     anchor = np.concatenate([np.arange(n_anchors - s) for s in range(n_strata)])
-    names = [f"chr1:{a * 500000}-{(a + 1) * 500000}" + (f"-{s}" if s else "") for a, s in zip(anchor, strata)]
+    names = [f"chr1:{a * 500000}-{(a + 1) * 500000}" + (f"-{s}" if s else "") for a, s in zip(anchor, strata, strict=True)]
     contacts = np.tile(10.0 / (strata + 1), (k, 1))
     for t in range(k):
         contacts[t, rng.choice(len(strata), len(strata) // 8, replace=False)] *= 4
