@@ -21,7 +21,7 @@ from ampflow.evaluate.controls import chance_tolerance, derangement, shuffled_fo
 from ampflow.evaluate.foscttm import foscttm  # noqa: E402
 from ampflow.evaluate.groups import cell_groups, fit_mask, split_labels  # noqa: E402
 from ampflow.evaluate.run import main_evaluate  # noqa: E402
-from ampflow.evaluate.scores import METHODS, group_scores, score_group  # noqa: E402
+from ampflow.evaluate.scores import METHODS, group_scores, headline_scores, score_group  # noqa: E402
 from ampflow.io.errors import InputError  # noqa: E402
 
 
@@ -190,6 +190,15 @@ def test_groups_from_the_split_column():
     assert err.value.key == "obs/split" and "c: test" in err.value.value
     # a data file's cells missing from the embeddings never steer a baseline
     assert fit_mask(pd.Index(["a", "b", "z"]), split_labels(obs), None).tolist() == [True, False, False]
+
+
+def test_a_group_too_small_to_score_is_skipped_and_said_so():
+    rna, _, types = planted(n=40)
+    a = embeddings_for(rna, types)
+    tiny = score_group(a, np.array([3, 7]), name="heldout")
+    assert tiny == {"n_cells": 2, "n_labelled": 2, "skipped": "fewer than 3 cells"}
+    head = headline_scores({"heldout": tiny}, "cell_type", seed=0)
+    assert head["headline_group"] == "heldout" and head["ari"] is None and head["foscttm"] is None and head["n_cells"] == 2
 
 
 @pytest.mark.slow

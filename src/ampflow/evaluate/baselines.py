@@ -225,7 +225,7 @@ def load_baselines(data_dir, cells, split: pd.Series | None = None, seed: int = 
     folder = DataFolder(data_dir)
     cells = pd.Index(cells)
     out, info = {}, {}
-    for name, build in (("rna", rna_baseline), ("hic", hic_baseline)):
+    for name in ("rna", "hic"):
         path = require_file(folder.modality(name), f"{name} data file")
         log.info("%s baseline: reading %s", name, path)
         try:
@@ -237,8 +237,10 @@ def load_baselines(data_dir, cells, split: pd.Series | None = None, seed: int = 
         fit = fit_mask(data.obs_names, split, data_split, path)
         if fit.sum() < 3:
             raise InputError(f"a baseline needs at least 3 training cells, got {int(fit.sum())}", path=path, key=f"obs/{SPLIT_KEY}")
-        kw = {"path": path} if build is hic_baseline else {"n_top_genes": n_top_genes}
-        emb, how = build(data, fit, n_comps=n_comps, seed=seed, **kw)
+        if name == "rna":
+            emb, how = rna_baseline(data, fit, n_top_genes=n_top_genes, n_comps=n_comps, seed=seed)
+        else:
+            emb, how = hic_baseline(data, fit, n_comps=n_comps, seed=seed, path=path)
         out[f"{name}_baseline"] = emb[data.obs_names.get_indexer(cells)]
         info[name] = {
             "file": str(path),
