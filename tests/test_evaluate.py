@@ -32,6 +32,10 @@ SCORE_KEYS = {
     "seed",
 }
 
+#: The sections scores.json adds beside the headline keys: which group the headline
+#: is from, every group's scores, and how the baselines were made.
+SECTION_KEYS = {"headline_group", "groups", "baselines"}
+
 
 def naive_foscttm(x, y):
     """The definition, one pair at a time."""
@@ -155,8 +159,15 @@ def test_main_evaluate_writes_scores_and_figure(tmp_path):
 
     written = json.loads((out / "scores.json").read_text())
     assert written == scores
-    assert set(written) == SCORE_KEYS
+    assert set(written) == SCORE_KEYS | SECTION_KEYS
     assert list(written) == sorted(written)
+    # no split: one group of all cells, whose joint scores are the headline, the same
+    # numbers cluster_scores gives on the whole file; no data folder, no baselines
+    assert written["headline_group"] == "all" and list(written["groups"]) == ["all"]
+    assert {k: written[k] for k in SCORE_KEYS} == cluster_scores(a, seed=0)
+    assert written["baselines"] is None
+    assert written["groups"]["all"]["methods"]["rna_baseline"] is None
+    assert written["groups"]["all"]["shuffled_control"]["at_chance"]
     assert all(isinstance(written[k], float) for k in ("ari", "nmi", "foscttm", "leiden_resolution"))
     png = (out / "umap.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"

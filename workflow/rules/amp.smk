@@ -83,7 +83,10 @@ rule train:
 
 rule evaluate:
     input:
-        rules.train.output.embeddings,
+        embeddings=rules.train.output.embeddings,
+        # the RNA-only and Hi-C-only baselines are built from the same data folder
+        rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
     output:
         scores=f"{RESULTS}/eval/{{cfg}}/scores.json",
         umap=report(
@@ -105,8 +108,9 @@ rule evaluate:
         runtime=60,
     params:
         out=lambda wc: f"{RESULTS}/eval/{wc.cfg}",
+        data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
         label=config["evaluate"]["label_key"],
         seed=config["train"]["seed"],
     shell:
-        "ampflow evaluate --embeddings {input} --out-dir {params.out}"
+        "ampflow evaluate --embeddings {input.embeddings} --data {params.data} --out-dir {params.out}"
         " --label-key {params.label} --seed {params.seed} > {log} 2>&1"

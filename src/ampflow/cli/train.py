@@ -24,7 +24,7 @@ def cmd_train(a):
 def cmd_evaluate(a):
     from ..evaluate.run import main_evaluate
 
-    scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed)
+    scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed, data=a.data)
     log.info("scores: %s", json.dumps(scores, sort_keys=True))
 
 
@@ -46,8 +46,13 @@ def add_commands(sub) -> None:
     s.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop as if killed
     s.set_defaults(func=cmd_train)
 
-    s = sub.add_parser("evaluate", help="score embeddings (Leiden ARI/NMI, FOSCTTM) and plot a UMAP")
+    s = sub.add_parser(
+        "evaluate",
+        help="score embeddings (Leiden ARI/NMI of each latent and of RNA-only and Hi-C-only baselines, "
+        "FOSCTTM and a shuffled-pairing control; held-out and training cells apart) and plot a UMAP",
+    )
     s.add_argument("--embeddings", required=True)
+    s.add_argument("--data", default=None, help="data/{cfg} folder (rna.h5ad, hic.h5ad) for the baselines; without it they are left out")
     s.add_argument("--out-dir", required=True)
     s.add_argument("--label-key", default="cell_type")
     s.add_argument("--seed", type=int, default=0)

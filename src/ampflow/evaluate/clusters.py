@@ -4,10 +4,10 @@ The trainer writes ``embeddings.h5ad``: cells in ``obs`` (optionally with a
 ``cell_type`` column) and three latents in ``obsm``: ``X_rna`` and ``X_hic`` (one
 per modality, in a shared space) and ``X_joint``. :func:`check_embeddings` says
 clearly what is missing or unusable before any scoring starts.
-:func:`cluster_scores` reports ARI and NMI of Leiden clusters of ``X_joint``
-against the cell labels, with the resolution chosen the way scIB does (the best
-NMI over a grid), together with FOSCTTM between ``X_rna`` and ``X_hic`` (see
-:mod:`.foscttm`), so that one call gives every number of ``scores.json``.
+:func:`leiden_search` reports ARI and NMI of Leiden clusters of any
+representation against the cell labels, with the resolution chosen the way scIB
+does (the best NMI over a grid); :func:`cluster_scores` applies it to one latent
+together with FOSCTTM between ``X_rna`` and ``X_hic`` (see :mod:`.foscttm`).
 """
 
 from __future__ import annotations
@@ -119,19 +119,82 @@ def _leiden(a: ad.AnnData, resolution: float, seed: int) -> np.ndarray:
     return a.obs["leiden"].to_numpy()
 
 
+def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "latent") -> dict:
+    """Leiden clusters of one representation, scored against labels at the best resolution.
+
+    Builds a kNN graph on ``rep`` (15 neighbours, fewer for tiny data) and runs
+    Leiden (igraph, 2 iterations) at each resolution of :data:`LEIDEN_RESOLUTIONS`.
+    As in scIB, the resolution with the highest NMI against the labels is kept (the
+    lowest one on ties) and ARI and NMI are reported there. ARI and NMI are computed
+    over labelled cells only; unlabelled cells still take part in the graph and the
+    clustering. Without labels, Leiden runs once at resolution 1.0 and ARI/NMI are None.
+
+    Parameters
+    ----------
+    rep
+        Array of shape ``(n_cells, d)``, ``n_cells >= 3``: a latent, a baseline's PCA.
+    labels
+        One label per row (None or NaN for unlabelled cells), as from :func:`_labels`;
+        None when there are no labels.
+    seed
+        Random state for the neighbour search and Leiden.
+    what
+        Name of the representation, for the log.
+
+    Returns
+    -------
+    dict
+        ``ari``, ``nmi`` (float or None), ``leiden_resolution`` (float),
+        ``n_clusters`` (int, at that resolution, over all rows) and ``n_labelled``.
+    """
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    n = len(rep)
+    log.info("kNN graph on %s (%d cells, %d neighbours)", what, n, min(N_NEIGHBORS, n - 1))
+    graph = _neighbors_adata(rep, seed)
+    if labels is None:
+        best_res = DEFAULT_RESOLUTION
+        best_clusters = _leiden(graph, best_res, seed)
+        ari = nmi = None
+        n_labelled = 0
+    else:
+        mask = labels.notna().to_numpy()
+        truth = labels.to_numpy()[mask]
+        n_labelled = int(mask.sum())
+        log.info(
+            "Leiden over %d resolutions (%d labelled cells, %d labels)",
+            len(LEIDEN_RESOLUTIONS),
+            n_labelled,
+            len(set(truth)),
+        )
+        best_nmi = -math.inf
+        for res in LEIDEN_RESOLUTIONS:
+            clusters = _leiden(graph, res, seed)
+            score = normalized_mutual_info_score(truth, clusters[mask])
+            log.debug("resolution %.1f: %d clusters, NMI %.4f", res, len(set(clusters)), score)
+            if score > best_nmi:  # strict: ties keep the lower resolution
+                best_nmi, best_res, best_clusters = score, res, clusters
+        nmi = float(best_nmi)
+        ari = float(adjusted_rand_score(truth, best_clusters[mask]))
+    n_clusters = len(set(best_clusters))
+    log.info(
+        "%s: Leiden resolution %.1f, %d clusters, ARI %s, NMI %s",
+        what,
+        best_res,
+        n_clusters,
+        "n/a" if ari is None else f"{ari:.4f}",
+        "n/a" if nmi is None else f"{nmi:.4f}",
+    )
+    return {"ari": ari, "nmi": nmi, "leiden_resolution": float(best_res), "n_clusters": int(n_clusters), "n_labelled": n_labelled}
+
+
 def cluster_scores(
     adata: ad.AnnData, use_rep: str = "X_joint", label_key: str | None = "cell_type", seed: int = 0
 ) -> dict:
     """Leiden clustering scores of one latent and FOSCTTM between the modalities.
 
-    Builds a kNN graph on ``obsm[use_rep]`` (15 neighbours, fewer for tiny data)
-    and runs Leiden (igraph, 2 iterations) at each resolution of
-    :data:`LEIDEN_RESOLUTIONS`. As in scIB, the resolution with the highest NMI
-    against the labels is kept (the lowest one on ties) and ARI and NMI are
-    reported there. ARI and NMI are computed over labelled cells only; unlabelled
-    cells still take part in the graph and the clustering. Without labels, Leiden
-    runs once at resolution 1.0 and ARI/NMI are None.
-
+    The clustering is :func:`leiden_search` on ``obsm[use_rep]``; FOSCTTM is
+    between ``obsm["X_rna"]`` and ``obsm["X_hic"]`` (see :mod:`.foscttm`).
     ``adata`` is not modified.
 
     Parameters
@@ -160,8 +223,6 @@ def cluster_scores(
     InputError
         If a needed ``obsm`` key is missing or unusable.
     """
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
     check_embeddings(adata, keys=tuple(dict.fromkeys(("X_rna", "X_hic", use_rep))))
     n = adata.n_obs
 
@@ -169,52 +230,13 @@ def cluster_scores(
     rna_to_hic, hic_to_rna = foscttm_directions(adata.obsm["X_rna"], adata.obsm["X_hic"])
     log.info("FOSCTTM: RNA->Hi-C %.4f, Hi-C->RNA %.4f", rna_to_hic, hic_to_rna)
 
-    log.info("kNN graph on %s (%d neighbours)", use_rep, min(N_NEIGHBORS, n - 1))
-    graph = _neighbors_adata(adata.obsm[use_rep], seed)
-
     labels = _labels(adata, label_key)
-    if labels is None:
-        if label_key is not None:
-            log.info("no labels in obs[%r]: Leiden at resolution %.1f, no ARI/NMI", label_key, DEFAULT_RESOLUTION)
-        best_res = DEFAULT_RESOLUTION
-        best_clusters = _leiden(graph, best_res, seed)
-        ari = nmi = None
-        n_labelled = 0
-    else:
-        mask = labels.notna().to_numpy()
-        truth = labels.to_numpy()[mask]
-        n_labelled = int(mask.sum())
-        log.info(
-            "Leiden over %d resolutions against %s (%d labelled cells, %d labels)",
-            len(LEIDEN_RESOLUTIONS),
-            label_key,
-            n_labelled,
-            len(set(truth)),
-        )
-        best_nmi = -math.inf
-        for res in LEIDEN_RESOLUTIONS:
-            clusters = _leiden(graph, res, seed)
-            score = normalized_mutual_info_score(truth, clusters[mask])
-            log.debug("resolution %.1f: %d clusters, NMI %.4f", res, len(set(clusters)), score)
-            if score > best_nmi:  # strict: ties keep the lower resolution
-                best_nmi, best_res, best_clusters = score, res, clusters
-        nmi = float(best_nmi)
-        ari = float(adjusted_rand_score(truth, best_clusters[mask]))
-    n_clusters = len(set(best_clusters))
-    log.info(
-        "Leiden resolution %.1f: %d clusters, ARI %s, NMI %s",
-        best_res,
-        n_clusters,
-        "n/a" if ari is None else f"{ari:.4f}",
-        "n/a" if nmi is None else f"{nmi:.4f}",
-    )
+    if labels is None and label_key is not None:
+        log.info("no labels in obs[%r]: Leiden at resolution %.1f, no ARI/NMI", label_key, DEFAULT_RESOLUTION)
+    found = leiden_search(adata.obsm[use_rep], labels, seed, what=use_rep)
     return {
-        "ari": ari,
-        "nmi": nmi,
-        "leiden_resolution": float(best_res),
-        "n_clusters": int(n_clusters),
+        **found,
         "n_cells": int(n),
-        "n_labelled": n_labelled,
         "foscttm": float((rna_to_hic + hic_to_rna) / 2.0),
         "foscttm_rna_to_hic": float(rna_to_hic),
         "foscttm_hic_to_rna": float(hic_to_rna),

@@ -1,10 +1,25 @@
 """Score one ``embeddings.h5ad``: ``scores.json`` and ``umap.png`` (``ampflow evaluate``).
 
-:func:`main_evaluate` reads the trainer's file, checks its latents, computes the
-scores of :func:`~.clusters.cluster_scores` (Leiden ARI/NMI of ``X_joint``,
-FOSCTTM between ``X_rna`` and ``X_hic``) and draws :func:`~.umap.plot_umap`. Both
-outputs are written atomically, so an interrupted run leaves no half-written file
-for the workflow to mistake for a finished one.
+:func:`main_evaluate` reads the trainer's file, checks its latents, builds the
+single-modality baselines from the data folder (:mod:`.baselines`), scores every
+group of cells (:mod:`.scores`: Leiden ARI/NMI of each latent and baseline, FOSCTTM
+and its shuffled control) and draws :func:`~.umap.plot_umap`. Both outputs are
+written atomically, so an interrupted run leaves no half-written file for the
+workflow to mistake for a finished one.
+
+``scores.json``::
+
+    ari, nmi, foscttm, ...   the joint latent on the headline group (held-out cells, else all)
+    headline_group           "heldout" or "all"
+    groups
+      heldout | train | all
+        n_cells, n_labelled
+        methods
+          joint | rna_latent | hic_latent | rna_baseline | hic_baseline
+            ari, nmi, leiden_resolution, n_clusters, representation
+        foscttm              foscttm, foscttm_rna_to_hic, foscttm_hic_to_rna   (not on training cells)
+        shuffled_control     foscttm, ..., chance, tolerance, at_chance       (not on training cells)
+    baselines                rna | hic: file, cells embedded and fit, settings (null without --data)
 """
 
 from __future__ import annotations
@@ -19,14 +34,18 @@ import numpy as np
 
 from ..io.atomic import write_text_atomic
 from ..io.errors import InputError, require_file
-from .clusters import EMBEDDING_KEYS, check_embeddings, cluster_scores
+from .clusters import EMBEDDING_KEYS, check_embeddings
+from .groups import split_labels
+from .scores import group_scores, headline_scores
 from .umap import plot_umap
 
 log = logging.getLogger(__name__)
 
 
 def _plain(value):
-    """JSON-ready value: numpy scalars to Python numbers, NaN to None."""
+    """JSON-ready value, nested dicts included: numpy scalars to Python numbers, NaN to None."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -34,31 +53,37 @@ def _plain(value):
     return value
 
 
-def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type", seed: int = 0) -> dict:
+def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type", seed: int = 0, data=None) -> dict:
     """Score one ``embeddings.h5ad`` and write ``scores.json`` and ``umap.png``.
 
     Parameters
     ----------
     embeddings_path
-        The trainer's AnnData with ``obsm`` ``X_rna``, ``X_hic`` and ``X_joint``.
+        The trainer's AnnData with ``obsm`` ``X_rna``, ``X_hic`` and ``X_joint``, and
+        optionally ``obs["split"]`` (``"train"`` / ``"heldout"``).
     out_dir
         Folder for ``scores.json`` (sorted keys, indent 2) and ``umap.png``; created
         if needed. Both files are written atomically.
     label_key
         ``obs`` column with cell labels for ARI/NMI and the first UMAP panel.
     seed
-        Random state for the kNN graphs, Leiden and UMAP.
+        Random state for the kNN graphs, Leiden, the baselines' PCA, the control's
+        derangement and UMAP.
+    data
+        The configuration's data folder (``data/{cfg}`` with ``rna.h5ad`` and
+        ``hic.h5ad``) for the baselines; without it their scores are None.
 
     Returns
     -------
     dict
-        The scores, as written (see :func:`cluster_scores`).
+        The scores, as written (layout in the module docstring).
 
     Raises
     ------
     InputError
-        If the file is missing or unreadable, or an ``obsm`` key is missing or
-        unusable; the message names the file and the key.
+        If a file is missing or unreadable, an ``obsm`` key is missing or unusable,
+        a data file lacks an embedded cell, or a split value is unknown; the message
+        names the file and the key.
     """
     path = require_file(embeddings_path, "embeddings file")
     out_dir = Path(out_dir)
@@ -70,7 +95,16 @@ def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type",
     check_embeddings(adata, path=path)
     log.info("%d cells; latent widths %s", adata.n_obs, {k: int(adata.obsm[k].shape[1]) for k in EMBEDDING_KEYS})
 
-    scores = {k: _plain(v) for k, v in cluster_scores(adata, use_rep="X_joint", label_key=label_key, seed=seed).items()}
+    split = split_labels(adata.obs, path)
+    baselines = info = None
+    if data is not None:
+        from .baselines import load_baselines
+
+        baselines, info = load_baselines(data, adata.obs_names, split=split, seed=seed)
+    else:
+        log.info("no data folder given: no baselines")
+    groups = group_scores(adata, baselines, label_key=label_key, seed=seed, path=path)
+    scores = _plain({**headline_scores(groups, label_key, seed), "groups": groups, "baselines": info})
     scores_path = out_dir / "scores.json"
     write_text_atomic(scores_path, json.dumps(scores, sort_keys=True, indent=2) + "\n")
     log.info("wrote %s", scores_path)

@@ -1,11 +1,12 @@
 """Every configuration in one table and one figure: scores, plan, measured memory, training time.
 
 :func:`summary_table` collects, per configuration, ARI, NMI and FOSCTTM
-(``eval/{cfg}/scores.json``), the plan's strategies, mesh, chunk size, predicted
-peak, budget and fit (``amp/{cfg}/plan.json``), and the measured peak, steps and
-training seconds (``train/{cfg}/metrics.jsonl``). :func:`summary_report` writes it as
-TSV, as an HTML page, as the plain-text table printed at the end of a run, and as a
-bar chart of the scores.
+(``eval/{cfg}/scores.json``: the joint latent on held-out cells, or on all cells
+without a split), the plan's strategies, mesh, chunk size, predicted peak, budget
+and fit (``amp/{cfg}/plan.json``), the measured peak, steps and training seconds
+(``train/{cfg}/metrics.jsonl``), and the per-method scores of every group of cells
+(:mod:`.comparison`). :func:`summary_report` writes it as TSV, as an HTML page, as
+the plain-text tables printed at the end of a run, and as a bar chart of the scores.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ import pandas as pd
 from ..io.atomic import atomic_path, write_text_atomic
 from ..progress import human_bytes
 from ..spec.plan import Plan
-from .common import colour, html_table, new_figure, read_json, read_jsonl, save_png, write_html
+from .common import colour, esc, html_table, new_figure, read_json, read_jsonl, save_png, write_html
+from .comparison import cells_note, comparison_columns, headline_control, comparison_table, groups_in, plot_comparison
 from .plan import measured_memory, mesh_text, strategy_ids
 
 log = logging.getLogger(__name__)
+
+#: The cells the headline scores are on, by ``scores.json``'s ``headline_group``.
+_CELLS = {"heldout": "held-out cells", "all": "all cells", "train": "training cells"}
 
 SCORES = (("ari", "ARI (higher is better)"), ("nmi", "NMI (higher is better)"), ("foscttm", "FOSCTTM (lower is better)"))
 
@@ -47,6 +52,9 @@ def summary_row(name: str, plan: Plan, scores: dict, metrics: list[dict]) -> dic
         "processes": mem.world if mem.world > 0 else None,
         "steps": len(rank0),
         "train_seconds": float(sum(r.get("seconds", 0.0) for r in rank0)),
+        "scored_cells": scores.get("headline_group"),
+        "control_foscttm": headline_control(scores),
+        **comparison_columns(scores),
     }
 
 
@@ -87,26 +95,42 @@ def display_table(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def text_table(table: pd.DataFrame) -> str:
-    """Fixed-width text of :func:`display_table`, for the end of a run's log."""
-    shown = display_table(table)
+def _fixed_width(shown: pd.DataFrame) -> list[str]:
     cols = list(shown.columns)
     widths = [max(len(c), *(len(str(v)) for v in shown[c])) for c in cols]
     line = "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()
     rule = "  ".join("-" * w for w in widths)
     body = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in shown.itertuples(index=False)]
-    return "\n".join([line, rule, *body]) + "\n"
+    return [line, rule, *body]
+
+
+def text_table(table: pd.DataFrame) -> str:
+    """Fixed-width text of :func:`display_table`, for the end of a run's log, followed
+    (when the scores have them) by the per-method scores of :func:`.comparison.comparison_table`."""
+    lines = _fixed_width(display_table(table))
+    compared = comparison_table(table)
+    if len(compared):
+        lines += ["", f"Scores by method (cells scored: {cells_note(table)})", *_fixed_width(compared)]
+    return "\n".join(lines) + "\n"
 
 
 def plot_scores(table: pd.DataFrame, path, title: str = "") -> Path:
-    """Grouped bars: ARI, NMI and FOSCTTM per configuration, values written on the bars."""
-    fig, axes = new_figure(1, 1, size=(max(8.0, 2.2 * len(table) + 3), 4.8))
+    """Grouped bars: ARI, NMI and FOSCTTM per configuration, values written on the bars;
+    below, when the scores have them, the ARI of every method (:func:`.comparison.plot_comparison`)."""
+    compare = bool(groups_in(table))
+    width = max(8.0, 2.2 * len(table) + 3) + (3.5 if compare else 0.0)
+    fig, axes = new_figure(2 if compare else 1, 1, size=(width, 9.6 if compare else 4.8))
     ax = axes[0][0]
     x = np.arange(len(table))
-    width = 0.8 / len(SCORES)
-    for i, (key, label) in enumerate(SCORES):
+    shown = list(SCORES)
+    if "control_foscttm" in table.columns and table["control_foscttm"].notna().any():
+        shown.append(("control_foscttm", "FOSCTTM, shuffled pairing (control: 0.5)"))
+    width = 0.8 / len(shown)
+    for i, (key, label) in enumerate(shown):
         vals = pd.to_numeric(table[key], errors="coerce").to_numpy(dtype=float)
-        bars = ax.bar(x + (i - 1) * width, np.nan_to_num(vals), width, color=colour(i), label=label)
+        offset = (i - (len(shown) - 1) / 2) * width
+        tint = "#999999" if key == "control_foscttm" else colour(i)
+        bars = ax.bar(x + offset, np.nan_to_num(vals), width, color=tint, label=label)
         for b, v in zip(bars, vals):
             ax.annotate("n/a" if np.isnan(v) else f"{v:.2f}", (b.get_x() + b.get_width() / 2, b.get_height()),
                         ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")  # fmt: skip
@@ -116,7 +140,11 @@ def plot_scores(table: pd.DataFrame, path, title: str = "") -> Path:
     ax.set_ylim(0, 1.25)
     ax.axhline(0.5, color="#999999", linestyle=":", linewidth=1, label="FOSCTTM of unrelated embeddings")
     ax.legend(frameon=False, fontsize=9, ncols=2, loc="upper center")
-    ax.set_title(f"{title}Evaluation scores per configuration")
+    heads = {_CELLS.get(g, g) for g in table.get("scored_cells", pd.Series(dtype=object)).dropna()}
+    on = f" (on {', '.join(sorted(heads))})" if heads else ""
+    ax.set_title(f"{title}Evaluation scores of the joint latent per configuration{on}")
+    if compare:
+        plot_comparison(axes[1][0], table)
     return save_png(fig, path)
 
 
@@ -135,10 +163,23 @@ def summary_report(configs: dict[str, dict], out_dir, dataset: str = "") -> dict
     wide.columns = [str(c) for c in wide.columns]
     parts = [
         html_table(wide, numeric=wide.columns, index=True, row_class=lambda r: "bad" if (r == "NO").any() else ""),
-        "<p>ARI and NMI: Leiden clusters of the joint embedding against the cell labels (the resolution with the best NMI). "
+        "<p>ARI and NMI: Leiden clusters of the joint embedding against the cell labels (the resolution with the best NMI), "
+        "on held-out cells when training held cells out, else on all cells. "
         "FOSCTTM: fraction of cells closer than the true partner between the RNA and Hi-C embeddings (0 perfect, about 0.5 random). "
         "Predicted peak: the memory model for the plan, per device; measured peak: the largest step peak of any process.</p>",
     ]
+    compared = comparison_table(table)
+    if len(compared):
+        parts += [
+            "<h2>Scores by method</h2>",
+            html_table(compared, numeric=[c for c in compared.columns if c not in ("configuration", "method")]),
+            f"<p>Cells scored: {esc(cells_note(table))}. Each representation is clustered on that group's cells alone "
+            "with the same Leiden resolution search. The baselines are plain PCA of one modality's counts (RNA: "
+            "normalize_total, log1p, highly variable genes; Hi-C: per-cell normalised, log1p, per-stratum scaled strata "
+            "features), learned from training cells only. The shuffled pairing gives every cell another cell's Hi-C "
+            "latent: its FOSCTTM must read chance, 0.5 within the band shown; the paired latents' FOSCTTM should lie "
+            "well below it. Training cells have no FOSCTTM: the alignment loss pulled exactly those pairs together.</p>",
+        ]
     paths = {
         "tsv": out / "summary.tsv",
         "txt": out / "summary.txt",
