@@ -14,12 +14,13 @@ import numpy as np
 import pandas as pd
 
 from ..io.errors import InputError
+from ..spec.layout import HELDOUT, SPLIT_COLUMN, TRAIN
 
-#: ``obs`` column naming each cell's part of the split.
-SPLIT_KEY = "split"
+#: ``obs`` column naming each cell's part of the split (the data folder's contract).
+SPLIT_KEY = SPLIT_COLUMN
 
 #: The values of :data:`SPLIT_KEY`, in the order groups are reported.
-SPLIT_VALUES = ("heldout", "train")
+SPLIT_VALUES = (HELDOUT, TRAIN)
 
 #: The one group when there is no split.
 ALL = "all"
@@ -88,7 +89,7 @@ def headline_group(groups) -> str:
     """The group whose joint scores are the top-level ``ari``, ``nmi`` and ``foscttm``:
     held-out cells when there are any, else ``"all"`` (or training cells, for a split
     that held nothing out)."""
-    for g in ("heldout", ALL, "train"):
+    for g in (HELDOUT, ALL, TRAIN):
         if g in groups:
             return g
     raise ValueError("no group of cells to score")
@@ -134,4 +135,4 @@ def fit_mask(cells: pd.Index, split: pd.Series | None, data_split: pd.Series | N
                 value=f"{cell}: {data_split[cell]} here, {split[cell]} in the embeddings",
             )
     ref = split if split is not None else data_split
-    return (ref.reindex(cells) == "train").to_numpy()
+    return (ref.reindex(cells) == TRAIN).to_numpy()
