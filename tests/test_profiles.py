@@ -243,7 +243,11 @@ def _multi_node_profile(work: Path) -> dict:
 
 
 def _fake_train_inputs(work: Path, cfg: str) -> None:
-    """Files standing in for the train rule's inputs (only train may run)."""
+    """Files standing in for the train rule's inputs (only train may run), oldest first
+    as the workflow would write them (the split feeds the data files)."""
+    split = work / "results" / "demo" / "qc" / "split.tsv"
+    split.parent.mkdir(parents=True)
+    split.write_text("cell_id\tsplit\n")
     data = work / "results" / "demo" / "data" / cfg
     (data / "graph").mkdir(parents=True)
     for name in ("rna.h5ad", "hic.h5ad", "graph/nodes.parquet"):
