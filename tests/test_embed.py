@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from test_trainer import MODEL, SETTINGS, prepare
 
 from ampflow.cli import main
 from ampflow.demo import write_demo
@@ -23,7 +24,6 @@ from ampflow.io.errors import InputError
 from ampflow.spec.config import TrainConfig
 from ampflow.train.data import counts_matrix, load_paired
 from ampflow.train.trainer import Trainer
-from test_trainer import MODEL, SETTINGS, prepare
 
 KEYS = ("X_rna", "X_hic", "X_joint")
 TRAIN = TrainConfig.from_dict({**SETTINGS, "pretrain": {"epochs": 1}, "finetune": {"epochs": 1}})
