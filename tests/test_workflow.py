@@ -296,6 +296,35 @@ def test_kill_one_rank_then_resume_bit_identical(run_dir, tmp_path):
     assert ma == mb
 
 
+def test_new_cells_embed_without_retraining(run_dir):
+    """A folder of cells named in config "embed" is embedded with the trained model: the
+    dry run lists no train job; the training folder embeds to train's vectors bit for bit."""
+    data = run_dir / "results/demo/data/500kb_s10"
+    new = run_dir / "resources/new_cells"
+    new.mkdir(parents=True, exist_ok=True)
+    for name in ("rna.h5ad", "hic.h5ad"):
+        a = ad.read_h5ad(data / name)
+        a[::3, ::-1].copy().write_h5ad(new / name)  # a third of the cells, columns reversed
+    (run_dir / "config/embed.yaml").write_text("embed: {new: {data: resources/new_cells}}\n")
+    args = ["--configfile", *QUICK[1:], "config/embed.yaml", "--profile", "profiles/local"]
+    targets = ["results/demo/embed/500kb_s10/new/embeddings.h5ad", "results/demo/embed/500kb_s10/embeddings.h5ad"]
+    r = snakemake(run_dir, *args, "-n", *targets)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = [ln.split() for ln in (r.stdout + r.stderr).splitlines()]
+    jobs = {w[0] for w in stats if len(w) == 2 and w[1].isdigit() and not w[0].endswith(":")} - {"total"}  # job stats
+    assert jobs == {"embed", "embed_cells"}, r.stdout
+    r = snakemake(run_dir, *args, *targets)
+    assert r.returncode == 0, r.stderr[-3000:]
+    trained = ad.read_h5ad(run_dir / "results/demo/train/500kb_s10/embeddings.h5ad")
+    again = ad.read_h5ad(run_dir / targets[1])
+    for key in ("X_rna", "X_hic", "X_joint"):
+        assert np.array_equal(again.obsm[key], trained.obsm[key]), key
+    cells = ad.read_h5ad(run_dir / targets[0])
+    assert list(cells.obs_names) == list(trained.obs_names[::3])
+    assert cells.uns["ampflow"]["genes"]["missing"] == 0
+    np.testing.assert_allclose(cells.obsm["X_joint"], trained.obsm["X_joint"][::3], rtol=1e-5, atol=1e-6)
+
+
 def test_nothing_to_do_then_only_new_cells_binned(run_dir):
     r = snakemake(run_dir, "--profile", "profiles/local", "-n")
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr

@@ -64,6 +64,9 @@ def extract_inputs():
 
 EXTRACT_INPUTS = extract_inputs()
 
+#: Prepared folders of cells to embed with each trained configuration (config "embed").
+EMBED_SETS = {name: e["data"] for name, e in config["embed"].items()}
+
 
 def alternatives(names):
     """A wildcard pattern matching exactly these names (none: matching nothing)."""
@@ -75,6 +78,7 @@ wildcard_constraints:
     res="|".join(RESOLUTIONS),
     name=alternatives(EXTRACT_INPUTS),
     model=alternatives(EXTRACT_MODELS),
+    cells=alternatives(EMBED_SETS),
 
 
 def cfg_resolution(wildcards):
@@ -134,6 +138,11 @@ def all_outputs():
             f"{REPORT}/{cfg}/memory.png",
             f"{REPORT}/{cfg}/training.png",
         ]
+    out += [
+        f"{RESULTS}/embed/{cfg}/{name}/embeddings.h5ad"
+        for cfg in TRAIN_CONFIGS
+        for name in EMBED_SETS
+    ]
     for name, inp in EXTRACT_INPUTS.items():
         out += [f"{RESULTS}/extract/{name}.{model}.h5ad" for model in inp["models"]]
         out += [

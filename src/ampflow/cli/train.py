@@ -1,4 +1,4 @@
-"""Commands that train a configuration and evaluate its embeddings."""
+"""Commands that train a configuration, evaluate its embeddings and embed cells with it."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ def cmd_evaluate(a):
 
     scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed, data=a.data)
     log.info("scores: %s", json.dumps(scores, sort_keys=True))
+
+
+def cmd_embed(a):
+    from ..evaluate.embed import embed_cells, embed_paths
+
+    rna, hic = embed_paths(a.data, a.rna, a.hic)
+    report = embed_cells(a.model, rna, hic, a.out, batch_size=a.batch_size, device=a.device, threads=a.threads)
+    log.info("embedded: %s", json.dumps(report, sort_keys=True))
 
 
 def add_commands(sub) -> None:
@@ -57,3 +65,18 @@ def add_commands(sub) -> None:
     s.add_argument("--label-key", default="cell_type")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser(
+        "embed",
+        help="encode cells (new ones included) with a trained model.pt, without retraining: genes and Hi-C features "
+        "are mapped onto the model's by name (missing ones are zeros, extra ones dropped; both reported)",
+    )
+    s.add_argument("--model", required=True, help="model.pt from `ampflow train`")
+    s.add_argument("--data", default=None, help="a data folder holding rna.h5ad and hic.h5ad")
+    s.add_argument("--rna", default=None, help="rna.h5ad to embed (instead of the data folder's)")
+    s.add_argument("--hic", default=None, help="hic.h5ad to embed (instead of the data folder's)")
+    s.add_argument("--out", required=True, help="embeddings.h5ad to write (obsm X_rna, X_hic, X_joint)")
+    s.add_argument("--batch-size", type=int, default=1024, help="cells per forward pass")
+    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the count the model trained with)")
+    s.set_defaults(func=cmd_embed)

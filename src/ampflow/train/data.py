@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anndata as ad
 import numpy as np
@@ -30,6 +30,8 @@ class PairedData:
     n_strata: int
     graph: GraphSpec
     meta: dict
+    genes: list[str] = field(default_factory=list)  # (G,) rna.h5ad var names, in column order
+    features: list[str] = field(default_factory=list)  # (F,) hic.h5ad var names, in column order
 
     @property
     def n_cells(self) -> int:
@@ -48,7 +50,9 @@ class PairedData:
         )
 
 
-def _counts(adata: ad.AnnData) -> sp.csr_matrix:
+def counts_matrix(adata: ad.AnnData) -> sp.csr_matrix:
+    """The counts of a data-folder file as float32 CSR (n_cells, n_vars): the layer that
+    ``uns["ampflow"]["counts_layer"]`` names (default ``counts``), else ``X``."""
     layer = adata.uns.get("ampflow", {}).get("counts_layer", "counts")
     X = adata.layers[layer] if layer in adata.layers else adata.X
     return sp.csr_matrix(X, dtype=np.float32)
@@ -114,7 +118,7 @@ def load_paired(data_dir, split=None) -> PairedData:
         raise InputError("graph has no node for a feature of the data files", path=d.nodes, value=str(e)) from None
     stratum = hic.var["stratum"].to_numpy().astype(np.int64)
     n_strata = int(hic.uns["ampflow"]["n_strata"])
-    hic_counts = _counts(hic)
+    hic_counts = counts_matrix(hic)
     graph = GraphSpec(
         src=torch.as_tensor(edges["source"].to_numpy(), dtype=torch.long),
         dst=torch.as_tensor(edges["target"].to_numpy(), dtype=torch.long),
@@ -127,11 +131,13 @@ def load_paired(data_dir, split=None) -> PairedData:
     meta = {"rna": dict(rna.uns.get("ampflow", {})), "hic": dict(hic.uns.get("ampflow", {}))}
     return PairedData(
         obs=obs,
-        rna=_counts(rna),
+        rna=counts_matrix(rna),
         hic=hic_counts,
         feature_anchor=torch.as_tensor(hic.var["anchor"].to_numpy(), dtype=torch.long),
         feature_stratum=torch.as_tensor(stratum),
         n_strata=n_strata,
         graph=graph,
         meta=meta,
+        genes=[str(g) for g in rna.var_names],
+        features=[str(f) for f in hic.var_names],
     )

@@ -374,6 +374,11 @@ class Trainer:
                     "train_config": _plain(self.cfg.to_dict()),
                     "plan_settings": self.applied_settings(),
                     "steps": self.step,
+                    # what ``ampflow embed`` maps other files' columns onto, in order
+                    "genes": list(self.data.genes),
+                    "features": list(self.data.features),
+                    "n_strata": int(self.data.n_strata),
+                    "feature_stratum": [int(k) for k in self.data.feature_stratum.tolist()],
                 },
                 tmp,
             )
