@@ -27,6 +27,7 @@ from ..model.encoders import Encoder, hic_input, rna_input
 from ..spec.config import ModelConfig
 from ..spec.layout import DataFolder
 from ..train.data import counts_matrix
+from ..train.embeddings import embeddings_anndata, latent_means
 
 log = logging.getLogger(__name__)
 
@@ -254,24 +255,18 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
         log.log(level, "%s: %d of the model's %d kept; %d missing (zeros); %d extra in the file (dropped)", what, m.kept, m.n_trained, m.missing, m.extra)
     x_rna, x_hic = counts_matrix(rna), counts_matrix(hic)[hic_rows]
     n = rna.n_obs
-    xr, xh = [], []
-    for i in range(0, n, batch_size):
-        idx = np.arange(i, min(i + batch_size, n))
-        # float32 like the trainer's batches, then the model's dtype
-        r = torch.as_tensor(maps["genes"].dense(x_rna[idx]), dtype=torch.float32).to(device, trained.dtype)
-        h = torch.as_tensor(maps["features"].dense(x_hic[idx]), dtype=torch.float32).to(device, trained.dtype)
-        a, b = trained.encoders(r, h)
-        xr.append(a.cpu().numpy())
-        xh.append(b.cpu().numpy())
-    d = trained.encoders.rna_encoder.loc.out_features
-    x_r = np.concatenate(xr) if xr else np.zeros((0, d))
-    x_h = np.concatenate(xh) if xh else np.zeros((0, d))
-    emb = ad.AnnData(obs=rna.obs.copy())
-    emb.obsm["X_rna"] = x_r.astype(np.float32)
-    emb.obsm["X_hic"] = x_h.astype(np.float32)
-    emb.obsm["X_joint"] = ((x_r + x_h) / 2).astype(np.float32)
+
+    def batches():
+        for i in range(0, n, batch_size):
+            idx = np.arange(i, min(i + batch_size, n))
+            # float32 like the trainer's batches, then the model's dtype
+            r = torch.as_tensor(maps["genes"].dense(x_rna[idx]), dtype=torch.float32).to(device, trained.dtype)
+            h = torch.as_tensor(maps["features"].dense(x_hic[idx]), dtype=torch.float32).to(device, trained.dtype)
+            yield r, h
+
+    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.rna_encoder.loc.out_features)
     report = {"cells": int(n), **{what: m.counts() for what, m in maps.items()}}
-    emb.uns["ampflow"] = {"model": str(model_path), "steps": trained.steps, **report}
+    emb = embeddings_anndata(rna.obs, x_r, x_h, {"model": str(model_path), "steps": trained.steps, **report})
     with atomic_path(out) as tmp:
         emb.write_h5ad(tmp)
     log.info("embedded %d cells into %s", n, out)

@@ -36,7 +36,6 @@ import random
 import time
 from pathlib import Path
 
-import anndata as ad
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -53,6 +52,7 @@ from ..spec.config import ModelConfig, TrainConfig
 from ..spec.plan import Plan
 from . import checkpoint
 from .data import PairedData
+from .embeddings import embeddings_anndata, latent_means
 from .memory import measured_dp_step
 
 log = logging.getLogger(__name__)
@@ -338,32 +338,20 @@ class Trainer:
         return True
 
     # ----------------------------------------------------------- outputs
-    @torch.no_grad()
-    def embeddings(self, model: PairedModel, batch_size: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-        """RNA and Hi-C latent means of every cell (held-out ones included) from a plain
-        (single-process) model in eval mode."""
-        model.eval()
-        xr, xh = [], []
-        for i in range(0, self.data.n_cells, batch_size):
-            rna, hic = self.data.batch(np.arange(i, min(i + batch_size, self.data.n_cells)))
-            r, h = model.embed(rna.to(self.device, self.dtype), hic.to(self.device, self.dtype))
-            xr.append(r.cpu().numpy())
-            xh.append(h.cpu().numpy())
-        return np.concatenate(xr), np.concatenate(xh)
-
     def _write_outputs(self, metrics_path: Path, model_state: dict) -> None:
         """Embeddings, model.pt, config and metrics from the consolidated model state
         (in a plain model: the same files whatever mesh trained it)."""
         model = build_model(self.model_cfg, self.data).to(self.device, self.dtype)
         model.load_state_dict(model_state)
-        x_rna, x_hic = self.embeddings(model)
-        emb = ad.AnnData(obs=self.data.obs.copy())
-        emb.obsm["X_rna"] = x_rna.astype(np.float32)
-        emb.obsm["X_hic"] = x_hic.astype(np.float32)
-        emb.obsm["X_joint"] = ((x_rna + x_hic) / 2).astype(np.float32)
-        emb.uns["ampflow"] = {"config": self.name, "seed": self.cfg.seed, "steps": self.step}
+        model.eval()  # every cell, held-out ones included
+        n, size = self.data.n_cells, 1024
+        batches = (self.data.batch(np.arange(i, min(i + size, n))) for i in range(0, n, size))
+        moved = ((r.to(self.device, self.dtype), h.to(self.device, self.dtype)) for r, h in batches)
+        x_rna, x_hic = latent_means(model.embed, moved, self.model_cfg.latent_dim)
+        uns = {"config": self.name, "seed": self.cfg.seed, "steps": self.step}
         if len(self.train_rows) < self.data.n_cells:
-            emb.uns["ampflow"]["trained_cells"] = len(self.train_rows)
+            uns["trained_cells"] = len(self.train_rows)
+        emb = embeddings_anndata(self.data.obs, x_rna, x_hic, uns)
         with atomic_path(self.out / "embeddings.h5ad") as tmp:
             emb.write_h5ad(tmp)
         with atomic_path(self.out / "model.pt") as tmp:

@@ -1,0 +1,43 @@
+"""The embeddings file (``embeddings.h5ad``): the RNA and Hi-C latent means of every cell
+and the joint embedding built from them, written by training and by ``ampflow embed``
+alike, so that the two give the same file for the same model and cells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import torch
+
+
+def latent_means(encode: Callable, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], latent: int) -> tuple[np.ndarray, np.ndarray]:
+    """RNA and Hi-C latent means, (n_cells, latent) each, of ``encode(rna, hic)`` over the
+    batches (in eval mode, without gradients: the caller's model decides)."""
+    xr, xh = [], []
+    with torch.no_grad():
+        for rna, hic in batches:
+            r, h = encode(rna, hic)
+            xr.append(r.cpu().numpy())
+            xh.append(h.cpu().numpy())
+    if not xr:
+        return np.zeros((0, latent)), np.zeros((0, latent))
+    return np.concatenate(xr), np.concatenate(xh)
+
+
+def joint_latent(x_rna: np.ndarray, x_hic: np.ndarray) -> np.ndarray:
+    """The joint embedding of paired cells: the mean of their two latents."""
+    return (x_rna + x_hic) / 2
+
+
+def embeddings_anndata(obs: pd.DataFrame, x_rna: np.ndarray, x_hic: np.ndarray, uns: dict) -> ad.AnnData:
+    """``obs`` with ``obsm`` ``X_rna``, ``X_hic`` and ``X_joint`` (float32) and
+    ``uns["ampflow"]``."""
+    emb = ad.AnnData(obs=obs.copy())
+    emb.obsm["X_rna"] = x_rna.astype(np.float32)
+    emb.obsm["X_hic"] = x_hic.astype(np.float32)
+    emb.obsm["X_joint"] = joint_latent(x_rna, x_hic).astype(np.float32)
+    emb.uns["ampflow"] = uns
+    return emb
