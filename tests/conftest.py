@@ -30,6 +30,22 @@ def keep_torch_threads():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def figures(monkeypatch):
+    """Every matplotlib Figure saved during the test, in order."""
+    from matplotlib.figure import Figure
+
+    saved: list = []
+    original = Figure.savefig
+
+    def record(self, *args, **kwargs):
+        saved.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return saved
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     d = shared_data_dir()

@@ -32,20 +32,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 UNIT = re.compile(r"\(.+\)")  # "memory held (MiB)", "UMAP 1 (arbitrary units)"
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """Every Figure saved during the test, in order."""
-    saved: list[Figure] = []
-    original = Figure.savefig
-
-    def record(self, *args, **kwargs):
-        saved.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", record)
-    return saved
-
-
 def assert_labelled(fig: Figure) -> None:
     """A title (on the figure or every panel) and, on every visible panel, x and y labels with a unit in parentheses."""
     suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""

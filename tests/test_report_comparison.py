@@ -7,7 +7,6 @@ import json
 
 import pandas as pd
 import pytest
-from matplotlib.figure import Figure
 
 from ampflow.amp.diagnose import diagnose
 from ampflow.report.comparison import comparison_columns
@@ -41,19 +40,6 @@ def scores_without_split() -> dict:
         "foscttm": {"foscttm": 0.2}, "shuffled_control": {"foscttm": 0.51, "tolerance": 0.08},
     }  # fmt: skip
     return {"ari": 0.6, "nmi": 0.6, "foscttm": 0.2, "headline_group": "all", "groups": {"all": every}}
-
-
-@pytest.fixture
-def figures(monkeypatch):
-    saved: list[Figure] = []
-    original = Figure.savefig
-
-    def record(self, *args, **kwargs):
-        saved.append(self)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", record)
-    return saved
 
 
 def test_comparison_columns_flatten_every_group():
