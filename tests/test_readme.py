@@ -62,8 +62,13 @@ def test_make_demo_ends_with_the_summary(readme_run):
     headers = [i for i, ln in enumerate(out) if re.match(r"configuration\s+ARI\s+NMI\s+FOSCTTM\s+strategies\s+mesh", ln)]
     assert len(headers) == 2, "printed by the workflow run (onsuccess) and at the end of make demo"
     header = headers[-1]
-    rows = [ln.split() for ln in out[header + 2 :]]
+    end = out.index("", header)  # the plan table ends at a blank line; the scores by method follow
+    rows = [ln.split() for ln in out[header + 2 : end]]
     assert [r[0] for r in rows] == ["500kb_s10", "250kb_s12"]
+    by_method = "\n".join(out[end:])
+    assert by_method.lstrip().startswith("Scores by method") and "held-out ARI" in by_method
+    for method in ("joint latent", "RNA latent", "Hi-C latent", "RNA-only baseline", "Hi-C-only baseline", "shuffled pairing"):
+        assert by_method.count(method) == 2, method  # once per configuration
     assert out[header - 1].startswith("Summary (results/demo/figures/summary.tsv)")
     for r in rows:
         ari, nmi, foscttm = map(float, r[1:4])
