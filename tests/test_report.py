@@ -217,16 +217,23 @@ def test_training_figure(tmp_path, figures):
         metrics_frame([])
 
 
-def test_summary_files_and_text(tmp_path, figures):
+def summary_inputs(tmp_path, scores: dict) -> dict:
+    """A plan, the given scores.json and two ranks' metrics per configuration, as the
+    summary rule gets them: name -> {"plan", "scores", "metrics"} paths."""
     plan = diagnose(PROFILE, 2, 2**30, 0.9)
     cfgs = {}
-    for name, score in (("500kb_s10", {"ari": 0.9, "nmi": 0.8, "foscttm": 0.1}), ("250kb_s12", {"ari": None, "nmi": None, "foscttm": 0.4})):
+    for name, score in scores.items():
         d = tmp_path / name
         d.mkdir()
         plan.write(d / "plan.json")
         (d / "scores.json").write_text(json.dumps(score))
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(world=2)))
         cfgs[name] = {"plan": d / "plan.json", "scores": d / "scores.json", "metrics": d / "metrics.jsonl"}
+    return cfgs
+
+
+def test_summary_files_and_text(tmp_path, figures):
+    cfgs = summary_inputs(tmp_path, {"500kb_s10": {"ari": 0.9, "nmi": 0.8, "foscttm": 0.1}, "250kb_s12": {"ari": None, "nmi": None, "foscttm": 0.4}})
     paths = summary_report(cfgs, tmp_path / "out", dataset="toy")
     table = pd.read_csv(paths["tsv"], sep="\t")
     assert list(table["configuration"]) == ["500kb_s10", "250kb_s12"]

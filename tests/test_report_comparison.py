@@ -3,15 +3,13 @@ control, held-out and training cells side by side, in the TSV, the text, the pag
 
 from __future__ import annotations
 
-import json
 
 import pandas as pd
 import pytest
 
-from ampflow.amp.diagnose import diagnose
 from ampflow.report.comparison import comparison_columns
 from ampflow.report.summary import summary_report, text_table
-from test_report import PROFILE, assert_labelled, metrics_rows
+from test_report import assert_labelled, summary_inputs
 
 METHODS = ("joint", "rna_latent", "hic_latent", "rna_baseline", "hic_baseline")
 
@@ -52,15 +50,7 @@ def test_comparison_columns_flatten_every_group():
 
 
 def test_summary_shows_methods_and_groups_side_by_side(tmp_path, figures):
-    plan = diagnose(PROFILE, 2, 2**30, 0.9)
-    cfgs = {}
-    for name, score in (("500kb_s10", scores_with_split()), ("250kb_s12", scores_without_split())):
-        d = tmp_path / name
-        d.mkdir()
-        plan.write(d / "plan.json")
-        (d / "scores.json").write_text(json.dumps(score))
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(world=2)))
-        cfgs[name] = {"plan": d / "plan.json", "scores": d / "scores.json", "metrics": d / "metrics.jsonl"}
+    cfgs = summary_inputs(tmp_path, {"500kb_s10": scores_with_split(), "250kb_s12": scores_without_split()})
     paths = summary_report(cfgs, tmp_path / "out", dataset="toy")
     table = pd.read_csv(paths["tsv"], sep="\t")
     assert len(table) == 2 and table.loc[0, "heldout_shuffled_foscttm"] == 0.497

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from ..io.errors import InputError
+from ..io.errors import InputError, reject_unknown_keys
 
 
 @dataclass(frozen=True)
@@ -54,10 +54,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict | None) -> "ModelConfig":
         d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InputError(f"unknown key(s); known: {sorted(known)}", key="model", value=unknown)
+        reject_unknown_keys(d, cls, "model")
         return cls(**d)
 
     def to_dict(self) -> dict:
@@ -145,10 +142,7 @@ class TrainConfig:
     def from_dict(cls, d: dict | None) -> "TrainConfig":
         d = dict(d or {})
         stages = {k: StageConfig.from_dict(d.pop(k), f"train.{k}") for k in ("pretrain", "finetune") if k in d}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InputError(f"unknown key(s); known: {sorted(known)}", key="train", value=unknown)
+        reject_unknown_keys(d, cls, "train")
         return cls(**d, **stages)
 
     def to_dict(self) -> dict:
@@ -181,10 +175,7 @@ class EvaluateConfig:
     @classmethod
     def from_dict(cls, d: dict | None) -> "EvaluateConfig":
         d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InputError(f"unknown key(s); known: {sorted(known)}", key="evaluate", value=unknown)
+        reject_unknown_keys(d, cls, "evaluate")
         return cls(**d)
 
     def to_dict(self) -> dict:
