@@ -129,10 +129,6 @@ class TrainConfig:
         return [("pretrain", self.pretrain), ("finetune", self.finetune)]
 
     @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
-
-    @property
     def cross_reconstruction(self) -> bool:
         """Whether any stage trains the cross-reconstruction term (it adds a second pass
         through both decoders, so the memory model counts it)."""

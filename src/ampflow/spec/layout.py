@@ -64,10 +64,6 @@ class DataFolder:
         return self.nodes.parent
 
     @property
-    def graph_meta(self) -> Path:
-        return self.root / GRAPH_META
-
-    @property
     def model_inputs(self) -> tuple[Path, ...]:
         """What training reads."""
         return (self.rna, self.hic, self.nodes, self.edges)
