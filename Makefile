@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ampflow-installed
 TORCH ?=
-DEMO_CELLS ?= 120
+DEMO_CELLS ?= 200
 CORES ?= all
 # the `dataset` of config/config.yaml: outputs under results/$(DATASET)/
 DATASET ?= demo

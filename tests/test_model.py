@@ -89,3 +89,32 @@ def test_chunked_attention_and_key_first_decode_equal_the_naive_model(n_anchors,
         assert torch.allclose(loss, ref_loss, rtol=0, atol=1e-10), key
         for name, gr in grads.items():
             assert torch.allclose(gr, ref_grads[name], rtol=0, atol=1e-10), (key, name)
+
+
+def test_alignment_pulls_only_the_shared_dimensions():
+    """The align term reads the first latent_dim - private_dim dimensions of the Hi-C
+    latent: its gradient on the private rows of the Hi-C encoder's head is exactly zero,
+    on the shared rows it is not, and moving the private rows leaves the term unchanged."""
+    from ampflow.model.paired import PairedModel
+    from ampflow.model.synthetic import synthetic_features, synthetic_graph
+    from ampflow.spec.config import LossWeights, ModelConfig
+
+    g = torch.Generator().manual_seed(0)
+    cfg = ModelConfig(latent_dim=8, private_dim=3, hidden_dim=16, heads=2, window=2, attention=False, dropout=0.0)
+    anchor, stratum = synthetic_features(12, 3, 0.8, 0, g)
+    model = PairedModel(cfg, 10, anchor, stratum, 3, synthetic_graph(10, 12, g)).double().eval()
+    rna = torch.poisson(torch.full((6, 10), 3.0, dtype=F64), generator=g)
+    hic = torch.poisson(torch.full((6, len(anchor)), 1.0, dtype=F64), generator=g)
+    weights = LossWeights(kl=0.0, graph=0.0, align=1.0, cross=0.0)
+    align = model(rna, hic, weights)["align"]
+    align.backward()
+    head = model.hic_encoder.loc.weight.grad  # (latent_dim, hidden)
+    s = cfg.shared_dim
+    assert s == 5
+    assert torch.count_nonzero(head[s:]) == 0
+    assert torch.count_nonzero(head[:s]) > 0
+    with torch.no_grad():
+        model.hic_encoder.loc.weight[s:] += 1.0
+        assert model(rna, hic, weights)["align"] == align.detach()
+        model.hic_encoder.loc.weight[:s] += 1.0
+        assert model(rna, hic, weights)["align"] != align.detach()

@@ -181,11 +181,17 @@ def test_outputs(paired, reference):
     assert list(emb.obs_names) == list(paired.obs.index)
     assert emb.n_obs == paired.n_cells == 23
     assert "cell_type" in emb.obs.columns and emb.obs["cell_type"].notna().all()
-    for key in ("X_rna", "X_hic", "X_joint"):
+    for key in ("X_rna", "X_hic"):
         x = emb.obsm[key]
         assert x.shape == (paired.n_cells, MODEL.latent_dim) and x.dtype == np.float32
         assert np.isfinite(x).all()
-    np.testing.assert_allclose(emb.obsm["X_joint"], (emb.obsm["X_rna"] + emb.obsm["X_hic"]) / 2, rtol=1e-6)
+    # the joint: the whole RNA latent, then the Hi-C latent's private dimensions
+    s = emb.uns["ampflow"]["shared_dim"]
+    assert s == MODEL.latent_dim - MODEL.private > 0
+    joint = emb.obsm["X_joint"]
+    assert joint.shape == (paired.n_cells, MODEL.latent_dim + MODEL.private) and joint.dtype == np.float32
+    np.testing.assert_array_equal(joint[:, : MODEL.latent_dim], emb.obsm["X_rna"])
+    np.testing.assert_array_equal(joint[:, MODEL.latent_dim :], emb.obsm["X_hic"][:, s:])
     assert emb.uns["ampflow"]["steps"] == N_STEPS
 
     rows = metrics(out)
@@ -537,7 +543,7 @@ def test_train_on_real_rna_matrix(shared_data, tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 3 * 3 + 1))
     assert all(np.isfinite(r["loss"]["total"]) for r in rows)
     emb = ad.read_h5ad(out / "embeddings.h5ad")
-    assert emb.obsm["X_joint"].shape == (n, ModelConfig().latent_dim)
+    assert emb.obsm["X_joint"].shape == (n, ModelConfig().latent_dim + ModelConfig().private)
     assert np.isfinite(emb.obsm["X_joint"]).all()
 
 

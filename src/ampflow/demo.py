@@ -30,11 +30,16 @@ log = logging.getLogger(__name__)
 
 MM10 = {"chr1": 195471971, "chr2": 182113224, "chr3": 160039680, "chrX": 171031299}
 CELL_TYPES = ("excitatory", "inhibitory", "astrocyte", "oligodendrocyte")
+#: The chromatin (compartments, TADs) of each cell type: the neurons share one.
+HIC_GROUP = (0, 0, 1, 2)
+#: The expression profile of each cell type: astrocytes and oligodendrocytes share one.
+RNA_GROUP = (0, 1, 2, 2)
 PAIRS_COLUMNS = "readID chr1 pos1 chr2 pos2 strand1 strand2 phase0 phase1"
 
 
 class DemoGenome:
-    """Chromosomes, compartments and TAD boundaries shared by all cells, per type."""
+    """Chromosomes, and compartments and TAD boundaries per chromatin group (the cells
+    of one group share them)."""
 
     def __init__(self, rng: np.random.Generator, scale: float, n_types: int):
         self.sizes = {c: int(s * scale) for c, s in MM10.items()}
@@ -77,7 +82,8 @@ def _power_law(rng, n, alpha, smin, smax):
 
 
 def simulate_cell(rng, genome: DemoGenome, ctype: int, n_contacts: int, state: float = 0.5) -> pd.DataFrame:
-    """Contacts of one cell as a 4DN pairs table (upper triangle, sorted).
+    """Contacts of one cell of chromatin group ``ctype`` as a 4DN pairs table (upper
+    triangle, sorted).
 
     ``state`` (0-1) scales contacts whose ends both lie in state domains by 0.4-1.6.
     """
@@ -186,19 +192,23 @@ def simulate_genes(rng, genome: DemoGenome, n_genes: int) -> pd.DataFrame:
 
 
 def simulate_rna(rng, genome: DemoGenome, genes: pd.DataFrame, types: np.ndarray, libsize: np.ndarray, state: np.ndarray) -> np.ndarray:
-    """genes x cells counts: NB around type-specific means (a state program of genes
-    scaled 1/4..4 by each cell's state), then fractional splits."""
-    n_types = len(genome.comp)
+    """genes x cells counts: NB around the means of each cell's expression group
+    (:data:`RNA_GROUP` of its type; a state program of genes scaled 1/4..4 by each
+    cell's state), then fractional splits."""
+    n_groups = max(RNA_GROUP) + 1
     base = rng.lognormal(mean=0.0, sigma=1.5, size=len(genes))
-    profile = np.tile(base, (n_types, 1))
-    for t in range(n_types):
+    profile = np.tile(base, (n_groups, 1))
+    blk = ((genes["start"].to_numpy()) // genome.block).astype(int)
+    for g in range(n_groups):
         markers = rng.choice(len(genes), size=max(10, len(genes) // 30), replace=False)
-        profile[t, markers] *= rng.uniform(4, 10, size=len(markers))
-        blk = ((genes["start"].to_numpy()) // genome.block).astype(int)
-        comp = np.array([genome.comp[t][c][b] for c, b in zip(genes["chrom"], blk)])
-        profile[t] *= np.where(comp > 0, 1.5, 0.7)  # active compartment, more expression
+        profile[g, markers] *= rng.uniform(4, 10, size=len(markers))
+        # active compartment, more expression: the compartments of the group's first
+        # type, so that types sharing an expression group share it exactly
+        chromatin = HIC_GROUP[RNA_GROUP.index(g)]
+        comp = np.array([genome.comp[chromatin][c][b] for c, b in zip(genes["chrom"], blk)])
+        profile[g] *= np.where(comp > 0, 1.5, 0.7)
     program = rng.choice(len(genes), size=max(10, len(genes) // 20), replace=False)
-    mu = profile[types].T.copy()  # genes x cells
+    mu = profile[np.asarray(RNA_GROUP)[types]].T.copy()  # genes x cells
     mu[program] *= np.exp(np.log(4.0) * (2 * state[None, :] - 1))
     mu = mu / mu.sum(axis=0, keepdims=True) * libsize[None, :]
     theta = 2.0
@@ -222,7 +232,7 @@ def write_demo(outdir, n_cells: int = 120, seed: int = 0, scale: float = 0.25, n
     root = np.random.SeedSequence(seed)
     g_seq, r_seq, *cell_seqs = root.spawn(2 + n_cells + 2)
     rng = np.random.default_rng(g_seq)
-    genome = DemoGenome(rng, scale, len(CELL_TYPES))
+    genome = DemoGenome(rng, scale, max(HIC_GROUP) + 1)
     genes = simulate_genes(rng, genome, n_genes)
 
     ids = [f"cell{i:04d}" for i in range(n_cells)]
@@ -233,7 +243,7 @@ def write_demo(outdir, n_cells: int = 120, seed: int = 0, scale: float = 0.25, n
     state = np.random.default_rng(seed + 2).random(n_cells + 2)  # the last two: RNA-only barcodes
     for i, cid in enumerate(ids):
         crng = np.random.default_rng(cell_seqs[i])
-        table = simulate_cell(crng, genome, int(types[i]), int(n_contacts[i]), float(state[i]))
+        table = simulate_cell(crng, genome, HIC_GROUP[types[i]], int(n_contacts[i]), float(state[i]))
         write_pairs(out / "pairs" / f"{cid}.pairs.gz", table, genome.sizes)
         if (i + 1) % 20 == 0 or i + 1 == n_cells:
             log.info("demo: wrote %d/%d cells", i + 1, n_cells)

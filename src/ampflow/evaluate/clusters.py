@@ -77,6 +77,17 @@ def check_embeddings(adata: ad.AnnData, keys=EMBEDDING_KEYS, path=None) -> None:
         )
 
 
+def aligned_latents(adata: ad.AnnData) -> tuple[np.ndarray, np.ndarray]:
+    """The aligned parts of ``X_rna`` and ``X_hic``: their first
+    ``uns["ampflow"]["shared_dim"]`` columns (all of them when the file does not say),
+    the space in which a cell's two latents are meant to coincide. The dimensions
+    after it are private to one modality and not comparable across the two."""
+    x_rna, x_hic = np.asarray(adata.obsm["X_rna"]), np.asarray(adata.obsm["X_hic"])
+    meta = adata.uns.get("ampflow", {})
+    s = int(meta.get("shared_dim", x_rna.shape[1])) if isinstance(meta, dict) else x_rna.shape[1]
+    return x_rna[:, :s], x_hic[:, :s]
+
+
 def _labels(adata: ad.AnnData, label_key: str | None) -> pd.Series | None:
     """Labels as strings with NaN kept, or None when there is no usable label column."""
     if label_key is None or label_key not in adata.obs.columns:
@@ -194,7 +205,8 @@ def cluster_scores(
     """Leiden clustering scores of one latent and FOSCTTM between the modalities.
 
     The clustering is :func:`leiden_search` on ``obsm[use_rep]``; FOSCTTM is
-    between ``obsm["X_rna"]`` and ``obsm["X_hic"]`` (see :mod:`.foscttm`).
+    between the aligned parts of ``obsm["X_rna"]`` and ``obsm["X_hic"]``
+    (:func:`aligned_latents`; see :mod:`.foscttm`).
     ``adata`` is not modified.
 
     Parameters
@@ -226,8 +238,8 @@ def cluster_scores(
     check_embeddings(adata, keys=tuple(dict.fromkeys(("X_rna", "X_hic", use_rep))))
     n = adata.n_obs
 
-    log.info("FOSCTTM between X_rna and X_hic (%d cells)", n)
-    rna_to_hic, hic_to_rna = foscttm_directions(adata.obsm["X_rna"], adata.obsm["X_hic"])
+    log.info("FOSCTTM between the aligned parts of X_rna and X_hic (%d cells)", n)
+    rna_to_hic, hic_to_rna = foscttm_directions(*aligned_latents(adata))
     log.info("FOSCTTM: RNA->Hi-C %.4f, Hi-C->RNA %.4f", rna_to_hic, hic_to_rna)
 
     labels = _labels(adata, label_key)

@@ -137,6 +137,7 @@ class TrainedModel:
     dtype: torch.dtype
     threads: int
     steps: int
+    shared_dim: int
 
 
 def load_trained(model_path, device: str | torch.device = "cpu") -> TrainedModel:
@@ -173,7 +174,7 @@ def load_trained(model_path, device: str | torch.device = "cpu") -> TrainedModel
         except RuntimeError as e:
             raise InputError(f"weights do not fit the model's genes and features: {e}", path=path, key=f"state_dict.{name}") from None
     enc.eval()
-    return TrainedModel(enc, [str(g) for g in m["genes"]], [str(f) for f in m["features"]], dtype, int(train.get("threads", 1)), int(m.get("steps", 0)))
+    return TrainedModel(enc, [str(g) for g in m["genes"]], [str(f) for f in m["features"]], dtype, int(train.get("threads", 1)), int(m.get("steps", 0)), cfg.shared_dim)
 
 
 def _read(path, what: str) -> ad.AnnData:
@@ -220,7 +221,8 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
         ``uns["ampflow"]["counts_layer"]`` (default ``counts``) or ``X``.
     out
         ``embeddings.h5ad`` to write (atomically): obs of ``rna_path``; ``obsm`` X_rna,
-        X_hic (n_cells, d) and X_joint = (X_rna + X_hic) / 2, float32.
+        X_hic (n_cells, d) and X_joint (the trainer's rule,
+        :func:`~ampflow.train.embeddings.joint_latent`), float32.
     batch_size
         Cells per forward pass (the trainer's 1024 by default).
     device
@@ -266,7 +268,7 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
 
     x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.rna_encoder.loc.out_features)
     report = {"cells": int(n), **{what: m.counts() for what, m in maps.items()}}
-    emb = embeddings_anndata(rna.obs, x_r, x_h, {"model": str(model_path), "steps": trained.steps, **report})
+    emb = embeddings_anndata(rna.obs, x_r, x_h, trained.shared_dim, {"model": str(model_path), "steps": trained.steps, **report})
     with atomic_path(out) as tmp:
         emb.write_h5ad(tmp)
     log.info("embedded %d cells into %s", n, out)

@@ -20,7 +20,7 @@ import logging
 import anndata as ad
 import numpy as np
 
-from .clusters import _labels, leiden_search
+from .clusters import _labels, aligned_latents, leiden_search
 from .controls import shuffled_foscttm
 from .foscttm import foscttm_directions
 from .groups import cell_groups, headline_group
@@ -104,7 +104,7 @@ def score_group(
         methods[method] = {**found, "representation": key}
     entry["methods"] = methods
     if alignment:
-        x_rna, x_hic = np.asarray(adata.obsm["X_rna"])[rows], np.asarray(adata.obsm["X_hic"])[rows]
+        x_rna, x_hic = (x[rows] for x in aligned_latents(adata))
         rna_to_hic, hic_to_rna = foscttm_directions(x_rna, x_hic)
         log.info("%s FOSCTTM: RNA->Hi-C %.4f, Hi-C->RNA %.4f", name, rna_to_hic, hic_to_rna)
         entry["foscttm"] = {

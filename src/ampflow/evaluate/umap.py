@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.atomic import atomic_path
-from .clusters import _labels, _neighbors_adata, check_embeddings
+from .clusters import _labels, _neighbors_adata, aligned_latents, check_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,8 @@ def joint_umap(adata: ad.AnnData, seed: int = 0) -> np.ndarray:
 
 
 def stacked_umap(adata: ad.AnnData, seed: int = 0) -> np.ndarray:
-    """UMAP of ``[X_rna; X_hic]`` stacked as ``2n`` points in one embedding.
+    """UMAP of ``[X_rna; X_hic]`` (their aligned parts, :func:`~.clusters.aligned_latents`)
+    stacked as ``2n`` points in one embedding.
 
     Parameters
     ----------
@@ -97,7 +98,7 @@ def stacked_umap(adata: ad.AnnData, seed: int = 0) -> np.ndarray:
         ``(2n, 2)`` coordinates: rows ``0..n-1`` the RNA latents, ``n..2n-1`` Hi-C.
     """
     check_embeddings(adata, keys=("X_rna", "X_hic"))
-    stacked = np.vstack([np.asarray(adata.obsm["X_rna"]), np.asarray(adata.obsm["X_hic"])])
+    stacked = np.vstack(aligned_latents(adata))  # private dimensions are not comparable
     log.info("UMAP of stacked RNA and Hi-C latents (%d points)", stacked.shape[0])
     return _umap(stacked, seed)
 

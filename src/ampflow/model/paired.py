@@ -131,8 +131,11 @@ class PairedModel(nn.Module):
         )  # fmt: skip
         terms["graph_kl"] = kl_normal(v_loc, v_std).sum(1).mean() / v.shape[0]
         # the Hi-C latent is pulled onto the RNA latent, not both onto each other: a
-        # symmetric pull lets both shrink towards one point before either is informative
-        terms["align"] = (r_loc.detach() - h_loc).square().sum(1).mean() / r_loc.shape[1]
+        # symmetric pull lets both shrink towards one point before either is informative.
+        # Only the shared dimensions are pulled: the last ``private_dim`` of each latent
+        # keep what only that modality knows (see train.embeddings.joint_latent)
+        s = self.cfg.shared_dim
+        terms["align"] = (r_loc[:, :s].detach() - h_loc[:, :s]).square().sum(1).mean() / s
         if weights.cross:
             terms["cross"] = (
                 -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()

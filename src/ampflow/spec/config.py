@@ -16,6 +16,8 @@ from ..io.errors import InputError, reject_unknown_keys
 class ModelConfig:
     """Sizes and switches of the paired model (config section ``model``).
 
+    ``private_dim`` is how many trailing latent dimensions the alignment leaves to one
+    modality (None: a quarter of ``latent_dim``); see :mod:`ampflow.train.embeddings`.
     ``decoder_dim`` is the Hi-C decoder's hidden width D (None: the latent size); it is
     the dimension the hidden-parallel strategy shards. ``chunk`` > 0 turns on chunked
     local attention (S3) with query chunks of that many anchors; ``key_first`` the
@@ -23,6 +25,7 @@ class ModelConfig:
     """
 
     latent_dim: int = 32
+    private_dim: int | None = None
     hidden_dim: int = 256
     decoder_dim: int | None = None
     heads: int = 4
@@ -42,6 +45,8 @@ class ModelConfig:
         for name in ("window", "chunk", "neg_samples"):
             if getattr(self, name) < 0:
                 raise InputError("must be >= 0", key=f"model.{name}", value=getattr(self, name))
+        if self.private_dim is not None and not 0 <= self.private_dim < self.latent_dim:
+            raise InputError(f"must be in [0, latent_dim = {self.latent_dim})", key="model.private_dim", value=self.private_dim)
         if not 0 <= self.dropout < 1:
             raise InputError("must be in [0, 1)", key="model.dropout", value=self.dropout)
         if self.D % self.heads:
@@ -50,6 +55,17 @@ class ModelConfig:
     @property
     def D(self) -> int:
         return self.decoder_dim or self.latent_dim
+
+    @property
+    def private(self) -> int:
+        """The trailing latent dimensions the alignment leaves alone (``private_dim``;
+        None: a quarter of the latent)."""
+        return self.latent_dim // 4 if self.private_dim is None else self.private_dim
+
+    @property
+    def shared_dim(self) -> int:
+        """The leading latent dimensions that the alignment pulls together."""
+        return self.latent_dim - self.private
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "ModelConfig":

@@ -351,7 +351,7 @@ class Trainer:
         uns = {"config": self.name, "seed": self.cfg.seed, "steps": self.step}
         if len(self.train_rows) < self.data.n_cells:
             uns["trained_cells"] = len(self.train_rows)
-        emb = embeddings_anndata(self.data.obs, x_rna, x_hic, uns)
+        emb = embeddings_anndata(self.data.obs, x_rna, x_hic, self.model_cfg.shared_dim, uns)
         with atomic_path(self.out / "embeddings.h5ad") as tmp:
             emb.write_h5ad(tmp)
         with atomic_path(self.out / "model.pt") as tmp:
