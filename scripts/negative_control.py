@@ -142,8 +142,10 @@ class Result:
 def find_data(data_dir=None) -> Path | None:
     """The shared real-data folder holding every file the control reads, or None."""
     env = os.environ.get("AMPFLOW_SHARED_DATA")
-    cands = [Path(data_dir)] if data_dir else [Path(env)] if env else []
-    cands += [REPO.parent / "shared" / "data", Path("/work/shared/data")]
+    if data_dir:  # asked for: that folder or none, never another one silently
+        cands = [Path(data_dir)]
+    else:
+        cands = ([Path(env)] if env else []) + [REPO.parent / "shared" / "data"]
     for d in cands:
         if all((d / rel).is_file() for rel in REQUIRED):
             return d
