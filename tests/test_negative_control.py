@@ -68,7 +68,7 @@ def test_exit_code_only_fails_with_check(monkeypatch, tmp_path, capsys, check, p
 
 @pytest.mark.slow
 def test_real_negative_control(shared_data, tmp_path):
-    """The whole control on real data through the workflow (about 1.5 min on 2 CPU cores)."""
+    """The whole control on real data through the workflow (1.5 to 2.5 min on 2 shared CPU cores)."""
     data = nc.find_data(shared_data)
     if data is None:
         pytest.skip(f"{shared_data} lacks the HiRES brain RNA, its labels, the embryo cell or the mm10 annotation")
