@@ -71,10 +71,12 @@ METHODS = ("joint", "rna_latent", "hic_latent", "rna_baseline", "hic_baseline")
 
 @dataclass
 class Settings:
-    """One configuration of the control; the defaults run in a few minutes on 2 CPU cores."""
+    """One configuration of the control; the defaults run in 1.5 to 2.5 minutes on 2 CPU cores."""
 
     fraction: float = 0.15
     seed: int = 0
+    # 2 Mb, 8 strata, 1000 genes: 93 s for the whole control on 2 cores shared with
+    # other jobs; 1 Mb, 10 strata, 2000 genes took 333 s there (then with two torch threads)
     resolution: int = 2_000_000
     strata: int = 8
     n_top_genes: int = 1000
