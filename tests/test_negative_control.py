@@ -1,0 +1,83 @@
+"""The real-data negative control (scripts/negative_control.py): real HiRES brain RNA,
+each cell paired with an independent 15% subsample of one real embryo cell's contacts.
+
+Nothing in that Hi-C can tell a cell's RNA partner, so on held-out cells FOSCTTM must read
+chance, 0.5 +- 3 / sqrt(12 n), and the joint embedding must cluster no worse than the RNA
+latent (ARI within 0.05): an uninformative modality may neither be aligned by memory nor
+dilute the joint latent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def load_script():
+    """scripts/negative_control.py as a module (scripts/ is no package)."""
+    spec = importlib.util.spec_from_file_location("negative_control", REPO / "scripts" / "negative_control.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("negative_control", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+nc = load_script()
+
+
+def result(foscttm_heldout=0.5, joint=0.7, rna=0.72, n=80):
+    return nc.Result(
+        n_heldout=n, n_train=4 * n, foscttm_heldout=foscttm_heldout, foscttm_train=0.06, shuffled_heldout=0.5,
+        ari={"joint": joint, "rna_latent": rna, "hic_latent": 0.0, "rna_baseline": 0.75, "hic_baseline": 0.0},
+        tolerance=3 / (12 * n) ** 0.5,
+        depth_umi_spearman=0.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kwargs, passed",
+    [
+        ({}, True),
+        ({"foscttm_heldout": 0.5 + 3 / (12 * 80) ** 0.5 - 1e-9}, True),  # just inside the band
+        ({"foscttm_heldout": 0.27}, False),  # aligned by memory
+        ({"joint": 0.67, "rna": 0.72}, True),  # exactly the allowance
+        ({"joint": 0.32, "rna": 0.75}, False),  # diluted
+        ({"joint": None}, False),  # not scored
+    ],
+)
+def test_conditions(kwargs, passed):
+    r = result(**kwargs)
+    assert r.passed is passed
+    assert bool(r.failures()) is not passed
+
+
+@pytest.mark.parametrize("check, passed, code", [(False, False, 0), (True, True, 0), (True, False, 1)])
+def test_exit_code_only_fails_with_check(monkeypatch, tmp_path, capsys, check, passed, code):
+    """A report exits 0 whatever it found; --check exits 1 on FAIL (a test, or CI)."""
+    monkeypatch.setattr(nc, "find_data", lambda d=None: tmp_path)
+    monkeypatch.setattr(nc, "run_control", lambda *a, **k: result(joint=0.7 if passed else 0.2))
+    argv = ["--work", str(tmp_path / "work")] + (["--check"] if check else [])
+    assert nc.main(argv) == code
+    out = capsys.readouterr().out
+    assert ("[FAIL]" in out) is not passed and "FOSCTTM held-out" in out
+
+
+@pytest.mark.slow
+def test_real_negative_control(shared_data, tmp_path):
+    """The whole control on real data through the workflow (1.5 to 2.5 min on 2 shared CPU cores)."""
+    data = nc.find_data(shared_data)
+    if data is None:
+        pytest.skip(f"{shared_data} lacks the HiRES brain RNA, its labels, the embryo cell or the mm10 annotation")
+    settings = nc.Settings()
+    r = nc.run_control(tmp_path, data, settings, log=lambda *_: None)
+    report = nc.table(r, settings)
+    print(report)
+    assert r.n_heldout >= 50, report
+    # the shuffled control must read chance whatever the model did, or FOSCTTM itself is suspect
+    assert abs(r.shuffled_heldout - 0.5) <= r.tolerance, report
+    assert r.foscttm_at_chance, report
+    assert r.joint_not_diluted, report
