@@ -299,6 +299,7 @@ def summarise(work: Path, settings: Settings) -> Result:
     import pandas as pd
     from scipy.stats import spearmanr
 
+    from ampflow.evaluate.clusters import aligned_latents
     from ampflow.evaluate.controls import chance_tolerance
     from ampflow.evaluate.foscttm import foscttm
 
@@ -308,8 +309,10 @@ def summarise(work: Path, settings: Settings) -> Result:
     emb = ad.read_h5ad(res / "train" / settings.cfg / "embeddings.h5ad")
     train = (emb.obs["split"] == "train").to_numpy()
     # scores.json scores alignment on held-out cells only; the training cells' FOSCTTM
-    # is what shows memorisation (low there, chance on held-out cells)
-    fos_train = foscttm(np.asarray(emb.obsm["X_rna"])[train], np.asarray(emb.obsm["X_hic"])[train])
+    # is what shows memorisation (low there, chance on held-out cells); in the aligned
+    # dimensions, as scores.json compares them
+    x_rna, x_hic = aligned_latents(emb)
+    fos_train = foscttm(x_rna[train], x_hic[train])
     qc = pd.read_csv(res / "qc" / "cells.tsv", sep="\t", index_col="cell_id")
     passing = qc[qc["pass"].astype(bool)]
     rho = float(spearmanr(passing["total"], passing["rna_umis"]).statistic)
