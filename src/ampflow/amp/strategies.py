@@ -102,14 +102,17 @@ def _key_first(ctx: Context) -> str | None:
     if ctx.raised(HIGH_INPUT_DIMENSIONALITY):
         return "many Hi-C features: gather each stratum's keys before the product, avoiding the batch x anchors intermediate."
     # Hi-C alone has no second modality to measure its dimensionality against, but its
-    # decoder is the same bottleneck: key-first is then chosen when the peak needs it
+    # decoder is the same bottleneck: key-first is then chosen when the peak needs it and
+    # it lowers the peak (it saves |F_k| x D keys instead of n x D: less when strata are sparse)
     if ctx.hic_only and ctx.peak is not None:
         peak = ctx.peak(ctx.chosen, ctx.devices, 1, ctx.best_chunk)
         if peak > ctx.budget:
-            return (
-                f"Hi-C is the only modality and the predicted peak {human_bytes(peak)} exceeds the budget "
-                f"{human_bytes(ctx.budget)} without it: gather each stratum's keys before the product."
-            )
+            with_it = ctx.peak([*ctx.chosen, KEY_FIRST_DECODE], ctx.devices, 1, ctx.best_chunk)
+            if with_it < peak:
+                return (
+                    f"Hi-C is the only modality and the predicted peak {human_bytes(peak)} exceeds the budget "
+                    f"{human_bytes(ctx.budget)}: gathering each stratum's keys before the product lowers it to {human_bytes(with_it)}."
+                )
     return None
 
 
