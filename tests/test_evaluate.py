@@ -34,7 +34,7 @@ SCORE_KEYS = {
 
 #: The sections scores.json adds beside the headline keys: which group the headline
 #: is from, every group's scores, and how the baselines were made.
-SECTION_KEYS = {"headline_group", "groups", "baselines"}
+SECTION_KEYS = {"headline_group", "groups", "baselines", "modalities"}
 
 
 def naive_foscttm(x, y):

@@ -1,7 +1,7 @@
 # AMP: profile the data (metadata only) -> diagnose a plan -> train with it -> evaluate.
 rule profile:
     input:
-        rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        rna=rna_data,
         hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
         graph=f"{RESULTS}/data/{{cfg}}/graph",
     output:
@@ -43,7 +43,7 @@ rule diagnose:
 
 rule train:
     input:
-        rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        rna=rna_data,
         hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
         graph=f"{RESULTS}/data/{{cfg}}/graph",
         plan=rules.diagnose.output[0],
@@ -87,7 +87,8 @@ rule evaluate:
     input:
         embeddings=rules.train.output.embeddings,
         # the RNA-only and Hi-C-only baselines are built from the same data folder
-        rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        # (a Hi-C-only dataset: the Hi-C baseline alone)
+        rna=rna_data,
         hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
     output:
         scores=f"{RESULTS}/eval/{{cfg}}/scores.json",

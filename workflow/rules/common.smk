@@ -19,6 +19,13 @@ RESULTS = f"results/{DATASET}"
 LOGS = f"logs/{DATASET}"
 REPORT = f"{RESULTS}/figures"
 INPUTS = config["inputs"]
+# no RNA matrix (inputs.rna absent or null): a Hi-C-only dataset. RNA QC and rna.h5ad
+# are skipped, the graph has anchors only and the Hi-C branch trains alone.
+HAS_RNA = bool(INPUTS.get("rna"))
+if HAS_RNA and not INPUTS.get("genes"):
+    raise InputError(
+        "a gene annotation is needed with an RNA matrix", key="inputs.genes", value=None
+    )
 
 
 # duplicates, malformed ids and missing pairs files are reported with their line;
@@ -126,8 +133,8 @@ def all_outputs():
     ]
     out += [f"{RESULTS}/binned/{res}.scool" for res in RESOLUTIONS]
     for cfg in TRAIN_CONFIGS:
+        out += [f"{RESULTS}/data/{cfg}/rna.h5ad"] if HAS_RNA else []
         out += [
-            f"{RESULTS}/data/{cfg}/rna.h5ad",
             f"{RESULTS}/data/{cfg}/hic.h5ad",
             f"{RESULTS}/data/{cfg}/graph",
             f"{RESULTS}/amp/{cfg}/plan.json",
@@ -166,6 +173,16 @@ def print_summary():
     path = Path(REPORT) / "summary.txt"
     if path.exists():
         logger.info(f"Summary ({path}):\n{path.read_text()}")
+
+
+def rna_data(wildcards):
+    """The configuration's rna.h5ad as an input (none for a Hi-C-only dataset)."""
+    return f"{RESULTS}/data/{wildcards.cfg}/rna.h5ad" if HAS_RNA else []
+
+
+def rna_arg(flag, path):
+    """``flag path`` for a dataset with RNA; nothing for a Hi-C-only one."""
+    return f"{flag} {path}" if HAS_RNA else ""
 
 
 def json_arg(section):

@@ -5,7 +5,7 @@
 rule embed:
     input:
         model=rules.train.output.model,
-        rna=f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        rna=rna_data,
         hic=f"{RESULTS}/data/{{cfg}}/hic.h5ad",
     output:
         f"{RESULTS}/embed/{{cfg}}/embeddings.h5ad",
@@ -17,15 +17,18 @@ rule embed:
     resources:
         mem_mb=8000,
         runtime=60,
+    params:
+        # a Hi-C-only model embeds hic.h5ad alone
+        rna=lambda wc, input: rna_arg("--rna", input.rna),
     shell:
-        "ampflow embed --model {input.model} --rna {input.rna} --hic {input.hic}"
+        "ampflow embed --model {input.model} {params.rna} --hic {input.hic}"
         " --threads {threads} --out {output} > {log} 2>&1"
 
 
 rule embed_cells:
     input:
         model=rules.train.output.model,
-        rna=lambda wc: f"{EMBED_SETS[wc.cells]}/rna.h5ad",
+        rna=lambda wc: f"{EMBED_SETS[wc.cells]}/rna.h5ad" if HAS_RNA else [],
         hic=lambda wc: f"{EMBED_SETS[wc.cells]}/hic.h5ad",
     output:
         f"{RESULTS}/embed/{{cfg}}/{{cells}}/embeddings.h5ad",
@@ -37,6 +40,9 @@ rule embed_cells:
     resources:
         mem_mb=8000,
         runtime=60,
+    params:
+        # a Hi-C-only model embeds hic.h5ad alone
+        rna=lambda wc, input: rna_arg("--rna", input.rna),
     shell:
-        "ampflow embed --model {input.model} --rna {input.rna} --hic {input.hic}"
+        "ampflow embed --model {input.model} {params.rna} --hic {input.hic}"
         " --threads {threads} --out {output} > {log} 2>&1"

@@ -31,31 +31,34 @@ rule bin_cells:
         " {params.naming} > {log} 2>&1"
 
 
-rule load_rna:
-    input:
-        INPUTS["rna"],
-    output:
-        counts=f"{RESULTS}/rna/counts.h5ad",
-        stats=f"{RESULTS}/qc/rna.tsv",
-    log:
-        f"{LOGS}/load_rna.log",
-    conda:
-        "../../envs/prepare.yaml"
-    resources:
-        mem_mb=8000,
-        runtime=60,
-    params:
-        rounding=config["rna"]["rounding"],
-    shell:
-        "ampflow load-rna {input} --out {output.counts} --stats {output.stats}"
-        " --rounding {params.rounding} > {log} 2>&1"
+# RNA rules exist only for datasets with an RNA matrix (see HAS_RNA)
+if HAS_RNA:
+
+    rule load_rna:
+        input:
+            INPUTS["rna"],
+        output:
+            counts=f"{RESULTS}/rna/counts.h5ad",
+            stats=f"{RESULTS}/qc/rna.tsv",
+        log:
+            f"{LOGS}/load_rna.log",
+        conda:
+            "../../envs/prepare.yaml"
+        resources:
+            mem_mb=8000,
+            runtime=60,
+        params:
+            rounding=config["rna"]["rounding"],
+        shell:
+            "ampflow load-rna {input} --out {output.counts} --stats {output.stats}"
+            " --rounding {params.rounding} > {log} 2>&1"
 
 
 rule qc_cells:
     input:
         sheet=INPUTS["cells"],
         contacts=rules.bin_cells.output.stats,
-        rna=rules.load_rna.output.stats,
+        rna=f"{RESULTS}/qc/rna.tsv" if HAS_RNA else [],
     output:
         f"{RESULTS}/qc/cells.tsv",
     log:
@@ -64,9 +67,11 @@ rule qc_cells:
         "../../envs/prepare.yaml"
     params:
         qc=qc_args(),
+        # without RNA, cells pass on their contacts alone
+        rna=rna_arg("--rna-stats", f"{RESULTS}/qc/rna.tsv"),
     shell:
         "ampflow qc-cells --sheet {input.sheet} --contacts {input.contacts}"
-        " --rna-stats {input.rna} {params.qc} --out {output} > {log} 2>&1"
+        " {params.rna} {params.qc} --out {output} > {log} 2>&1"
 
 
 rule split_cells:
@@ -142,35 +147,37 @@ rule strata:
         " --split {input.split} --out {output} > {log} 2>&1"
 
 
-rule rna_data:
-    input:
-        counts=rules.load_rna.output.counts,
-        qc=rules.qc_cells.output[0],
-        split=rules.split_cells.output[0],
-        genes=INPUTS["genes"],
-        chromsizes=INPUTS["chromsizes"],
-    output:
-        f"{RESULTS}/data/{{cfg}}/rna.h5ad",
-    log:
-        f"{LOGS}/rna_data.{{cfg}}.log",
-    conda:
-        "../../envs/prepare.yaml"
-    resources:
-        mem_mb=8000,
-        runtime=60,
-    params:
-        n_top=config["rna"]["n_top_genes"],
-        naming=naming_args(),
-    shell:
-        "ampflow rna-data --counts {input.counts} --qc {input.qc}"
-        " --genes {input.genes} --chromsizes {input.chromsizes}"
-        " --n-top-genes {params.n_top} {params.naming} --split {input.split}"
-        " --out {output} > {log} 2>&1"
+if HAS_RNA:
+
+    rule rna_data:
+        input:
+            counts=rules.load_rna.output.counts,
+            qc=rules.qc_cells.output[0],
+            split=rules.split_cells.output[0],
+            genes=INPUTS["genes"],
+            chromsizes=INPUTS["chromsizes"],
+        output:
+            f"{RESULTS}/data/{{cfg}}/rna.h5ad",
+        log:
+            f"{LOGS}/rna_data.{{cfg}}.log",
+        conda:
+            "../../envs/prepare.yaml"
+        resources:
+            mem_mb=8000,
+            runtime=60,
+        params:
+            n_top=config["rna"]["n_top_genes"],
+            naming=naming_args(),
+        shell:
+            "ampflow rna-data --counts {input.counts} --qc {input.qc}"
+            " --genes {input.genes} --chromsizes {input.chromsizes}"
+            " --n-top-genes {params.n_top} {params.naming} --split {input.split}"
+            " --out {output} > {log} 2>&1"
 
 
 rule graph:
     input:
-        rna=rules.rna_data.output[0],
+        rna=rna_data,
         hic=rules.strata.output[0],
         mcool=rules.pseudobulk.output[0],
         chromsizes=INPUTS["chromsizes"],
@@ -187,8 +194,10 @@ rule graph:
         chroms=chromosomes_arg(),
         upstream=config["graph"]["promoter_upstream"],
         quantile=config["graph"]["contact_quantile"],
+        # Hi-C only: anchors and their contact edges, no genes
+        rna=lambda wc: rna_arg("--rna", rna_data(wc)),
     shell:
-        "ampflow graph --rna {input.rna} --hic {input.hic} --mcool {input.mcool}"
+        "ampflow graph {params.rna} --hic {input.hic} --mcool {input.mcool}"
         " --chromsizes {input.chromsizes} {params.chroms}"
         " --promoter-upstream {params.upstream} --contact-quantile {params.quantile}"
         " --out {output} > {log} 2>&1"

@@ -244,8 +244,9 @@ def spec_from_profile(profile: dict) -> ShapeSpec:
 
     ``train`` gives the batch size, the run's dtype, the optimizer and whether any
     stage trains the cross-reconstruction term. A missing modality gives a spec
-    without that branch (``n_genes = 0`` or no strata); the model itself needs both,
-    so such a spec is an approximation.
+    without that branch: no RNA (``n_genes = 0``) is the Hi-C-only model exactly
+    (``PairedModel`` with no genes); no Hi-C (no strata) describes an RNA branch and
+    graph that the model has no form for, so that spec is an approximation.
     """
     mods = profile.get("modalities", {})
     rna, hic = mods.get("rna", {}), mods.get("hic", {})

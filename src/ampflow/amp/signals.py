@@ -51,6 +51,7 @@ def _high_input(profile: dict, settings: dict) -> tuple[bool, dict]:
         return False, {"reason": "no Hi-C modality"}
     others = {m: v["n_features"] for m, v in mods.items() if m != "hic"}
     if not others:
+        # Hi-C only: no ratio to take; S4 then follows the predicted peak (strategies.py)
         return False, {"hic_features": hic["n_features"], "reason": "no other modality"}
     other, n_other = max(others.items(), key=lambda kv: (kv[1], kv[0]))
     ratio = hic["n_features"] / max(n_other, 1)

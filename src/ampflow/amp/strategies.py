@@ -35,6 +35,11 @@ class Context:
     def has_hic(self) -> bool:
         return "hic" in self.profile.get("modalities", {})
 
+    @property
+    def hic_only(self) -> bool:
+        """Hi-C is the only modality (a dataset without RNA)."""
+        return self.has_hic and len(self.profile.get("modalities", {})) == 1
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -96,6 +101,18 @@ def _chunked_attention(ctx: Context) -> str | None:
 def _key_first(ctx: Context) -> str | None:
     if ctx.raised(HIGH_INPUT_DIMENSIONALITY):
         return "many Hi-C features: gather each stratum's keys before the product, avoiding the batch x anchors intermediate."
+    # Hi-C alone has no second modality to measure its dimensionality against, but its
+    # decoder is the same bottleneck: key-first is then chosen when the peak needs it and
+    # it lowers the peak (it saves |F_k| x D keys instead of n x D: less when strata are sparse)
+    if ctx.hic_only and ctx.peak is not None:
+        peak = ctx.peak(ctx.chosen, ctx.devices, 1, ctx.best_chunk)
+        if peak > ctx.budget:
+            with_it = ctx.peak([*ctx.chosen, KEY_FIRST_DECODE], ctx.devices, 1, ctx.best_chunk)
+            if with_it < peak:
+                return (
+                    f"Hi-C is the only modality and the predicted peak {human_bytes(peak)} exceeds the budget "
+                    f"{human_bytes(ctx.budget)}: gathering each stratum's keys before the product lowers it to {human_bytes(with_it)}."
+                )
     return None
 
 

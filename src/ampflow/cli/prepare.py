@@ -113,7 +113,8 @@ def cmd_qc_cells(a):
 
     sheet = read_sheet(a.sheet, check_files=False)
     contacts = pd.read_csv(a.contacts, sep="\t", index_col="cell_id", dtype={"cell_id": str})
-    rna = pd.read_csv(a.rna_stats, sep="\t", index_col="cell_id", dtype={"cell_id": str})
+    # no --rna-stats: a Hi-C-only dataset, cells pass on their contacts alone
+    rna = pd.read_csv(a.rna_stats, sep="\t", index_col="cell_id", dtype={"cell_id": str}) if a.rna_stats else None
     th = QCThresholds(a.min_contacts, a.min_cis_fraction, a.min_umis, a.min_genes)
     table = qc_table(contacts, rna, th, rna_path=a.rna_stats)
     meta = sheet.drop(columns=["cell_id", "pairs"])
@@ -205,10 +206,11 @@ def cmd_graph(a):
     from ..prepare.graph import build_graph, write_graph
 
     sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
-    rna = ad.read_h5ad(a.rna, backed="r")
+    # no --rna: a Hi-C-only dataset, whose graph has anchors and their contact edges only
+    rna_var = ad.read_h5ad(a.rna, backed="r").var if a.rna else None
     hic = ad.read_h5ad(a.hic, backed="r")
     res = int(hic.uns["ampflow"]["resolution"])
-    nodes, edges = build_graph(rna.var, hic.var, a.mcool, res, sizes, a.promoter_upstream, a.contact_quantile)
+    nodes, edges = build_graph(rna_var, hic.var, a.mcool, res, sizes, a.promoter_upstream, a.contact_quantile)
     meta = {
         "resolution": res,
         "n_nodes": int(len(nodes)),
@@ -261,7 +263,7 @@ def add_commands(sub) -> None:
     s = sub.add_parser("qc-cells", help="per-cell QC table")
     s.add_argument("--sheet", required=True)
     s.add_argument("--contacts", required=True)
-    s.add_argument("--rna-stats", required=True)
+    s.add_argument("--rna-stats", default=None, help="qc/rna.tsv; leave out for a Hi-C-only dataset (no RNA thresholds)")
     s.add_argument("--min-contacts", type=int, default=1000)
     s.add_argument("--min-cis-fraction", type=float, default=0.5)
     s.add_argument("--min-umis", type=int, default=500)
@@ -309,7 +311,7 @@ def add_commands(sub) -> None:
     s.set_defaults(func=cmd_rna_data)
 
     s = sub.add_parser("graph", help="build the guidance graph (nodes + edges tables)")
-    s.add_argument("--rna", required=True)
+    s.add_argument("--rna", default=None, help="rna.h5ad; leave out for a Hi-C-only graph (anchors and contact edges)")
     s.add_argument("--hic", required=True)
     s.add_argument("--mcool", required=True)
     s.add_argument("--chromsizes", required=True)

@@ -72,10 +72,10 @@ def add_commands(sub) -> None:
         "are mapped onto the model's by name (missing ones are zeros, extra ones dropped; both reported)",
     )
     s.add_argument("--model", required=True, help="model.pt from `ampflow train`")
-    s.add_argument("--data", default=None, help="a data folder holding rna.h5ad and hic.h5ad")
-    s.add_argument("--rna", default=None, help="rna.h5ad to embed (instead of the data folder's)")
+    s.add_argument("--data", default=None, help="a data folder holding rna.h5ad and hic.h5ad (hic.h5ad alone for a Hi-C-only model)")
+    s.add_argument("--rna", default=None, help="rna.h5ad to embed (instead of the data folder's); not needed by a Hi-C-only model")
     s.add_argument("--hic", default=None, help="hic.h5ad to embed (instead of the data folder's)")
-    s.add_argument("--out", required=True, help="embeddings.h5ad to write (obsm X_rna, X_hic, X_joint)")
+    s.add_argument("--out", required=True, help="embeddings.h5ad to write (obsm X_rna, X_hic, X_joint; a Hi-C-only model: X_hic, X_joint)")
     s.add_argument("--batch-size", type=int, default=1024, help="cells per forward pass")
     s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the count the model trained with)")

@@ -198,7 +198,8 @@ def load_baselines(data_dir, cells, split: pd.Series | None = None, seed: int = 
     Parameters
     ----------
     data_dir
-        ``data/{cfg}``, with ``rna.h5ad`` and ``hic.h5ad``.
+        ``data/{cfg}``, with ``rna.h5ad`` and ``hic.h5ad`` (Hi-C only: ``hic.h5ad``
+        alone, and only the Hi-C baseline is built).
     cells
         The embeddings' cell ids (``obs_names``), in their order.
     split
@@ -225,7 +226,8 @@ def load_baselines(data_dir, cells, split: pd.Series | None = None, seed: int = 
     folder = DataFolder(data_dir)
     cells = pd.Index(cells)
     out, info = {}, {}
-    for name in ("rna", "hic"):
+    # a Hi-C-only folder (no rna.h5ad) has the Hi-C baseline alone
+    for name in ("rna", "hic") if folder.has_rna else ("hic",):
         path = require_file(folder.modality(name), f"{name} data file")
         log.info("%s baseline: reading %s", name, path)
         try:

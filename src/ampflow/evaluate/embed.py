@@ -115,15 +115,25 @@ class CellEncoders(nn.Module):
     def __init__(self, cfg: ModelConfig, n_genes: int, feature_stratum: torch.Tensor, n_strata: int):
         super().__init__()
         self.n_strata = n_strata
+        self.latent = cfg.latent_dim
         self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
-        self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, cfg.latent_dim, cfg.dropout)
+        self.has_rna = n_genes > 0  # a Hi-C-only model (no genes) has no RNA encoder
+        if self.has_rna:
+            self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, cfg.latent_dim, cfg.dropout)
         self.hic_encoder = Encoder(len(feature_stratum), cfg.hidden_dim, cfg.latent_dim, cfg.dropout)
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        return ("rna_encoder", "hic_encoder") if self.has_rna else ("hic_encoder",)
+
     @torch.no_grad()
-    def forward(self, rna: torch.Tensor, hic: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """rna: (B, G), hic: (B, F) counts -> latent means (B, d) of each encoder."""
-        r_loc, _ = self.rna_encoder(rna_input(rna, rna.sum(1)))
+    def forward(self, rna: torch.Tensor | None, hic: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """rna: (B, G), hic: (B, F) counts -> latent means (B, d) of each encoder (RNA:
+        None without an RNA encoder)."""
         h_loc, _ = self.hic_encoder(hic_input(hic, self.feature_stratum, self.n_strata))
+        if not self.has_rna:
+            return None, h_loc
+        r_loc, _ = self.rna_encoder(rna_input(rna, rna.sum(1)))
         return r_loc, h_loc
 
 
@@ -166,7 +176,7 @@ def load_trained(model_path, device: str | torch.device = "cpu") -> TrainedModel
     if len(stratum) != len(m["features"]):
         raise InputError(f"{len(stratum)} feature strata for {len(m['features'])} features", path=path, key="feature_stratum")
     enc = CellEncoders(cfg, len(m["genes"]), stratum, int(m["n_strata"])).to(device, dtype)
-    for name in ("rna_encoder", "hic_encoder"):
+    for name in enc.names:
         prefix = f"{name}."
         sd = {k[len(prefix) :]: v for k, v in m["state_dict"].items() if k.startswith(prefix)}
         try:
@@ -211,6 +221,10 @@ def paired_rows(rna: ad.AnnData, hic: ad.AnnData, rna_path, hic_path) -> np.ndar
 def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, device: str = "auto", threads: int | None = None) -> dict:
     """Encode the cells of an ``rna.h5ad`` + ``hic.h5ad`` pair with a trained model.
 
+    A Hi-C-only model (trained without RNA) needs ``hic_path`` alone (``rna_path``
+    None; one given is ignored, with a warning): the output has ``X_hic`` and
+    ``X_joint`` = ``X_hic``, obs of ``hic_path``, and no ``genes`` in the report.
+
     Parameters
     ----------
     model_path
@@ -246,6 +260,10 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     trained = load_trained(model_path, device)
     torch.set_num_threads(threads or trained.threads)
+    if not trained.encoders.has_rna:
+        return _embed_hic_only(trained, model_path, rna_path, hic_path, out, batch_size, device)
+    if rna_path is None:
+        raise InputError("the model was trained with RNA: give the cells' rna.h5ad too (--rna or a data folder holding one)", path=model_path, key="--rna")
     rna, hic = _read(rna_path, "RNA file"), _read(hic_path, "Hi-C file")
     hic_rows = paired_rows(rna, hic, rna_path, hic_path)
     maps = {
@@ -266,7 +284,7 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
             h = torch.as_tensor(maps["features"].dense(x_hic[idx]), dtype=torch.float32).to(device, trained.dtype)
             yield r, h
 
-    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.rna_encoder.loc.out_features)
+    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.latent)
     report = {"cells": int(n), **{what: m.counts() for what, m in maps.items()}}
     emb = embeddings_anndata(rna.obs, x_r, x_h, trained.shared_dim, {"model": str(model_path), "steps": trained.steps, **report})
     with atomic_path(out) as tmp:
@@ -275,17 +293,46 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
     return report
 
 
-def embed_paths(data=None, rna=None, hic=None) -> tuple[Path, Path]:
+def _embed_hic_only(trained: TrainedModel, model_path, rna_path, hic_path, out, batch_size: int, device) -> dict:
+    """:func:`embed_cells` for a Hi-C-only model: the Hi-C file alone."""
+    if rna_path is not None and Path(rna_path).exists():
+        log.warning("the model was trained without RNA: %s is not read", rna_path)
+    hic = _read(hic_path, "Hi-C file")
+    if len(set(map(str, hic.obs_names))) < hic.n_obs:
+        raise InputError("cell ids must be unique", path=hic_path, key="obs_names")
+    fmap = map_columns(trained.features, hic.var_names, hic_path, "var_names")
+    level = logging.WARNING if fmap.missing else logging.INFO
+    log.log(level, "features: %d of the model's %d kept; %d missing (zeros); %d extra in the file (dropped)", fmap.kept, fmap.n_trained, fmap.missing, fmap.extra)
+    x_hic, n = counts_matrix(hic), hic.n_obs
+
+    def batches():
+        for i in range(0, n, batch_size):
+            h = torch.as_tensor(fmap.dense(x_hic[i : i + batch_size]), dtype=torch.float32).to(device, trained.dtype)
+            yield None, h
+
+    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.latent)
+    report = {"cells": int(n), "features": fmap.counts()}
+    emb = embeddings_anndata(hic.obs, None, x_h, trained.shared_dim, {"model": str(model_path), "steps": trained.steps, **report})
+    with atomic_path(out) as tmp:
+        emb.write_h5ad(tmp)
+    log.info("embedded %d cells (Hi-C only) into %s", n, out)
+    return report
+
+
+def embed_paths(data=None, rna=None, hic=None) -> tuple[Path | None, Path]:
     """The RNA and Hi-C files to embed: ``rna``/``hic`` where given, else the data
-    folder's ``rna.h5ad``/``hic.h5ad``.
+    folder's ``rna.h5ad``/``hic.h5ad`` (which a Hi-C-only folder lacks: a Hi-C-only
+    model reads none). The RNA file is None for ``hic`` alone, which only a Hi-C-only
+    model accepts.
 
     Raises
     ------
     InputError
-        Neither a data folder nor both files are given.
+        Neither a data folder nor a Hi-C file is given.
     """
     folder = DataFolder(data) if data else None
-    if folder is None and not (rna and hic):
-        raise InputError("give a data folder (--data) or both --rna and --hic", key="--data")
-    return Path(rna) if rna else folder.rna, Path(hic) if hic else folder.hic
+    if folder is None and not hic:
+        raise InputError("give a data folder (--data) or both --rna and --hic (--hic alone for a model trained without RNA)", key="--data")
+    rna_path = Path(rna) if rna else (folder.rna if folder is not None else None)
+    return rna_path, Path(hic) if hic else folder.hic
 

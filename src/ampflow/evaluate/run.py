@@ -19,6 +19,9 @@ workflow to mistake for a finished one.
             ari, nmi, leiden_resolution, n_clusters, representation
         foscttm              foscttm, foscttm_rna_to_hic, foscttm_hic_to_rna   (not on training cells)
         shuffled_control     foscttm, ..., chance, tolerance, at_chance       (not on training cells)
+        absent               Hi-C-only embeddings (no X_rna): rna_latent, rna_baseline, foscttm,
+                             shuffled_control -> why they are not scored (never zeros)
+    modalities               ["rna", "hic"], or ["hic"] for Hi-C-only embeddings
     baselines                rna | hic: file, cells embedded and fit, settings (null without --data)
 """
 
@@ -92,8 +95,10 @@ def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type",
         adata = ad.read_h5ad(path)
     except (OSError, KeyError, ValueError) as exc:
         raise InputError(f"not a readable h5ad file ({exc})", path=path) from exc
-    check_embeddings(adata, path=path)
-    log.info("%d cells; latent widths %s", adata.n_obs, {k: int(adata.obsm[k].shape[1]) for k in EMBEDDING_KEYS})
+    # a Hi-C-only model writes no X_rna; its X_joint is the Hi-C latent
+    keys = EMBEDDING_KEYS if "X_rna" in adata.obsm else tuple(k for k in EMBEDDING_KEYS if k != "X_rna")
+    check_embeddings(adata, keys=keys, path=path)
+    log.info("%d cells; latent widths %s", adata.n_obs, {k: int(adata.obsm[k].shape[1]) for k in keys})
 
     split = split_labels(adata.obs, path)
     baselines = info = None

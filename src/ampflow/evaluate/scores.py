@@ -37,6 +37,12 @@ METHODS = {
     "hic_baseline": "hic_baseline",
 }
 
+#: Methods and alignment scores that need an RNA modality: Hi-C-only embeddings (no
+#: ``X_rna``) record them under ``absent`` with this reason, never as zeros.
+NEEDS_RNA = ("rna_latent", "rna_baseline")
+NO_RNA = "no RNA modality (Hi-C-only dataset)"
+ALIGNMENT = ("foscttm", "shuffled_control")
+
 #: A kNN graph and a ranking against "other cells" need a few cells.
 MIN_CELLS = 3
 
@@ -82,8 +88,12 @@ def score_group(
         ``foscttm`` (``foscttm``, ``foscttm_rna_to_hic``, ``foscttm_hic_to_rna``) and
         ``shuffled_control`` (see :func:`~.controls.shuffled_foscttm`). A group of
         fewer than :data:`MIN_CELLS` cells has ``skipped`` (the reason) instead.
+        Hi-C-only embeddings (no ``X_rna``) have ``joint``, ``hic_latent`` and
+        ``hic_baseline`` only, no FOSCTTM or control, and ``absent``: each left-out
+        method and alignment score with the reason.
     """
     rows = np.asarray(rows)
+    hic_only = "X_rna" not in adata.obsm
     labels = _labels(adata, label_key)
     sub_labels = None if labels is None else labels.iloc[rows]
     if sub_labels is not None and sub_labels.isna().all():
@@ -95,6 +105,8 @@ def score_group(
     log.info("scoring %s: %d cells, %d labelled", name or "group", len(rows), entry["n_labelled"])
     methods = {}
     for method, key in METHODS.items():
+        if hic_only and method in NEEDS_RNA:
+            continue
         rep = _representation(adata, baselines, key)
         if rep is None:
             methods[method] = None
@@ -103,7 +115,9 @@ def score_group(
         found.pop("n_labelled")
         methods[method] = {**found, "representation": key}
     entry["methods"] = methods
-    if alignment:
+    if hic_only:  # nothing to align: one modality
+        entry["absent"] = {k: NO_RNA for k in NEEDS_RNA + (ALIGNMENT if alignment else ())}
+    elif alignment:
         x_rna, x_hic = (x[rows] for x in aligned_latents(adata))
         rna_to_hic, hic_to_rna = foscttm_directions(x_rna, x_hic)
         log.info("%s FOSCTTM: RNA->Hi-C %.4f, Hi-C->RNA %.4f", name, rna_to_hic, hic_to_rna)
@@ -144,7 +158,8 @@ def headline_scores(groups: dict, label_key: str | None, seed: int) -> dict:
         ``ari``, ``nmi``, ``leiden_resolution``, ``n_clusters``, ``n_cells``,
         ``n_labelled``, ``foscttm``, ``foscttm_rna_to_hic``, ``foscttm_hic_to_rna``,
         ``use_rep`` (``X_joint``), ``label_key`` (None without labels), ``seed`` and
-        ``headline_group``; values None where the group was too small to score.
+        ``headline_group``; values None where the group was too small to score, or
+        (FOSCTTM) where the embeddings are Hi-C only (``modalities`` then ``["hic"]``).
     """
     head = headline_group(groups)
     entry = groups[head]
@@ -164,4 +179,5 @@ def headline_scores(groups: dict, label_key: str | None, seed: int) -> dict:
         "label_key": label_key if any(g["n_labelled"] for g in groups.values()) else None,
         "seed": int(seed),
         "headline_group": head,
+        "modalities": ["hic"] if "absent" in entry else ["rna", "hic"],
     }

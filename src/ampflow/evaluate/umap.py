@@ -105,7 +105,8 @@ def stacked_umap(adata: ad.AnnData, seed: int = 0) -> np.ndarray:
 
 def plot_umap(adata: ad.AnnData, path, label_key: str | None = "cell_type", seed: int = 0, source=None) -> Path:
     """Write a three-panel PNG: the UMAP of ``X_joint`` by cell type, and the stacked
-    RNA + Hi-C UMAP by cell type and by modality.
+    RNA + Hi-C UMAP by cell type and by modality. Hi-C-only embeddings (no ``X_rna``)
+    get the first panel alone.
 
     The last two panels show the same layout (:func:`stacked_umap`), so an RNA point
     and a Hi-C point of the same cell type lying together means the modalities are
@@ -138,8 +139,10 @@ def plot_umap(adata: ad.AnnData, path, label_key: str | None = "cell_type", seed
     from matplotlib.lines import Line2D
 
     path = Path(path)
+    # Hi-C-only embeddings (no X_rna): one panel, X_joint being the Hi-C latent itself
+    hic_only = "X_rna" not in adata.obsm
     joint = joint_umap(adata, seed=seed)
-    coords = stacked_umap(adata, seed=seed)
+    coords = None if hic_only else stacked_umap(adata, seed=seed)
     n = adata.n_obs
     modality = np.array(["RNA"] * n + ["Hi-C"] * n)
     labels = _labels(adata, label_key)
@@ -157,9 +160,9 @@ def plot_umap(adata: ad.AnnData, path, label_key: str | None = "cell_type", seed
         # scanpy's rule of thumb for marker size, kept within readable bounds
         return float(np.clip(120000 / points, 1.0, 15.0))
 
-    fig = Figure(figsize=(14, 6.2), layout="constrained")
+    fig = Figure(figsize=(5.5, 6.2) if hic_only else (14, 6.2), layout="constrained")
     FigureCanvasAgg(fig)  # Agg without pyplot: no global backend, no open-figure registry
-    ax_joint, ax_type, ax_mod = fig.subplots(1, 3)
+    ax_joint, ax_type, ax_mod = (fig.subplots(1, 1), None, None) if hic_only else fig.subplots(1, 3)
 
     def scatter(ax, xy, colours, draw, what):
         ax.scatter(xy[draw, 0], xy[draw, 1], c=colours[draw], s=marker_size(len(xy)), linewidths=0)
@@ -210,6 +213,13 @@ def plot_umap(adata: ad.AnnData, path, label_key: str | None = "cell_type", seed
 
     cell_label = None if labels is None else labels.to_numpy()
     note = by_type(ax_joint, joint, cell_label, order_joint, "X_joint", with_legend=True)
+    if hic_only:
+        ax_joint.set_title(f"Hi-C latent (X_joint = X_hic) by cell type {note}\n{n} cells", fontsize=11)
+        fig.suptitle(f"{name}: UMAP of the Hi-C latent ({n} cells, no RNA)", fontsize=12)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=120)
+        log.info("wrote %s", path)
+        return path
     ax_joint.set_title(f"Joint latent X_joint by cell type {note}\n{n} cells", fontsize=11)
     stacked_label = None if cell_label is None else np.concatenate([cell_label, cell_label])
     note = by_type(ax_type, coords, stacked_label, order, "X_rna + X_hic", with_legend=True)

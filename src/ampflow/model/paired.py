@@ -1,5 +1,11 @@
 """The paired HiGLUE-style model: RNA and Hi-C of the same cells, linked by a guidance graph.
 
+Built with ``n_genes = 0`` it is the Hi-C-only model (users with scHi-C alone): no RNA
+encoder or decoder, and no RNA, alignment or cross-reconstruction terms; the Hi-C
+encoder, the stratified decoder and the graph (anchors only) train as in the paired
+model. Its inputs keep their shapes, the RNA batch being ``(B, 0)``, so that the
+trainer, data parallelism and the memory measurement run one code path for both.
+
 Single-process reference. The parallel strategies wrap or re-shard this model; they
 never edit it, and their results are tested against it.
 """
@@ -38,7 +44,7 @@ class PairedModel(nn.Module):
     ----------
     cfg : ModelConfig
     n_genes : int
-        RNA features.
+        RNA features; 0 builds the Hi-C-only model (:attr:`has_rna` False).
     feature_anchor, feature_stratum : (F,) long
         Hi-C features in stratum-major order.
     n_strata : int
@@ -61,21 +67,26 @@ class PairedModel(nn.Module):
         for name in ("src", "dst", "weight", "sign"):
             self.register_buffer(f"edge_{name}", getattr(graph, name), persistent=False)
         self.graph_encoder = GraphEncoder(graph.n_nodes, d, graph.src, graph.dst, graph.weight, graph.sign)
-        self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, d, cfg.dropout)
+        self.has_rna = n_genes > 0
+        # the Hi-C-only model has no RNA modules at all (not empty ones): its state dict,
+        # parameter order and optimizer state are those of the Hi-C branch and the graph
+        if self.has_rna:
+            self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, d, cfg.dropout)
         self.hic_encoder = Encoder(len(feature_anchor), cfg.hidden_dim, d, cfg.dropout)
-        self.rna_decoder = NBDecoder(n_genes)
+        if self.has_rna:
+            self.rna_decoder = NBDecoder(n_genes)
         self.hic_decoder = StratifiedZINBDecoder(
             d, cfg.D, cfg.heads, cfg.window, cfg.ffn_mult, cfg.attention, cfg.chunk,
             feature_anchor, feature_stratum, n_strata, key_first=cfg.key_first,
         )  # fmt: skip
 
     def encode(self, rna: torch.Tensor, hic: torch.Tensor):
-        """Cell latent distributions: ((loc, std) RNA, (loc, std) Hi-C), each (B, d)."""
-        rna_lib = rna.sum(1)
-        return (
-            self.rna_encoder(rna_input(rna, rna_lib)),
-            self.hic_encoder(hic_input(hic, self.feature_stratum, self.n_strata)),
-        )
+        """Cell latent distributions: ((loc, std) RNA, (loc, std) Hi-C), each (B, d);
+        the RNA pair is None in the Hi-C-only model."""
+        h = self.hic_encoder(hic_input(hic, self.feature_stratum, self.n_strata))
+        if not self.has_rna:
+            return None, h
+        return self.rna_encoder(rna_input(rna, rna.sum(1))), h
 
     def node_latents(self, sample: bool, eps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(v, loc, std) of the graph nodes, each (n_nodes, d); v is a reparameterised
@@ -109,38 +120,46 @@ class PairedModel(nn.Module):
         Returns
         -------
         dict of 0-d tensors: the terms named in :attr:`CELL_TERMS` and
-        :attr:`SHARED_TERMS` (``cross`` only when ``weights.cross``) and ``total``.
+        :attr:`SHARED_TERMS` (``cross`` only when ``weights.cross``) and ``total``;
+        the Hi-C-only model has no ``rna_nll``, ``rna_kl``, ``align`` or ``cross``
+        (``eps_rna`` of ``noise`` is then not used).
         """
-        (r_loc, r_std), (h_loc, h_std) = self.encode(rna, hic)
+        r, (h_loc, h_std) = self.encode(rna, hic)
         sample = self.training
         eps_rna, eps_hic, eps_nodes = noise if noise is not None else (None, None, None)
-        u_rna = (r_loc + r_std * (torch.randn_like(r_std) if eps_rna is None else eps_rna)) if sample else r_loc
+        if self.has_rna:  # drawn first: the global RNG's order is RNA, Hi-C, nodes
+            r_loc, r_std = r
+            u_rna = (r_loc + r_std * (torch.randn_like(r_std) if eps_rna is None else eps_rna)) if sample else r_loc
         u_hic = (h_loc + h_std * (torch.randn_like(h_std) if eps_hic is None else eps_hic)) if sample else h_loc
         v, v_loc, v_std = self.node_latents(sample, eps_nodes)
-        v_genes, v_anchors = v[self.gene_nodes], v[self.anchor_nodes]
-        rna_lib, hic_lib = rna.sum(1), hic.sum(1)
+        v_anchors = v[self.anchor_nodes]
+        hic_lib = hic.sum(1)
 
         terms = {}
-        terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib).log_prob(rna).mean()
+        if self.has_rna:
+            v_genes, rna_lib = v[self.gene_nodes], rna.sum(1)
+            terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib).log_prob(rna).mean()
         terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, hic_lib, hic, on_stratum)
-        terms["rna_kl"] = kl_normal(r_loc, r_std).sum(1).mean() / rna.shape[1]
+        if self.has_rna:
+            terms["rna_kl"] = kl_normal(r_loc, r_std).sum(1).mean() / rna.shape[1]
         terms["hic_kl"] = kl_normal(h_loc, h_std).sum(1).mean() / hic.shape[1]
         terms["graph_nll"] = graph_nll(
             v, self.edge_src, self.edge_dst, self.edge_weight, self.edge_sign,
             self.cfg.neg_samples, self.cfg.graph_batch, generator,
         )  # fmt: skip
         terms["graph_kl"] = kl_normal(v_loc, v_std).sum(1).mean() / v.shape[0]
-        # the Hi-C latent is pulled onto the RNA latent, not both onto each other: a
-        # symmetric pull lets both shrink towards one point before either is informative.
-        # Only the shared dimensions are pulled: the last ``private_dim`` of each latent
-        # keep what only that modality knows (see train.embeddings.joint_latent)
-        s = self.cfg.shared_dim
-        terms["align"] = (r_loc[:, :s].detach() - h_loc[:, :s]).square().sum(1).mean() / s
-        if weights.cross:
-            terms["cross"] = (
-                -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()
-                + self.hic_decoder.mean_nll(u_rna, v_anchors, hic_lib, hic)
-            )
+        if self.has_rna:
+            # the Hi-C latent is pulled onto the RNA latent, not both onto each other: a
+            # symmetric pull lets both shrink towards one point before either is informative.
+            # Only the shared dimensions are pulled: the last ``private_dim`` of each latent
+            # keep what only that modality knows (see train.embeddings.joint_latent)
+            s = self.cfg.shared_dim
+            terms["align"] = (r_loc[:, :s].detach() - h_loc[:, :s]).square().sum(1).mean() / s
+            if weights.cross:
+                terms["cross"] = (
+                    -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()
+                    + self.hic_decoder.mean_nll(u_rna, v_anchors, hic_lib, hic)
+                )
         terms["total"] = self.weighted_total(terms, weights)
         return terms
 
@@ -166,6 +185,9 @@ class PairedModel(nn.Module):
         0-d tensor
         """
         c, s = cell_scale, shared_scale
+        if "rna_nll" not in terms:  # the Hi-C-only model: no RNA, alignment or cross terms
+            total = c * (terms["hic_nll"] + weights.kl * terms["hic_kl"])
+            return total + s * (weights.graph * (terms["graph_nll"] + terms["graph_kl"]))
         total = c * (terms["rna_nll"] + terms["hic_nll"] + weights.kl * (terms["rna_kl"] + terms["hic_kl"]))
         total = total + s * (weights.graph * (terms["graph_nll"] + terms["graph_kl"]))
         total = total + c * (weights.align * terms["align"])
@@ -174,7 +196,8 @@ class PairedModel(nn.Module):
         return total
 
     @torch.no_grad()
-    def embed(self, rna: torch.Tensor, hic: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latent means (B, d) of the RNA and Hi-C encoders (call in eval mode)."""
-        (r_loc, _), (h_loc, _) = self.encode(rna, hic)
-        return r_loc, h_loc
+    def embed(self, rna: torch.Tensor, hic: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Latent means (B, d) of the RNA and Hi-C encoders (call in eval mode); the
+        RNA one is None in the Hi-C-only model."""
+        r, (h_loc, _) = self.encode(rna, hic)
+        return (None if r is None else r[0]), h_loc

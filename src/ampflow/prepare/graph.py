@@ -1,5 +1,9 @@
 """Guidance graph: genes + anchors as nodes; promoter, contact and self-loop edges.
 
+Without RNA (a Hi-C-only dataset) the nodes are the anchors alone and the edges their
+pseudobulk contact edges and self-loops: the graph then ties each anchor's latent to
+those of the bins it contacts most, which is what the Hi-C decoder reads its keys from.
+
 Stored as two columnar tables (``nodes.parquet``, ``edges.parquet``) in one folder.
 Every edge has a weight in (0, 1] and a sign of +1 or -1, and appears in both
 directions.
@@ -20,9 +24,12 @@ from ..io.errors import InputError
 log = logging.getLogger(__name__)
 
 
-def build_nodes(rna_var: pd.DataFrame, hic_var: pd.DataFrame) -> pd.DataFrame:
-    """Genes first (in rna.h5ad order), then anchors (stratum-0 features, anchor order)."""
+def build_nodes(rna_var: pd.DataFrame | None, hic_var: pd.DataFrame) -> pd.DataFrame:
+    """Genes first (in rna.h5ad order), then anchors (stratum-0 features, anchor order);
+    ``rna_var`` None: anchors only."""
     anchors = hic_var[hic_var["stratum"] == 0].sort_values("anchor")
+    if rna_var is None:
+        rna_var = pd.DataFrame({"chrom": [], "start": [], "end": [], "strand": []}, index=pd.Index([], dtype=str))
     genes = pd.DataFrame(
         {
             "name": rna_var.index.astype(str),
@@ -98,13 +105,20 @@ def contact_edges(mcool: str, resolution: int, nodes: pd.DataFrame, quantile: fl
 
 
 def build_graph(rna_var, hic_var, mcool, resolution, chromsizes, upstream=2000, quantile=0.9) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Nodes and edges tables (edges: source, target, weight, sign, kind)."""
+    """Nodes and edges tables (edges: source, target, weight, sign, kind).
+
+    ``rna_var`` None builds the Hi-C-only graph: anchor nodes, bin-bin and self edges.
+    An anchor-only graph without a single contact edge would give the graph loss
+    nothing but self-loops to learn from; that is logged as a warning.
+    """
     if not 0 <= quantile < 1:
         raise InputError("must be within [0, 1)", key="graph.contact_quantile", value=quantile)
     nodes = build_nodes(rna_var, hic_var)
-    gb = gene_bin_edges(nodes, resolution, upstream, chromsizes)
+    gb = gene_bin_edges(nodes, resolution, upstream, chromsizes) if rna_var is not None else np.empty((0, 2), dtype=np.int64)
     bb, bw = contact_edges(mcool, resolution, nodes, quantile)
     n = len(nodes)
+    if rna_var is None and len(bb) == 0:
+        log.warning("graph: Hi-C only and no contact edge above quantile %g: the anchors are linked by self-loops alone", quantile)
     parts = [
         (gb, np.ones(len(gb)), "gene_bin"),
         (gb[:, ::-1], np.ones(len(gb)), "gene_bin"),

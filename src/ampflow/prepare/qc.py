@@ -47,12 +47,18 @@ def rna_stats(adata) -> pd.DataFrame:
     )
 
 
-def qc_table(contacts: pd.DataFrame, rna: pd.DataFrame, thresholds: QCThresholds, rna_path=None) -> pd.DataFrame:
+def qc_table(contacts: pd.DataFrame, rna: pd.DataFrame | None, thresholds: QCThresholds, rna_path=None) -> pd.DataFrame:
     """Join Hi-C and RNA stats over the union of cells and decide pass/fail.
 
     Cells present in only one modality are kept in the table, marked unmatched and
     failed with that reason. Raises InputError when no cell is in both.
+
+    ``rna`` None: a Hi-C-only dataset. Cells pass on their contacts alone (the RNA
+    thresholds do not apply), ``in_rna`` is False and ``matched`` means "has pairs";
+    the RNA columns are empty.
     """
+    if rna is None:
+        return _hic_only_table(contacts, thresholds)
     both = contacts.index.intersection(rna.index)
     if len(both) == 0:
         raise InputError(
@@ -97,6 +103,36 @@ def qc_table(contacts: pd.DataFrame, rna: pd.DataFrame, thresholds: QCThresholds
     if only_pairs or only_rna:
         log.warning("%d cell(s) have pairs but no RNA, %d have RNA but no pairs (see qc table)", only_pairs, only_rna)
     log.info("QC: %d of %d cells pass (%d matched)", int(t["pass"].sum()), len(t), int(t["matched"].sum()))
+    return t
+
+
+def _hic_checks(r, thresholds: QCThresholds) -> list[str]:
+    n = int(r["cis"] + r["trans"])
+    why = []
+    if n < thresholds.min_contacts:
+        why.append(f"contacts {n} < {thresholds.min_contacts}")
+    if r["cis_fraction"] < thresholds.min_cis_fraction:
+        why.append(f"cis fraction {r['cis_fraction']:.2f} < {thresholds.min_cis_fraction}")
+    return why
+
+
+def _hic_only_table(contacts: pd.DataFrame, thresholds: QCThresholds) -> pd.DataFrame:
+    """:func:`qc_table` without RNA: the same columns, pass/fail from contacts alone."""
+    t = contacts.copy()
+    t.index.name = "cell_id"
+    t["rna_umis"] = pd.NA
+    t["rna_genes"] = pd.NA
+    t["in_pairs"] = True
+    t["in_rna"] = False
+    t["matched"] = True  # every cell has all the modalities the dataset has
+    kept = t["cis"].fillna(0) + t["trans"].fillna(0)
+    t["cis_fraction"] = np.where(kept > 0, t["cis"].fillna(0) / kept.where(kept > 0, 1), 0.0)
+    reasons = ["; ".join(_hic_checks(r, thresholds)) for _, r in t.iterrows()]
+    t["pass"] = [not w for w in reasons]
+    t["reason"] = reasons
+    for c in ["total", "cis", "trans", "dropped_unknown_chrom", "dropped_excluded", "rna_umis", "rna_genes"]:
+        t[c] = t[c].astype("Int64")
+    log.info("QC (Hi-C only, no RNA): %d of %d cells pass", int(t["pass"].sum()), len(t))
     return t
 
 

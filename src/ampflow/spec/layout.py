@@ -64,9 +64,15 @@ class DataFolder:
         return self.nodes.parent
 
     @property
+    def has_rna(self) -> bool:
+        """Whether the folder holds ``rna.h5ad``; without it the folder is Hi-C only
+        (a dataset without an RNA matrix) and trains the Hi-C branch alone."""
+        return self.rna.exists()
+
+    @property
     def model_inputs(self) -> tuple[Path, ...]:
-        """What training reads."""
-        return (self.rna, self.hic, self.nodes, self.edges)
+        """What training reads (``rna.h5ad`` only where the folder has RNA)."""
+        return ((self.rna,) if self.has_rna else ()) + (self.hic, self.nodes, self.edges)
 
 
 def training_rows(obs, path=None) -> np.ndarray:

@@ -194,12 +194,15 @@ def hic_decoder_params(latent: int, D: int, ffn_mult: int, attention: bool, n_st
 # ------------------------------------------------------------------ the paired model
 def paired_model_params(cfg, n_genes: int, n_strata: int, n_features: int, n_nodes: int) -> dict[str, ParamShape]:
     """All parameters of a :class:`~ampflow.model.paired.PairedModel` built with the
-    :class:`~ampflow.spec.config.ModelConfig` ``cfg``, by full name."""
+    :class:`~ampflow.spec.config.ModelConfig` ``cfg``, by full name (``n_genes = 0``:
+    the Hi-C-only model, without RNA encoder and decoder)."""
     d = cfg.latent_dim
     p: dict[str, ParamShape] = {}
     p.update(_prefixed("graph_encoder", graph_encoder_params(n_nodes, d)))
-    p.update(_prefixed("rna_encoder", encoder_params(n_genes, cfg.hidden_dim, d)))
+    if n_genes:
+        p.update(_prefixed("rna_encoder", encoder_params(n_genes, cfg.hidden_dim, d)))
     p.update(_prefixed("hic_encoder", encoder_params(n_features, cfg.hidden_dim, d, FEATURE_PARALLEL)))
-    p.update(_prefixed("rna_decoder", nb_decoder_params(n_genes)))
+    if n_genes:
+        p.update(_prefixed("rna_decoder", nb_decoder_params(n_genes)))
     p.update(_prefixed("hic_decoder", hic_decoder_params(d, cfg.D, cfg.ffn_mult, cfg.attention, n_strata, n_features)))
     return p

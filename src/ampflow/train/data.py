@@ -20,10 +20,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PairedData:
-    """Counts of the same cells in both modalities, plus what the model needs to be built."""
+    """Counts of the same cells in both modalities, plus what the model needs to be built.
+
+    A Hi-C-only folder (no ``rna.h5ad``) gives ``rna`` of shape ``(n_cells, 0)`` and no
+    genes: the model built from it has no RNA branch (:attr:`has_rna`).
+    """
 
     obs: pd.DataFrame
-    rna: sp.csr_matrix  # (n_cells, G) counts
+    rna: sp.csr_matrix  # (n_cells, G) counts; G = 0 without RNA
     hic: sp.csr_matrix  # (n_cells, F) counts
     feature_anchor: torch.Tensor
     feature_stratum: torch.Tensor
@@ -35,7 +39,11 @@ class PairedData:
 
     @property
     def n_cells(self) -> int:
-        return self.rna.shape[0]
+        return self.hic.shape[0]
+
+    @property
+    def has_rna(self) -> bool:
+        return self.rna.shape[1] > 0
 
     @property
     def train_rows(self) -> np.ndarray:
@@ -82,6 +90,9 @@ def apply_split(obs: pd.DataFrame, split_path, data_root) -> pd.DataFrame:
 def load_paired(data_dir, split=None) -> PairedData:
     """Read ``rna.h5ad``, ``hic.h5ad`` and ``graph/`` of one configuration folder.
 
+    A folder without ``rna.h5ad`` is Hi-C only: ``rna`` is then an empty
+    ``(n_cells, 0)`` matrix, the graph has anchor nodes only, and ``meta`` no ``rna``.
+
     Training holds out the cells that ``obs["split"]`` of the files marks ``heldout``;
     ``split`` (the path of ``qc/split.tsv``) must agree with it, or sets it for a folder
     built without one.
@@ -97,21 +108,27 @@ def load_paired(data_dir, split=None) -> PairedData:
     for path in d.model_inputs:
         if not path.exists():
             raise InputError("missing model input", path=path)
-    rna = ad.read_h5ad(d.rna)
     hic = ad.read_h5ad(d.hic)
-    if list(rna.obs_names) != list(hic.obs_names):
-        raise InputError(f"{d.rna.name} and {d.hic.name} must list the same cells in the same order", path=d.root)
-    rows = {name: tuple(training_rows(m.obs, path)) for name, m, path in (("rna", rna, d.rna), ("hic", hic, d.hic))}
-    if rows["rna"] != rows["hic"]:
-        raise InputError(f"{d.rna.name} and {d.hic.name} hold out different cells (obs[{SPLIT_COLUMN!r}])", path=d.root)
-    obs = rna.obs.copy()
+    if d.has_rna:
+        rna = ad.read_h5ad(d.rna)
+        if list(rna.obs_names) != list(hic.obs_names):
+            raise InputError(f"{d.rna.name} and {d.hic.name} must list the same cells in the same order", path=d.root)
+        rows = {name: tuple(training_rows(m.obs, path)) for name, m, path in (("rna", rna, d.rna), ("hic", hic, d.hic))}
+        if rows["rna"] != rows["hic"]:
+            raise InputError(f"{d.rna.name} and {d.hic.name} hold out different cells (obs[{SPLIT_COLUMN!r}])", path=d.root)
+        obs = rna.obs.copy()
+    else:
+        log.info("%s has no %s: Hi-C-only training", d.root, d.rna.name)
+        training_rows(hic.obs, d.hic)  # a bad split value fails here, naming the file
+        rna = ad.AnnData(obs=hic.obs[[]].copy())  # no genes: (n_cells, 0)
+        obs = hic.obs.copy()
     if split is not None:
         obs = apply_split(obs, split, d.root)
     nodes = pd.read_parquet(d.nodes)
     edges = pd.read_parquet(d.edges)
     index = {n: i for i, n in enumerate(nodes["name"])}
     try:
-        gene_nodes = np.array([index[g] for g in rna.var_names])
+        gene_nodes = np.array([index[g] for g in rna.var_names], dtype=np.int64)
         anchors = hic.var[hic.var["stratum"] == 0].sort_values("anchor")
         anchor_nodes = np.array([index[a] for a in anchors.index])
     except KeyError as e:
@@ -128,10 +145,13 @@ def load_paired(data_dir, split=None) -> PairedData:
         gene_nodes=torch.as_tensor(gene_nodes),
         anchor_nodes=torch.as_tensor(anchor_nodes),
     )
-    meta = {"rna": dict(rna.uns.get("ampflow", {})), "hic": dict(hic.uns.get("ampflow", {}))}
+    meta = {"hic": dict(hic.uns.get("ampflow", {}))}
+    if d.has_rna:
+        meta["rna"] = dict(rna.uns.get("ampflow", {}))
+    rna_counts = counts_matrix(rna) if d.has_rna else sp.csr_matrix((hic.n_obs, 0), dtype=np.float32)
     return PairedData(
         obs=obs,
-        rna=counts_matrix(rna),
+        rna=rna_counts,
         hic=hic_counts,
         feature_anchor=torch.as_tensor(hic.var["anchor"].to_numpy(), dtype=torch.long),
         feature_stratum=torch.as_tensor(stratum),
