@@ -1,5 +1,6 @@
 """Held-out cells: the split is stratified, deterministic and in proportion per label, and
-the prepare steps that fit on cells (HVG choice, strata feature filter) ignore held-out ones.
+the prepare steps that fit on cells (HVG choice, strata feature filter, the graph's
+pseudobulk) ignore held-out ones.
 
 Training on training cells only is tested in ``test_trainer.py`` (it shares that module's
 trained reference); the split rule in the DAG in ``test_workflow.py``.
@@ -290,3 +291,50 @@ def test_training_rows_of_a_data_file(work, tmp_path):
     bad = base.obs.assign(split="test")
     with pytest.raises(InputError, match="split must be one of"):
         training_rows(bad)
+
+
+def contacts_in_pairs(path: Path, chroms: set[str]) -> int:
+    """Contacts of a pairs file with both ends on ``chroms``, counted from its lines."""
+    import gzip
+
+    n = 0
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            if not line.startswith("#"):
+                fields = line.split("\t")
+                n += fields[1] in chroms and fields[3] in chroms
+    return n
+
+
+def test_pseudobulk_pools_training_cells_only(work, tmp_path):
+    """The graph's pseudobulk holds the training cells' contacts and none of the held-out
+    ones'. Referees: the cells' pairs files counted line by line, and their own coolers."""
+    w, split = work["work"], work["split"]
+    out = tmp_path / "pb.mcool"
+    args = ["pseudobulk", "--scool", f"1000000={work['scool']}", "--qc", w / "qc/cells.tsv",
+            "--split", w / "qc/split.tsv", "--no-balance", "--out", out]  # fmt: skip
+    assert main([str(x) for x in args]) == 0
+    got = cooler.Cooler(f"{out}::resolutions/1000000").pixels()[:].set_index(["bin1_id", "bin2_id"])["count"]
+    train = list(split.index[split == "train"])
+    sheet = pd.read_csv(work["sheet"], sep="\t", index_col="cell_id")
+    chroms = set(pd.read_csv(work["chromsizes"], sep="\t", header=None)[0].astype(str))
+    assert int(got.sum()) == sum(contacts_in_pairs(Path(sheet.loc[c, "pairs"]), chroms) for c in train)
+    expect = None
+    for cell in train:
+        px = cooler.Cooler(f"{work['scool']}::/cells/{cell}").pixels()[:].set_index(["bin1_id", "bin2_id"])["count"]
+        expect = px if expect is None else expect.add(px, fill_value=0)
+    assert got.sort_index().astype(int).equals(expect[expect > 0].sort_index().astype(int))
+    # without the split every passing cell is pooled: more contacts
+    every_cell = ["pseudobulk", "--scool", f"1000000={work['scool']}", "--qc", w / "qc/cells.tsv", "--no-balance", "--out", tmp_path / "all.mcool"]
+    assert main([str(x) for x in every_cell]) == 0
+    every = cooler.Cooler(f"{tmp_path / 'all.mcool'}::resolutions/1000000").pixels()[:]["count"].sum()
+    assert every > got.sum()
+
+
+def test_pseudobulk_split_of_other_cells(work, tmp_path, capsys):
+    w = work["work"]
+    bad = tmp_path / "split.tsv"
+    bad.write_text("cell_id\tsplit\ncell9999\ttrain\n")
+    args = ["pseudobulk", "--scool", f"1000000={work['scool']}", "--qc", w / "qc/cells.tsv", "--split", bad, "--out", tmp_path / "pb.mcool"]
+    assert main([str(x) for x in args]) == 2
+    assert f"{bad}: " in capsys.readouterr().err and not (tmp_path / "pb.mcool").exists()

@@ -125,10 +125,18 @@ def cmd_qc_cells(a):
 def cmd_pseudobulk(a):
     from ..prepare.pseudobulk import write_mcool
     from ..prepare.qc import passing_cells, read_qc
+    from ..spec.layout import TRAIN
 
     cells = passing_cells(read_qc(a.qc))
     if not cells:
         raise InputError("no cell passes QC; nothing to pool", path=a.qc)
+    if a.split is not None:
+        # the graph's contact edges come from this pool: held-out cells must not shape them
+        split = _split(a.split, cells)
+        cells = [c for c, s in zip(cells, split) if s == TRAIN]
+        log.info("pseudobulk: %d training cells (%d held out left out)", len(cells), len(split) - len(cells))
+        if not cells:
+            raise InputError("no training cell to pool", path=a.split)
     scools = {}
     for spec in a.scool:
         res, _, path = spec.partition("=")
@@ -277,11 +285,12 @@ def add_commands(sub) -> None:
     s.add_argument("--out", required=True, help="TSV: cell_id, split (train or heldout)")
     s.set_defaults(func=cmd_split_cells)
 
-    s = sub.add_parser("pseudobulk", help="pool passing cells into a multi-resolution .mcool")
+    s = sub.add_parser("pseudobulk", help="pool passing (with --split: training) cells into a multi-resolution .mcool")
     s.add_argument("--scool", nargs="+", required=True, help="RES=PATH entries")
     s.add_argument("--qc", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--no-balance", action="store_true")
+    s.add_argument("--split", default=None, help="qc/split.tsv: pool its training cells only")
     s.add_argument("--extra-resolutions", type=int, nargs="*", default=[], help="coarser zoom levels (multiples of the finest)")
     s.set_defaults(func=cmd_pseudobulk)
 
