@@ -64,8 +64,27 @@ def extract_inputs():
 
 EXTRACT_INPUTS = extract_inputs()
 
-#: Prepared folders of cells to embed with each trained configuration (config "embed").
-EMBED_SETS = {name: e["data"] for name, e in config["embed"].items()}
+def embed_sets():
+    """Config "embed": each name's entry, checked: a prepared folder (``data``) or raw
+    cells (``cells`` sheet + ``rna`` matrix) that the workflow prepares itself."""
+    sets = {}
+    for name, e in config["embed"].items():
+        if ("data" in e) == ("cells" in e or "rna" in e) or ("cells" in e) != ("rna" in e):
+            raise InputError(
+                "give either data (a prepared folder) or both cells and rna (a cell sheet and its RNA counts)",
+                key=f"embed.{name}",
+                value=sorted(e),
+            )
+        sets[name] = e
+    return sets
+
+
+#: Cells to embed with each trained configuration (config "embed"), by name.
+EMBED_SETS = embed_sets()
+#: The cell sheets of the raw ones (prepared under embed/cells/{name}), checked like inputs.cells.
+EMBED_SHEETS = {name: read_sheet(e["cells"]) for name, e in EMBED_SETS.items() if "cells" in e}
+for _sheet in EMBED_SHEETS.values():
+    validate(_sheet, "../schemas/cells.schema.yaml")
 
 
 def alternatives(names):

@@ -193,8 +193,17 @@ def cmd_rna_data(a):
     from ..io.atomic import atomic_path
     from ..io.genome import ChromNamer, read_chromsizes
     from ..prepare.qc import passing_cells, read_qc
-    from ..prepare.rna import build_rna
+    from ..prepare.rna import all_genes_rna, build_rna
 
+    if a.all_genes:
+        cells = passing_cells(read_qc(a.qc))
+        adata = all_genes_rna(ad.read_h5ad(a.counts), cells, obs=_qc_obs(a.qc, cells))
+        with atomic_path(a.out) as tmp:
+            adata.write_h5ad(tmp, compression="gzip")
+        return
+    for opt in ("genes", "chromsizes"):
+        if getattr(a, opt) is None:
+            raise InputError("required unless --all-genes (the genes are placed on the genome)", key=f"--{opt}")
     sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
     genes = read_genes(a.genes, ChromNamer(tuple(sizes), a.strip_prefix, a.chr_prefix), sizes)
     if genes.attrs.get("dropped"):
@@ -309,10 +318,14 @@ def add_commands(sub) -> None:
     s = sub.add_parser("rna-data", help="build the RNA model file (rna.h5ad)")
     s.add_argument("--counts", required=True)
     s.add_argument("--qc", required=True)
-    s.add_argument("--genes", required=True)
-    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--genes", default=None, help="gene annotation (required unless --all-genes)")
+    s.add_argument("--chromsizes", default=None, help="chromosome sizes (required unless --all-genes)")
     s.add_argument("--n-top-genes", type=int, default=2000)
     s.add_argument("--split", default=None, help="qc/split.tsv: genes are chosen from its training cells only")
+    s.add_argument(
+        "--all-genes", action="store_true",
+        help="keep every gene, choose nothing (no HVGs, no annotation): cells to embed with a trained model, which picks its genes by name",
+    )  # fmt: skip
     s.add_argument("--out", required=True)
     _add_naming(s)
     s.set_defaults(func=cmd_rna_data)
