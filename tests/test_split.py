@@ -230,6 +230,24 @@ def test_hvgs_are_chosen_from_training_cells_only(work, tmp_path):
     assert "split" not in a.obs.columns
 
 
+def test_all_genes_rna_chooses_nothing(work, tmp_path, capsys):
+    """``rna-data --all-genes`` (cells to embed): every gene, the counts ``rna-data``
+    writes for the same cells, no split and no annotation needed."""
+    w = work["work"]
+    chosen = rna_data(work, w / "rna/counts.h5ad", tmp_path / "chosen.h5ad")
+    args = ["rna-data", "--counts", w / "rna/counts.h5ad", "--qc", w / "qc/cells.tsv", "--all-genes", "--out", tmp_path / "all.h5ad"]
+    assert main([str(x) for x in args]) == 0
+    every = ad.read_h5ad(tmp_path / "all.h5ad")
+    counts = ad.read_h5ad(w / "rna/counts.h5ad")
+    assert list(every.obs_names) == list(chosen.obs_names) and list(every.var_names) == list(counts.var_names)
+    assert (every[:, chosen.var_names].layers["counts"] != chosen.layers["counts"]).nnz == 0
+    assert every.uns["ampflow"]["hvg"] == {"flavor": "none", "n_selected": counts.n_vars}
+    assert every.uns["ampflow"]["rounding"] == chosen.uns["ampflow"]["rounding"] and "split" not in every.obs.columns
+    assert every.obs.loc[chosen.obs_names, "cell_type"].tolist() == chosen.obs["cell_type"].tolist()
+    assert main([str(x) for x in args if x != "--all-genes"]) == 2
+    assert "--genes: required unless --all-genes" in capsys.readouterr().err
+
+
 def strata(work: dict, scool: Path, out: Path, split: bool = True) -> ad.AnnData:
     w = work["work"]
     args = ["strata", "--scool", scool, "--qc", w / "qc/cells.tsv", "--chromsizes", work["chromsizes"],
