@@ -11,20 +11,6 @@ EMBED_PREP = f"{RESULTS}/embed/cells/{{cells}}"
 EMBED_LOGS = f"{LOGS}/embed/{{cells}}"
 
 
-def embed_input(name):
-    """Input function: the set's ``rna.h5ad`` or ``hic.h5ad`` (a prepared folder's, or
-    the one the embed_* rules write)."""
-
-    def files(wc):
-        entry = EMBED_SETS[wc.cells]
-        if "data" in entry:
-            return f"{entry['data']}/{name}.h5ad"
-        prep = f"{RESULTS}/embed/cells/{wc.cells}"
-        return f"{prep}/rna.h5ad" if name == "rna" else f"{prep}/{wc.cfg}/hic.h5ad"
-
-    return files
-
-
 rule embed:
     input:
         model=rules.train.output.model,
