@@ -418,6 +418,10 @@ def _dry_run(workdir: Path, configfile_text: str) -> subprocess.CompletedProcess
     [
         ('qc: {min_contacts: "many"}\n', ["min_contacts", "'many'"]),  # wrong type
         ("foo: 1\n", ["'foo' was unexpected", "'foo': 1"]),  # unknown key
+        ("embed: {x: {data: d, cells: c.tsv}}\n", ["embed.x: give either data", "['cells', 'data']"]),
+        ("embed: {x: {cells: resources/demo/cells.tsv}}\n", ["embed.x: give either data", "['cells']"]),
+        ("embed: {x: {cells: none.tsv, rna: r.tsv}}\n", ["none.tsv: cell sheet does not exist"]),
+        ("embed: {x: {cells: c.tsv, rna: r.tsv, genes: g.bed}}\n", ["'genes' was unexpected"]),
     ],
 )
 def test_config_error_names_key_and_value(workdir, extra, expected):

@@ -98,6 +98,20 @@ def test_permuted_columns_and_cells_give_the_same_vectors(data_dir, trained, tmp
     assert_same_vectors(emb, reference)
 
 
+@pytest.mark.parametrize("rows", [slice(None, None, 3), [5], slice(1, 20)])
+def test_a_subset_of_the_cells_gives_their_training_vectors(data_dir, trained, tmp_path, rows):
+    """A cell's vector does not depend on the cells it is embedded with (every forward
+    pass has the same row count): a subset embeds to its rows of training's file, bit for bit."""
+    reference = ad.read_h5ad(trained / "embeddings.h5ad")
+    rows = np.arange(reference.n_obs)[rows]
+    files = {}
+    for name in ("rna.h5ad", "hic.h5ad"):
+        n_vars = ad.read_h5ad(data_dir / name, backed="r").n_vars
+        files[name] = rewrite(data_dir / name, tmp_path / name, np.arange(n_vars), rows=rows)
+    emb = embed(trained / "model.pt", tmp_path / "emb.h5ad", "--rna", files["rna.h5ad"], "--hic", files["hic.h5ad"])
+    assert_same_vectors(emb, reference[rows])
+
+
 def test_missing_and_extra_columns_are_counted_and_kept_ones_land_right(data_dir, trained, tmp_path):
     rng = np.random.default_rng(2)
     n_genes, n_features = (ad.read_h5ad(data_dir / f, backed="r").n_vars for f in ("rna.h5ad", "hic.h5ad"))
@@ -168,6 +182,7 @@ def test_cells_in_one_file_only(data_dir, trained, tmp_path, capsys):
         (["--model", "{model}", "--rna", "{data}/rna.h5ad"], "give a data folder (--data) or both --rna and --hic"),
         (["--model", "{model}", "--data", "{tmp}"], "rna.h5ad: RNA file does not exist"),
         (["--model", "{data}/rna.h5ad", "--data", "{data}"], "cannot read the model file"),
+        (["--model", "{model}", "--data", "{data}", "--batch-size", "0"], "--batch-size: must be at least 1"),
     ],
 )
 def test_bad_paths(data_dir, trained, tmp_path, capsys, args, says):

@@ -1,5 +1,6 @@
 """Held-out cells: the split is stratified, deterministic and in proportion per label, and
-the prepare steps that fit on cells (HVG choice, strata feature filter) ignore held-out ones.
+the prepare steps that fit on cells (HVG choice, strata feature filter, the graph's
+pseudobulk) ignore held-out ones.
 
 Training on training cells only is tested in ``test_trainer.py`` (it shares that module's
 trained reference); the split rule in the DAG in ``test_workflow.py``.
@@ -229,6 +230,24 @@ def test_hvgs_are_chosen_from_training_cells_only(work, tmp_path):
     assert "split" not in a.obs.columns
 
 
+def test_all_genes_rna_chooses_nothing(work, tmp_path, capsys):
+    """``rna-data --all-genes`` (cells to embed): every gene, the counts ``rna-data``
+    writes for the same cells, no split and no annotation needed."""
+    w = work["work"]
+    chosen = rna_data(work, w / "rna/counts.h5ad", tmp_path / "chosen.h5ad")
+    args = ["rna-data", "--counts", w / "rna/counts.h5ad", "--qc", w / "qc/cells.tsv", "--all-genes", "--out", tmp_path / "all.h5ad"]
+    assert main([str(x) for x in args]) == 0
+    every = ad.read_h5ad(tmp_path / "all.h5ad")
+    counts = ad.read_h5ad(w / "rna/counts.h5ad")
+    assert list(every.obs_names) == list(chosen.obs_names) and list(every.var_names) == list(counts.var_names)
+    assert (every[:, chosen.var_names].layers["counts"] != chosen.layers["counts"]).nnz == 0
+    assert every.uns["ampflow"]["hvg"] == {"flavor": "none", "n_selected": counts.n_vars}
+    assert every.uns["ampflow"]["rounding"] == chosen.uns["ampflow"]["rounding"] and "split" not in every.obs.columns
+    assert every.obs.loc[chosen.obs_names, "cell_type"].tolist() == chosen.obs["cell_type"].tolist()
+    assert main([str(x) for x in args if x != "--all-genes"]) == 2
+    assert "--genes: required unless --all-genes" in capsys.readouterr().err
+
+
 def strata(work: dict, scool: Path, out: Path, split: bool = True) -> ad.AnnData:
     w = work["work"]
     args = ["strata", "--scool", scool, "--qc", w / "qc/cells.tsv", "--chromsizes", work["chromsizes"],
@@ -290,3 +309,50 @@ def test_training_rows_of_a_data_file(work, tmp_path):
     bad = base.obs.assign(split="test")
     with pytest.raises(InputError, match="split must be one of"):
         training_rows(bad)
+
+
+def contacts_in_pairs(path: Path, chroms: set[str]) -> int:
+    """Contacts of a pairs file with both ends on ``chroms``, counted from its lines."""
+    import gzip
+
+    n = 0
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            if not line.startswith("#"):
+                fields = line.split("\t")
+                n += fields[1] in chroms and fields[3] in chroms
+    return n
+
+
+def test_pseudobulk_pools_training_cells_only(work, tmp_path):
+    """The graph's pseudobulk holds the training cells' contacts and none of the held-out
+    ones'. Referees: the cells' pairs files counted line by line, and their own coolers."""
+    w, split = work["work"], work["split"]
+    out = tmp_path / "pb.mcool"
+    args = ["pseudobulk", "--scool", f"1000000={work['scool']}", "--qc", w / "qc/cells.tsv",
+            "--split", w / "qc/split.tsv", "--no-balance", "--out", out]  # fmt: skip
+    assert main([str(x) for x in args]) == 0
+    got = cooler.Cooler(f"{out}::resolutions/1000000").pixels()[:].set_index(["bin1_id", "bin2_id"])["count"]
+    train = list(split.index[split == "train"])
+    sheet = pd.read_csv(work["sheet"], sep="\t", index_col="cell_id")
+    chroms = set(pd.read_csv(work["chromsizes"], sep="\t", header=None)[0].astype(str))
+    assert int(got.sum()) == sum(contacts_in_pairs(Path(sheet.loc[c, "pairs"]), chroms) for c in train)
+    expect = None
+    for cell in train:
+        px = cooler.Cooler(f"{work['scool']}::/cells/{cell}").pixels()[:].set_index(["bin1_id", "bin2_id"])["count"]
+        expect = px if expect is None else expect.add(px, fill_value=0)
+    assert got.sort_index().astype(int).equals(expect[expect > 0].sort_index().astype(int))
+    # without the split every passing cell is pooled: more contacts
+    every_cell = ["pseudobulk", "--scool", f"1000000={work['scool']}", "--qc", w / "qc/cells.tsv", "--no-balance", "--out", tmp_path / "all.mcool"]
+    assert main([str(x) for x in every_cell]) == 0
+    every = cooler.Cooler(f"{tmp_path / 'all.mcool'}::resolutions/1000000").pixels()[:]["count"].sum()
+    assert every > got.sum()
+
+
+def test_pseudobulk_split_of_other_cells(work, tmp_path, capsys):
+    w = work["work"]
+    bad = tmp_path / "split.tsv"
+    bad.write_text("cell_id\tsplit\ncell9999\ttrain\n")
+    args = ["pseudobulk", "--scool", f"1000000={work['scool']}", "--qc", w / "qc/cells.tsv", "--split", bad, "--out", tmp_path / "pb.mcool"]
+    assert main([str(x) for x in args]) == 2
+    assert f"{bad}: " in capsys.readouterr().err and not (tmp_path / "pb.mcool").exists()

@@ -71,8 +71,45 @@ def extract_inputs():
 
 EXTRACT_INPUTS = extract_inputs()
 
-#: Prepared folders of cells to embed with each trained configuration (config "embed").
-EMBED_SETS = {name: e["data"] for name, e in config["embed"].items()}
+
+def embed_sets():
+    """Config "embed": each name's entry, checked: a prepared folder (``data``) or raw
+    cells (``cells`` sheet + ``rna`` matrix) that the workflow prepares itself."""
+    sets = {}
+    for name, e in config["embed"].items():
+        # the schema allows no other key
+        if sorted(e) not in (["data"], ["cells", "rna"]):
+            raise InputError(
+                "give either data (a prepared folder) or both cells and rna (a cell sheet and its RNA counts)",
+                key=f"embed.{name}",
+                value=sorted(e),
+            )
+        sets[name] = e
+    return sets
+
+
+#: Cells to embed with each trained configuration (config "embed"), by name.
+EMBED_SETS = embed_sets()
+#: The cell sheets of the raw ones (prepared under embed/cells/{name}), checked like inputs.cells.
+EMBED_SHEETS = {
+    name: read_sheet(e["cells"]) for name, e in EMBED_SETS.items() if "cells" in e
+}
+for _sheet in EMBED_SHEETS.values():
+    validate(_sheet, "../schemas/cells.schema.yaml")
+
+
+def embed_input(name):
+    """Input function: the set's ``rna.h5ad`` or ``hic.h5ad`` (a prepared folder's, or
+    the one the embed_* rules write)."""
+
+    def files(wc):
+        entry = EMBED_SETS[wc.cells]
+        if "data" in entry:
+            return f"{entry['data']}/{name}.h5ad"
+        prep = f"{RESULTS}/embed/cells/{wc.cells}"
+        return f"{prep}/rna.h5ad" if name == "rna" else f"{prep}/{wc.cfg}/hic.h5ad"
+
+    return files
 
 
 def alternatives(names):

@@ -1,5 +1,6 @@
 # Raw pairs + RNA counts -> QC table, held-out split, binned coolers, strata files,
-# guidance graph. Held-out cells stay in the data files but nothing is fitted on them.
+# guidance graph. Held-out cells stay in the data files but nothing is fitted on them
+# (HVGs, the strata feature filter, the pseudobulk behind the graph's contact edges).
 
 
 rule bin_cells:
@@ -100,6 +101,7 @@ rule pseudobulk:
     input:
         scool=rules.bin_cells.output.scool,
         qc=rules.qc_cells.output[0],
+        split=rules.split_cells.output[0],
     output:
         f"{RESULTS}/binned/pseudobulk.mcool",
     log:
@@ -116,7 +118,7 @@ rule pseudobulk:
         balance="" if config["pseudobulk"]["balance"] else "--no-balance",
         extra=" ".join(map(str, config["pseudobulk"]["resolutions"])),
     shell:
-        "ampflow pseudobulk --scool {params.scools} --qc {input.qc}"
+        "ampflow pseudobulk --scool {params.scools} --qc {input.qc} --split {input.split}"
         " {params.balance} --extra-resolutions {params.extra} --out {output} > {log} 2>&1"
 
 

@@ -126,10 +126,18 @@ def cmd_qc_cells(a):
 def cmd_pseudobulk(a):
     from ..prepare.pseudobulk import write_mcool
     from ..prepare.qc import passing_cells, read_qc
+    from ..spec.layout import TRAIN
 
     cells = passing_cells(read_qc(a.qc))
     if not cells:
         raise InputError("no cell passes QC; nothing to pool", path=a.qc)
+    if a.split is not None:
+        # the graph's contact edges come from this pool: held-out cells must not shape them
+        split = _split(a.split, cells)
+        cells = [c for c, s in zip(cells, split) if s == TRAIN]
+        log.info("pseudobulk: %d training cells (%d held out left out)", len(cells), len(split) - len(cells))
+        if not cells:
+            raise InputError("no training cell to pool", path=a.split)
     scools = {}
     for spec in a.scool:
         res, _, path = spec.partition("=")
@@ -186,8 +194,17 @@ def cmd_rna_data(a):
     from ..io.atomic import atomic_path
     from ..io.genome import ChromNamer, read_chromsizes
     from ..prepare.qc import passing_cells, read_qc
-    from ..prepare.rna import build_rna
+    from ..prepare.rna import all_genes_rna, build_rna
 
+    if a.all_genes:
+        cells = passing_cells(read_qc(a.qc))
+        adata = all_genes_rna(ad.read_h5ad(a.counts), cells, obs=_qc_obs(a.qc, cells))
+        with atomic_path(a.out) as tmp:
+            adata.write_h5ad(tmp, compression="gzip")
+        return
+    for opt in ("genes", "chromsizes"):
+        if getattr(a, opt) is None:
+            raise InputError("required unless --all-genes (the genes are placed on the genome)", key=f"--{opt}")
     sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
     genes = read_genes(a.genes, ChromNamer(tuple(sizes), a.strip_prefix, a.chr_prefix), sizes)
     if genes.attrs.get("dropped"):
@@ -279,11 +296,12 @@ def add_commands(sub) -> None:
     s.add_argument("--out", required=True, help="TSV: cell_id, split (train or heldout)")
     s.set_defaults(func=cmd_split_cells)
 
-    s = sub.add_parser("pseudobulk", help="pool passing cells into a multi-resolution .mcool")
+    s = sub.add_parser("pseudobulk", help="pool passing (with --split: training) cells into a multi-resolution .mcool")
     s.add_argument("--scool", nargs="+", required=True, help="RES=PATH entries")
     s.add_argument("--qc", required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--no-balance", action="store_true")
+    s.add_argument("--split", default=None, help="qc/split.tsv: pool its training cells only")
     s.add_argument("--extra-resolutions", type=int, nargs="*", default=[], help="coarser zoom levels (multiples of the finest)")
     s.set_defaults(func=cmd_pseudobulk)
 
@@ -302,10 +320,14 @@ def add_commands(sub) -> None:
     s = sub.add_parser("rna-data", help="build the RNA model file (rna.h5ad)")
     s.add_argument("--counts", required=True)
     s.add_argument("--qc", required=True)
-    s.add_argument("--genes", required=True)
-    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--genes", default=None, help="gene annotation (required unless --all-genes)")
+    s.add_argument("--chromsizes", default=None, help="chromosome sizes (required unless --all-genes)")
     s.add_argument("--n-top-genes", type=int, default=2000)
     s.add_argument("--split", default=None, help="qc/split.tsv: genes are chosen from its training cells only")
+    s.add_argument(
+        "--all-genes", action="store_true",
+        help="keep every gene, choose nothing (no HVGs, no annotation): cells to embed with a trained model, which picks its genes by name",
+    )  # fmt: skip
     s.add_argument("--out", required=True)
     _add_naming(s)
     s.set_defaults(func=cmd_rna_data)

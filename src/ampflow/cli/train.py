@@ -76,7 +76,10 @@ def add_commands(sub) -> None:
     s.add_argument("--rna", default=None, help="rna.h5ad to embed (instead of the data folder's); not needed by a Hi-C-only model")
     s.add_argument("--hic", default=None, help="hic.h5ad to embed (instead of the data folder's)")
     s.add_argument("--out", required=True, help="embeddings.h5ad to write (obsm X_rna, X_hic, X_joint; a Hi-C-only model: X_hic, X_joint)")
-    s.add_argument("--batch-size", type=int, default=1024, help="cells per forward pass")
+    s.add_argument(
+        "--batch-size", type=int, default=1024,
+        help="rows of every forward pass, a smaller last batch padded with empty cells (training's 1024: its vectors bit for bit)",
+    )  # fmt: skip
     s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the count the model trained with)")
     s.set_defaults(func=cmd_embed)

@@ -4,9 +4,10 @@ Only the two cell encoders are built (the guidance graph and the decoders are no
 needed to encode). The input files' columns are mapped onto the trained model's by
 name: a trained gene or Hi-C feature the file lacks is a column of zeros, a column the
 model does not know is dropped; both are counted and reported. The output
-``embeddings.h5ad`` has the trainer's ``obsm`` keys, dtype and ``X_joint`` rule, so
-embedding the training data folder with its model gives the trainer's vectors bit for
-bit (on the CPU, in the dtype and thread count it trained with).
+``embeddings.h5ad`` has the trainer's ``obsm`` keys, dtype and ``X_joint`` rule, and
+every forward pass has the trainer's row count, so embedding the training data folder's
+cells, or any of them (the held-out ones, say), with its model gives the trainer's vectors
+bit for bit (on the CPU, in the dtype and thread count it trained with).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ..model.encoders import Encoder, hic_input, rna_input
 from ..spec.config import ModelConfig
 from ..spec.layout import DataFolder
 from ..train.data import counts_matrix
-from ..train.embeddings import embeddings_anndata, latent_means
+from ..train.embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ def paired_rows(rna: ad.AnnData, hic: ad.AnnData, rna_path, hic_path) -> np.ndar
     return np.array([at[c] for c in r], dtype=np.int64)
 
 
-def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, device: str = "auto", threads: int | None = None) -> dict:
+def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = EMBED_ROWS, device: str = "auto", threads: int | None = None) -> dict:
     """Encode the cells of an ``rna.h5ad`` + ``hic.h5ad`` pair with a trained model.
 
     A Hi-C-only model (trained without RNA) needs ``hic_path`` alone (``rna_path``
@@ -238,7 +239,9 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
         X_hic (n_cells, d) and X_joint (the trainer's rule,
         :func:`~ampflow.train.embeddings.joint_latent`), float32.
     batch_size
-        Cells per forward pass (the trainer's 1024 by default).
+        Rows of every forward pass (a last batch of fewer cells is padded): the trainer's
+        1024 by default; with another count the vectors may differ from training's in
+        the last bits.
     device
         ``auto`` (CUDA when there is one), ``cpu`` or ``cuda``.
     threads
@@ -256,6 +259,8 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
         A file is missing or unreadable, the model lacks its column names, the files
         hold different cells, or a file shares no column with the model.
     """
+    if batch_size < 1:
+        raise InputError("must be at least 1", key="--batch-size", value=batch_size)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     trained = load_trained(model_path, device)
@@ -284,7 +289,7 @@ def embed_cells(model_path, rna_path, hic_path, out, *, batch_size: int = 1024, 
             h = torch.as_tensor(maps["features"].dense(x_hic[idx]), dtype=torch.float32).to(device, trained.dtype)
             yield r, h
 
-    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.latent)
+    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.latent, rows=batch_size)
     report = {"cells": int(n), **{what: m.counts() for what, m in maps.items()}}
     emb = embeddings_anndata(rna.obs, x_r, x_h, trained.shared_dim, {"model": str(model_path), "steps": trained.steps, **report})
     with atomic_path(out) as tmp:
@@ -310,7 +315,7 @@ def _embed_hic_only(trained: TrainedModel, model_path, rna_path, hic_path, out, 
             h = torch.as_tensor(fmap.dense(x_hic[i : i + batch_size]), dtype=torch.float32).to(device, trained.dtype)
             yield None, h
 
-    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.latent)
+    x_r, x_h = latent_means(trained.encoders, batches(), trained.encoders.latent, rows=batch_size)
     report = {"cells": int(n), "features": fmap.counts()}
     emb = embeddings_anndata(hic.obs, None, x_h, trained.shared_dim, {"model": str(model_path), "steps": trained.steps, **report})
     with atomic_path(out) as tmp:

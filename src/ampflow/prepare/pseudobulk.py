@@ -1,4 +1,7 @@
-"""Pseudobulk .mcool from the passing cells (HiGlass-viewable; feeds graph contact edges)."""
+"""Pseudobulk .mcool from the given cells (HiGlass-viewable; feeds graph contact edges).
+
+The workflow pools the training cells only: the graph is fitted, so held-out cells stay out.
+"""
 
 from __future__ import annotations
 

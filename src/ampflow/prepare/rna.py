@@ -42,10 +42,7 @@ def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_g
     """
     import scanpy as sc
 
-    missing = [c for c in cells if c not in counts.obs_names]
-    if missing:
-        raise InputError("cells passed QC but are missing from the RNA counts", key="cells", value=missing[:5])
-    a = counts[cells].copy()
+    a = _cells(counts, cells)
     fit = np.ones(len(cells), dtype=bool) if split is None else np.asarray(split) == TRAIN
     placed = place_genes(a.var_names, genes)
     on_genome = placed["chrom"].notna().to_numpy()
@@ -72,7 +69,37 @@ def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_g
     n_top = min(n_top_genes, a.n_vars)
     sc.pp.highly_variable_genes(norm, n_top_genes=n_top, flavor="seurat")
     hvg = norm.var["highly_variable"].to_numpy()
-    a = a[:, hvg].copy()
+    a = _finish(a[:, hvg].copy(), counts, obs, split)
+    a.uns["ampflow"]["hvg"] = {"flavor": "seurat", "n_top_genes": int(n_top_genes), "n_selected": int(hvg.sum())}
+    if split is not None:
+        a.uns["ampflow"]["hvg"]["fitted_cells"] = int(fit.sum())
+    log.info("rna: %d cells x %d HVGs", a.n_obs, a.n_vars)
+    return a
+
+
+def all_genes_rna(counts: ad.AnnData, cells: list[str], obs=None) -> ad.AnnData:
+    """``counts`` (cells x genes, rounded) subset to ``cells``, every gene kept.
+
+    The RNA file of cells to embed with a trained model: nothing is chosen from these
+    cells (no HVGs, no annotation filter); the model's genes are picked out by name when
+    embedding. The counts, ``obs`` and ``uns`` are those :func:`build_rna` writes, so a
+    cell's counts on a gene are the same in both files.
+    """
+    a = _finish(_cells(counts, cells), counts, obs, None)
+    a.uns["ampflow"]["hvg"] = {"flavor": "none", "n_selected": int(a.n_vars)}
+    log.info("rna: %d cells x %d genes (all genes kept: nothing fitted)", a.n_obs, a.n_vars)
+    return a
+
+
+def _cells(counts: ad.AnnData, cells: list[str]) -> ad.AnnData:
+    missing = [c for c in cells if c not in counts.obs_names]
+    if missing:
+        raise InputError("cells passed QC but are missing from the RNA counts", key="cells", value=missing[:5])
+    return counts[cells].copy()
+
+
+def _finish(a: ad.AnnData, counts: ad.AnnData, obs, split) -> ad.AnnData:
+    """The counts layer, ``obs`` (QC metadata, split) and ``uns["ampflow"]`` of an RNA file."""
     a.layers["counts"] = a.X.copy()
     if obs is not None:
         extra = obs.drop(columns=[c for c in obs.columns if c in a.obs.columns or c == "cell_id"])
@@ -84,10 +111,6 @@ def build_rna(counts: ad.AnnData, cells: list[str], genes: pd.DataFrame, n_top_g
         "modality": "rna",
         "prob_model": "NB",
         "counts_layer": "counts",
-        "hvg": {"flavor": "seurat", "n_top_genes": int(n_top_genes), "n_selected": int(hvg.sum())},
         "rounding": dict(counts.uns.get("ampflow", {}).get("rounding", {})),
     }
-    if split is not None:
-        a.uns["ampflow"]["hvg"]["fitted_cells"] = int(fit.sum())
-    log.info("rna: %d cells x %d HVGs", a.n_obs, a.n_vars)
     return a

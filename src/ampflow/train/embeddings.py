@@ -35,16 +35,40 @@ import pandas as pd
 import torch
 
 
-def latent_means(encode: Callable, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], latent: int) -> tuple[np.ndarray | None, np.ndarray]:
+#: Rows of every encoder forward pass that writes embeddings (training's and ``ampflow
+#: embed``'s): a batch of fewer cells is padded with empty cells to this many.
+EMBED_ROWS = 1024
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` (B, n) with ``rows - B`` rows of zeros appended: (rows, n)."""
+    if x.shape[0] > rows:
+        raise ValueError(f"a batch of {x.shape[0]} rows exceeds the {rows} of a forward pass")
+    return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])]) if x.shape[0] < rows else x
+
+
+def latent_means(
+    encode: Callable, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], latent: int, rows: int = EMBED_ROWS
+) -> tuple[np.ndarray | None, np.ndarray]:
     """RNA and Hi-C latent means, (n_cells, latent) each, of ``encode(rna, hic)`` over the
     batches (in eval mode, without gradients: the caller's model decides). The RNA one
-    is None where ``encode`` gives None for it (a Hi-C-only model)."""
+    is None where ``encode`` gives None for it (a Hi-C-only model).
+
+    Every forward pass has exactly ``rows`` rows (batches of at most that many cells,
+    padded with empty cells): a matrix product's rows are not computed alike for every
+    row count (BLAS kernels treat a partial last block of rows differently), so without
+    the padding a cell's vector would depend on how many cells it is encoded with, and
+    embedding a subset of the cells (held-out ones, say) would not give training's
+    vectors bit for bit. Every layer acts on each row alone, so the padding rows change
+    nothing else.
+    """
     xr, xh = [], []
     with torch.no_grad():
         for rna, hic in batches:
-            r, h = encode(rna, hic)
-            xr.append(None if r is None else r.cpu().numpy())
-            xh.append(h.cpu().numpy())
+            n = hic.shape[0]
+            r, h = encode(pad_rows(rna, rows), pad_rows(hic, rows))
+            xr.append(None if r is None else r[:n].cpu().numpy())
+            xh.append(h[:n].cpu().numpy())
     if not xh:
         return np.zeros((0, latent)), np.zeros((0, latent))
     if any(r is None for r in xr):

@@ -52,7 +52,7 @@ from ..spec.config import ModelConfig, TrainConfig
 from ..spec.plan import Plan
 from . import checkpoint
 from .data import PairedData
-from .embeddings import embeddings_anndata, latent_means
+from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 from .memory import measured_dp_step
 
 log = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ class Trainer:
         model = build_model(self.model_cfg, self.data).to(self.device, self.dtype)
         model.load_state_dict(model_state)
         model.eval()  # every cell, held-out ones included
-        n, size = self.data.n_cells, 1024
+        n, size = self.data.n_cells, EMBED_ROWS
         batches = (self.data.batch(np.arange(i, min(i + size, n))) for i in range(0, n, size))
         moved = ((r.to(self.device, self.dtype), h.to(self.device, self.dtype)) for r, h in batches)
         x_rna, x_hic = latent_means(model.embed, moved, self.model_cfg.latent_dim)
