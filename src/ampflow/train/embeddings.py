@@ -40,8 +40,11 @@ import torch
 EMBED_ROWS = 1024
 
 
-def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x`` (B, n) with ``rows - B`` rows of zeros appended: (rows, n)."""
+def pad_rows(x: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+    """``x`` (B, n) with ``rows - B`` rows of zeros appended: (rows, n); None stays None
+    (the RNA of a Hi-C-only model)."""
+    if x is None:
+        return None
     if x.shape[0] > rows:
         raise ValueError(f"a batch of {x.shape[0]} rows exceeds the {rows} of a forward pass")
     return torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])]) if x.shape[0] < rows else x
