@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ampflow.amp.memory_model import ShapeSpec, chunked_score_elements, estimate_for_profile, fit_linear, predict, profile_memory, spec_from_profile
+from ampflow.amp.memory_model import ShapeSpec, banded_score_elements, chunked_score_elements, estimate_for_profile, fit_linear, predict, profile_memory, spec_from_profile
 from ampflow.model.attention import chunk_blocks
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
@@ -110,6 +110,7 @@ def test_cross_reconstruction_matches_a_measured_training_step(L, chunk, key_fir
 FLOAT_ONLY = {
     "parameters", "gradients", "rna_encoder", "hic_encoder", "cell_latents", "stratum0_decode",
     "stratum_norms", "stratum_projections", "stratum_feed_forward", "stratum_decode",
+    "stratum_attention_scores",  # the banded kernel keeps no mask, chunked or not
 }  # fmt: skip
 
 
@@ -122,7 +123,7 @@ def test_float64_run_doubles_the_float_terms_and_matches_a_measured_step(L, chun
     model, rna, hic, spec = _model(60, L, 8, cfg, dtype=torch.float64)
     f32 = predict(spec_from_profile(_profile(cfg, spec, "float32", cross)), chunk=chunk, key_first=key_first)
     f64 = predict(spec_from_profile(_profile(cfg, spec, "float64", cross)), chunk=chunk, key_first=key_first)
-    float_only = FLOAT_ONLY | ({"stratum_attention_scores"} if chunk else set())  # full attention keeps a bool mask
+    float_only = FLOAT_ONLY
     assert float_only <= set(f32.components) and f32.components.keys() == f64.components.keys()
     for name, b32 in f32.components.items():
         if name in float_only:
@@ -208,16 +209,28 @@ def test_prediction_is_linear_in_the_number_of_strata(chunk, key_first, cross):
     assert intercept == pytest.approx(est.base - est.per_stratum)
 
 
-def test_chunked_attention_scores_follow_the_chunk_blocks():
+def test_attention_scores_are_the_band_whatever_the_chunk():
     n, w, H, L, b = 400, 4, 4, 5, 4
-    full = predict(_spec(L), chunk=0).components["stratum_attention_scores"]
-    assert full == (L - 1) * (H * n * n * b + n * n)  # probabilities + bool mask
+    band = n * (2 * w + 1)
+    assert banded_score_elements(n, w) == band
+    unchunked = predict(_spec(L), chunk=0)
+    # (H, n, 2w + 1) probabilities per attention stratum, no mask; not the n x n of the
+    # full masked reference
+    assert unchunked.components["stratum_attention_scores"] == (L - 1) * H * band * b
+    assert unchunked.transient["attention_scores"] == H * band * b
     for chunk in (1, 7, 32, 399, 400, 1000):
-        blocks = sum((e - s) * (ke - ks) for s, e, ks, ke in chunk_blocks(n, w, chunk))
-        assert chunked_score_elements(n, w, chunk) == blocks
         est = predict(_spec(L), chunk=chunk, strategies={"chunked_attention"})
-        assert est.components["stratum_attention_scores"] == (L - 1) * H * blocks * b
-        assert est.components["stratum_attention_scores"] < full
+        # S3 no longer changes what is kept, only the transient block of scores
+        assert est.components == unchunked.components and est.total == unchunked.total
+        rows = min(chunk, n)
+        assert est.transient["attention_scores"] == H * rows * (2 * w + 1) * b
+        # the older chunked kernel's blocks (kept for comparison) hold at least every
+        # in-range (query, key) pair, n (2w + 1) - w (w + 1), exactly that at chunk 1
+        blocks = sum((e - s) * (ke - ks) for s, e, ks, ke in chunk_blocks(n, w, chunk))
+        assert chunked_score_elements(n, w, chunk) == blocks >= band - w * (w + 1)
+        assert (blocks == band - w * (w + 1)) == (chunk == 1)
+    # a window beyond the sequence is clipped: every query sees all n keys
+    assert banded_score_elements(5, 100) == 5 * 9 and banded_score_elements(1, 3) == 1
     with pytest.raises(ValueError):
         predict(_spec(L), chunk=0, strategies={"chunked_attention"})
 

@@ -14,8 +14,8 @@ the model uses (``Linear``: its input; ``LayerNorm``: input, mean and rstd;
 ``BatchNorm`` in training: input, running mean/var, save_mean, save_invstd; softmax:
 its output; LeakyReLU/SELU/GELU/softplus/log/lgamma/square: their input; dropout on
 CPU: a mask of the input's dtype; indexing: its int64 indices; ``index_add_``: indices
-and source; ``masked_fill``/``where``: the bool mask; the chunked-attention Function:
-``q_s``, ``k``, ``v`` and each block's probabilities). The formulas are closed-form in
+and source; ``masked_fill``/``where``: the bool mask; the banded-attention Function:
+``q_s``, ``k``, ``v`` and the ``(H, n, 2w + 1)`` probabilities). The formulas are closed-form in
 the shapes (:mod:`ampflow.amp.memory_terms`); the state is counted from the model's
 own shape description (:mod:`ampflow.spec.model_shapes`), the one its modules are
 built from. ``scripts/bench_memory_model.py`` checks them against real training steps.
@@ -27,8 +27,8 @@ decode and likelihood terms (``B x |F_k|``) and its share of the feature-indexed
 With equal ``|F_k|`` the model is exactly linear in ``L``.
 
 What is *not* in ``total``: tensors that live only for a moment of the forward pass
-(the naive decode's ``B x n`` scores, the full attention's unmasked ``H x n x n``
-scores). A device allocator sees them on top of ``total`` while they exist; they are
+(the naive decode's ``B x n`` scores, one query block's ``H x rows x (2w + 1)``
+attention scores before the softmax). A device allocator sees them on top of ``total`` while they exist; they are
 reported in :attr:`Estimate.transient`.
 
 Cross-reconstruction (:attr:`ShapeSpec.cross`, ``LossWeights.cross > 0``) decodes each
@@ -61,6 +61,7 @@ from .memory_terms import (
     Device,
     Ledger,
     ceil_div,
+    banded_score_elements,
     chunked_score_elements,
     encoder_terms,
     graph_decoder_terms,
@@ -72,7 +73,7 @@ from .memory_terms import (
 
 __all__ = [
     "DTYPE_BYTES", "INDEX_BYTES", "OPTIMIZERS", "STEP_BYTES", "STRATEGIES", "Estimate", "ShapeSpec",
-    "chunked_score_elements", "estimate_for_profile", "fit_linear", "predict", "profile_memory", "spec_from_profile",
+    "banded_score_elements", "chunked_score_elements", "estimate_for_profile", "fit_linear", "predict", "profile_memory", "spec_from_profile",
 ]  # fmt: skip
 
 #: Strategy names understood by :func:`predict` (S1 .. S5).
@@ -197,11 +198,10 @@ def _summarise(led: Ledger, dev: Device) -> Estimate:
         if not dev.key_first:
             transient["decode_scores"] = B * n * b
         if s.attention and L > 1:
-            if dev.chunk:
-                c = min(dev.chunk, n)
-                transient["attention_scores"] = H * c * min(n, c + 2 * s.window) * b
-            else:
-                transient["attention_scores"] = H * n * n * b
+            # one query block's (H, rows, 2w + 1) scores before the softmax (the band
+            # width clipped by n, not by the rows of the block)
+            rows = min(dev.chunk, n) if dev.chunk else n
+            transient["attention_scores"] = H * rows * (banded_score_elements(n, s.window) // max(n, 1)) * b
     return Estimate(
         total=total,
         base=base,

@@ -209,9 +209,9 @@ class Estimate:
             Per attention stratum, D-proportional ``n x D`` tensors: values, keys,
             scaled queries, attention sum, feed-forward LayerNorm output.
         ``stratum_attention_scores``
-            Per attention stratum: softmax probabilities ``H n n`` plus the ``n x n``
-            bool mask (full), or ``H sum_blocks (e-s)(ke-ks)`` (chunked, S3, over the
-            blocks of :func:`ampflow.model.attention.chunk_blocks`; no mask).
+            Per attention stratum: the banded kernel's softmax probabilities
+            ``H n (2w + 1)`` (``w`` clipped to ``n - 1``; no mask), with or without
+            S3's query chunks.
         ``stratum_feed_forward``
             Per attention stratum, GEGLU: ``w_ff`` output ``2 f n D``, GELU output
             and product ``f n D`` each.
@@ -234,8 +234,8 @@ class Estimate:
     transient : dict of str to int
         Short-lived forward intermediates not in ``total``: ``decode_scores``
         (the naive decode's ``B x n`` product, removed by S4) and
-        ``attention_scores`` (full: the unmasked ``H x n x n`` scores; chunked: one
-        block's scores).
+        ``attention_scores`` (one query block's ``H x rows x (2w + 1)`` scores
+        before the softmax: ``rows = n`` without S3, the chunk with it).
     """
 
     total: int

@@ -74,14 +74,25 @@ class Device:
 
 
 def chunked_score_elements(n: int, window: int, chunk: int) -> int:
-    """Probabilities per head kept by chunked attention: ``sum (e - s) * (ke - ks)``
-    over the blocks of :func:`ampflow.model.attention.chunk_blocks` (same enumeration:
-    query rows ``[s, e)`` of ``chunk``, keys ``[max(0, s - w), min(n, e + w))``)."""
+    """Probabilities per head kept by the older chunked kernel
+    (:func:`ampflow.model.attention.local_attention_chunked`, not used by the model):
+    ``sum (e - s) * (ke - ks)`` over the blocks of
+    :func:`ampflow.model.attention.chunk_blocks` (query rows ``[s, e)`` of ``chunk``,
+    keys ``[max(0, s - w), min(n, e + w))``)."""
     total = 0
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
         total += (e - s) * (min(n, e + window) - max(0, s - window))
     return total
+
+
+def banded_score_elements(n: int, window: int) -> int:
+    """Probabilities per head kept by the banded kernel the model runs
+    (:func:`ampflow.model.attention.local_attention_banded`): ``n * (2w + 1)`` with
+    ``w`` clipped to ``n - 1``, whatever the query chunk (S3 bounds only the transient
+    score block). Edge rows keep their out-of-range columns (as zeros) in the same
+    dense ``(n, 2w + 1)`` tensor, so they count in full."""
+    return n * (2 * min(int(window), max(int(n) - 1, 0)) + 1) if n else 0
 
 
 # ---------------------------------------------------------------- state
@@ -212,10 +223,8 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     led.add("stratum0_decode", 2 * fp(B * fk) * b + fp(fk) * b + B * b, None, at(0))
     if key_first:
         led.add("stratum0_decode", fp(fk * d) * b, None, at(0))  # gathered anchor latents
-    scores = (
-        H * chunked_score_elements(n, s.window, dev.chunk) * b if dev.chunk
-        else H * n * n * b + n * n  # probabilities + bool mask
-    )  # fmt: skip
+    # The banded kernel keeps (H, n, 2w + 1) probabilities and no mask, chunked or not.
+    scores = H * banded_score_elements(n, s.window) * b
     for k in range(1, L):
         fk = fps[k]
         led.add("stratum_norms", n * d * b + 4 * n * b, k, at(k))

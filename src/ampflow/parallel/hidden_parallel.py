@@ -8,8 +8,8 @@ every head) and a contiguous slice ``J`` of the feed-forward width ``ffn * D``. 
   enters through ``copy_to_group`` so that its gradient sums the ranks' parts.
 * attention: each block's scores are the all-reduced sum of the ranks' partial dot
   products, scaled by ``1 / sqrt(D / heads)`` of the *global* head width; the values
-  and the output stay local. Built on the chunked evaluation (S3 composes; without S3
-  the whole sequence is one chunk).
+  and the output stay local. Built on the banded kernel, as the plain block (S3's
+  query chunks compose; without S3 the whole sequence is one block).
 * ``LN(key)`` over D from all-reduced sums (mean, then the centred sum of squares;
   backward likewise), saving only the normalised local channels.
 * GEGLU: ``z = LN(key) W_ff^T`` is a partial sum over the local channels; the ranks
@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model.attention import local_attention_chunked
+from ..model.attention import local_attention_banded
 from ..model.decoders import StratumBlock
 from .collectives import all_reduce_sum, copy_to_group, group_sum
 from .shards import Shard, sharded_parameter, split_range
@@ -151,7 +151,7 @@ class HiddenParallelStratumBlock(nn.Module):
             val = x.view(n, self.heads, dh).transpose(0, 1)
             scale = 1.0 / math.sqrt(self.D // self.heads)
             combine = None if g is None else (lambda t: group_sum(t, g))
-            att = local_attention_chunked(qk, qk, val, self.window, self.chunk or max(n, 1), scale, combine)
+            att = local_attention_banded(qk, qk, val, self.window, self.chunk or None, scale, combine)
             key = x + att.transpose(0, 1).reshape(n, d_local)
         y = sharded_layer_norm(key, self.norm_ff.weight, self.norm_ff.bias, self.norm_ff.eps, self.D, g)
         z = all_reduce_sum(y @ self.w_ff.weight.T, g)  # (n, 2 * ffn * D): partial sums over D
