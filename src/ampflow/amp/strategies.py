@@ -94,7 +94,7 @@ def _feature_parallel(ctx: Context) -> str | None:
 
 def _chunked_attention(ctx: Context) -> str | None:
     if ctx.raised(ATTENTION_DECODER):
-        return "the Hi-C decoder uses local attention: evaluate it in query chunks against their windows only (memory O(N(C+2w)) instead of O(N^2))."
+        return "the Hi-C decoder uses local attention: evaluate its banded kernel in query chunks (transient scores O(C(2w+1)) per head instead of O(N(2w+1)); saved memory is O(N(2w+1)) either way)."
     return None
 
 
