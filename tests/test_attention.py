@@ -357,7 +357,7 @@ def test_banded_equals_full_forward_and_gradients(n, window, chunk, heads, dk, d
 
 
 @pytest.mark.parametrize(
-    "n,window,chunk", [(11, 2, 3), (11, 2, None), (7, 0, 2), (5, 9, 2), (13, 4, 1), (9, 8, 4)]
+    "n,window,chunk", [(11, 2, 3), (11, 2, None), (7, 0, 2), (5, 9, 2), (8, 3, 1), (9, 8, 4)]
 )
 def test_banded_gradcheck(n, window, chunk):
     # Forward and backward are written by hand: check them against finite differences.
