@@ -177,10 +177,11 @@ def test_scale_argument_and_dispatch():
     torch.testing.assert_close(local_attention_full(q, k, v, 6, scale=0.25), ref)
     torch.testing.assert_close(local_attention_chunked(q, k, v, 6, 5, scale=0.25), ref)
     torch.testing.assert_close(local_attention_banded(q, k, v, 6, 5, scale=0.25), ref)
-    # the model's entry point is the banded kernel, chunked (S3) or not
-    assert torch.equal(local_attention(q, k, v, 6), local_attention_banded(q, k, v, 6))
-    assert torch.equal(local_attention(q, k, v, 6, chunk=0), local_attention_banded(q, k, v, 6))
-    assert torch.equal(local_attention(q, k, v, 6, chunk=8), local_attention_banded(q, k, v, 6, 8))
+    # the model's entry point: full masked without a chunk, the chunked kernel (S3) with one
+    full = local_attention_full(q, k, v, 6)
+    assert torch.equal(local_attention(q, k, v, 6), full)
+    assert torch.equal(local_attention(q, k, v, 6, chunk=0), full)
+    assert torch.equal(local_attention(q, k, v, 6, chunk=8), local_attention_chunked(q, k, v, 6, 8))
     torch.testing.assert_close(local_attention(q, k, v, 6, chunk=8), local_attention_full(q, k, v, 6))
 
 

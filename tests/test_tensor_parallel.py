@@ -2,7 +2,7 @@
 every parameter's gradient (each rank's slice of it), and the parameters after one Adam
 step, in fp64 and fp32, on 2 and 4 gloo processes.
 
-The reference is the plain model with neither S3 nor S4 (unchunked banded attention, the
+The reference is the plain model with neither S3 nor S4 (full masked attention, the
 naive decode); the sharded runs apply the plan's strategies to the same plain model.
 """
 

@@ -3,20 +3,22 @@
 Each query ``i`` attends to the keys ``j`` with ``|i - j| <= window`` (non-causal, both
 sides). Three evaluations of the same math are provided:
 
-* :func:`local_attention_banded`, the default (:func:`local_attention`): each query
-  scores only its own ``2w + 1`` window, one diagonal offset ``j - i`` at a time, so
-  work and saved activations are ``O(N * (2w + 1))`` per head (plus the ``O(N * D)``
-  inputs), whatever ``N``. Optional query chunks (strategy S3) bound its transient
-  score block to ``O(chunk * (2w + 1))``. Forward and backward are written by hand.
+* :func:`local_attention_banded`: each query scores only its own ``2w + 1`` window, one
+  diagonal offset ``j - i`` at a time, so work and saved activations are
+  ``O(N * (2w + 1))`` per head (plus the ``O(N * D)`` inputs), whatever ``N``. Optional
+  query chunks bound its transient score block to ``O(chunk * (2w + 1))``. Forward and
+  backward are written by hand. Exact, tested, not yet what the model runs: with it a
+  chunk no longer lowers held memory, so the plan's choice of S3 and of the chunk has to
+  change with it (by speed, not by "largest that fits").
 * :func:`local_attention_full` materialises the whole ``(..., N, N)`` score matrix and
   masks it. It is the reference in the tests, and the memory problem: its saved
-  activations grow as ``N**2``.
-* :func:`local_attention_chunked` is the earlier S3 kernel: queries are processed in
-  chunks ``[s, e)`` of ``chunk`` rows against the keys
+  activations grow as ``N**2``. The model runs it without a chunk.
+* :func:`local_attention_chunked` is strategy S3 as the model runs it: queries are
+  processed in chunks ``[s, e)`` of ``chunk`` rows against the keys
   ``[max(0, s - window), min(N, e + window))`` only, the only keys any query of the chunk
   can see, with the band masked inside each block. Scores and saved activations are
   ``O(N * (chunk + 2 * window))``: it computes ``chunk + 2w`` scores per query where
-  ``2w + 1`` are needed. Kept for comparison (``scripts/bench_attention.py``).
+  ``2w + 1`` are needed.
 
 ``scale`` is an explicit argument because under hidden parallelism (S5) each rank holds
 a slice of ``Dk`` and must use the scale of the global ``Dk``; the banded and chunked
@@ -480,7 +482,9 @@ def local_attention(
     chunk: int | None = None,
     scale: float | None = None,
 ) -> Tensor:
-    """Sliding-window attention as the model runs it: :func:`local_attention_banded`.
+    """Sliding-window attention as the model runs it, full or chunked. (The banded kernel,
+    :func:`local_attention_banded`, is exact too and is to become the default once the plan
+    chooses chunks for speed: with it a chunk bounds only the transient score block.)
 
     Parameters
     ----------
@@ -491,8 +495,8 @@ def local_attention(
     window : int
         Half-width ``w >= 0`` of the window.
     chunk : int, optional
-        ``None`` or ``0``: all queries in one block; otherwise query rows per block
-        (S3), which bounds the transient score block, not the saved activations.
+        ``None`` or ``0``: :func:`local_attention_full`; otherwise
+        :func:`local_attention_chunked` with this many query rows per block.
     scale : float, optional
         Multiplier of the dot products; default ``1 / sqrt(Dk)``.
 
@@ -501,4 +505,6 @@ def local_attention(
     Tensor
         ``(..., N, Dv)``.
     """
-    return local_attention_banded(q, k, v, window, chunk or None, scale)
+    if not chunk:
+        return local_attention_full(q, k, v, window, scale)
+    return local_attention_chunked(q, k, v, window, chunk, scale)
