@@ -38,7 +38,7 @@ from ampflow.train.data import load_paired
 from ampflow.train.memory import measured_step
 from ampflow.train.trainer import Trainer
 from dist_helpers import run_world
-from test_data_parallel import LR, WEIGHTS, _adam_tolerance, _snapshot
+from test_data_parallel import LR, WEIGHTS, _snapshot
 from test_tensor_parallel import CONFIGS, SETS, _plan, assert_rank_matches
 
 HIC_TERMS = {"hic_nll", "hic_kl", "graph_nll", "graph_kl", "total"}
