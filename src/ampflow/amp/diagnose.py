@@ -101,11 +101,12 @@ def _decide(profile, signals, devices, budget, estimate):
         if st.uses_tp and tp < 2:
             # with tp 1 a tensor-parallel strategy shards nothing: listing it would say
             # the plan does what it does not (the memory model divides nothing by 1 either)
+            raised = why_chosen[name].rstrip(".")
             if fits:
-                reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({why_chosen[name]}), but the plan fits with tp 1, "
+                reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({raised}), but the plan fits with tp 1, "
                                f"where it would shard nothing; all {devices} device(s) do data parallelism instead.")  # fmt: skip
             else:
-                reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({why_chosen[name]}), but no tensor-parallel "
+                reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({raised}), but no tensor-parallel "
                                f"degree >= 2 of {devices} device(s) suits this model, and with tp 1 it would shard nothing.")  # fmt: skip
             continue
         names.append(name)
