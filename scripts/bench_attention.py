@@ -1,34 +1,37 @@
 #!/usr/bin/env python
-"""Benchmark sliding-window attention: full masked versus chunked (strategy S3).
+"""Benchmark sliding-window attention: banded (the default) versus chunked (S3) versus full.
 
-For each sequence length N (``--sizes``) and fixed heads H, width D, window w and chunk
-C, both :func:`ampflow.model.attention.local_attention_full` and
-:func:`~ampflow.model.attention.local_attention_chunked` run forward + backward on the
-same random fp32 inputs. Every figure printed is measured in this run:
+For each sequence length N (``--sizes``) and fixed heads H, head width D and window w,
+:func:`ampflow.model.attention.local_attention_banded` (unchunked, and with each chunk
+of ``--chunks``), :func:`~ampflow.model.attention.local_attention_chunked` (with each
+chunk of ``--chunks``) and :func:`~ampflow.model.attention.local_attention_full` run
+forward + backward on the same random inputs. Every figure printed is measured in this
+run:
 
 * seconds, best of ``--repeats`` after ``--warmup`` untimed passes (forward alone and
   forward + backward). On a shared CPU other processes' load makes single passes
   noisy (two OpenMP threads wait on each other when one is descheduled, which hurts
-  the many small ops of the chunked method most); ``--threads 1`` or more repeats help;
+  many small ops most); ``--threads 1`` or more repeats help;
 * bytes saved for backward, counted with
   :class:`~ampflow.train.memory.SavedTensorBytes` during the first warm-up pass (q, k, v are
   leaves requiring grad and are not counted);
 * on CUDA, ``torch.cuda.max_memory_allocated`` over one forward + backward;
-* the ratios full / chunked of the above, and the largest absolute difference between
-  the two methods' outputs and gradients.
+* the ratios of each method's time and saved bytes to the unchunked banded kernel's,
+  and the largest absolute difference of its outputs and gradients from the banded
+  ones.
 
 The full method needs several ``H x N x N`` tensors at once. Its peak is estimated as
 ``H * N**2 * (4 * itemsize + 1)`` bytes (scores, masked scores, softmax output and two
 gradients of that size alive in backward, plus the bool mask); when the estimate exceeds
 ``--max-full-gib`` the full run is skipped, and the estimate is printed with the reason.
-The score-tensor term of the memory model (DESIGN §4: ``H*N*N`` unchunked,
-``H*N*(C+2w)`` chunked, here summed exactly over the clipped edge chunks) is printed
-beside the measured saved bytes.
+The score term of the memory model (DESIGN §4: ``H*N*(2w+1)`` banded, ``H*N*N`` full,
+and for the chunked kernel ``H*N*(C+2w)`` summed exactly over the clipped edge chunks)
+is printed beside the measured saved bytes.
 
 Examples::
 
     python scripts/bench_attention.py
-    python scripts/bench_attention.py --sizes 2048 8192 --repeats 5
+    python scripts/bench_attention.py --sizes 2700 27000 --chunks 128 2048 --threads 1
     python scripts/bench_attention.py --device cuda --max-full-gib 40
 """
 
@@ -43,11 +46,11 @@ from pathlib import Path
 import torch
 
 try:
-    from ampflow.model.attention import local_attention_chunked, local_attention_full
+    from ampflow.model.attention import band_width, local_attention_banded, local_attention_chunked, local_attention_full
     from ampflow.train.memory import SavedTensorBytes
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from ampflow.model.attention import local_attention_chunked, local_attention_full
+    from ampflow.model.attention import band_width, local_attention_banded, local_attention_chunked, local_attention_full
     from ampflow.train.memory import SavedTensorBytes
 
 GIB = 1024**3
@@ -57,11 +60,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[4096, 27000], help="sequence lengths N")
-    p.add_argument("--dim", type=int, default=128, help="head width D (Dk = Dv)")
-    p.add_argument("--window", type=int, default=128, help="half-width w of the window")
-    p.add_argument("--chunk", type=int, default=256, help="query rows C per chunk")
-    p.add_argument("--heads", type=int, default=1, help="attention heads H")
+    # Defaults: the Hi-C decoder at 1 Mb on mm10 (~2,700 anchors) and at 100 kb (~27,000)
+    p.add_argument("--sizes", type=int, nargs="+", default=[2700, 27000], help="sequence lengths N")
+    p.add_argument("--dim", type=int, default=32, help="head width D (Dk = Dv)")
+    p.add_argument("--window", type=int, default=8, help="half-width w of the window")
+    p.add_argument(
+        "--chunks", type=int, nargs="+", default=[128, 2048], help="query rows C per chunk (S3)"
+    )
+    p.add_argument("--heads", type=int, default=4, help="attention heads H")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats (best is reported)")
     p.add_argument(
@@ -81,7 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda requested but CUDA is not available")
-    if min(args.sizes) < 1 or min(args.chunk, args.repeats, args.warmup) < 1 or args.window < 0:
+    if min(args.sizes) < 1 or min(*args.chunks, args.repeats, args.warmup) < 1 or args.window < 0:
         p.error("sizes, chunk, repeats and warmup must be >= 1 and window >= 0")
     return args
 
@@ -91,10 +97,12 @@ def full_peak_estimate(n: int, heads: int, itemsize: int) -> int:
     return heads * n * n * (4 * itemsize + 1)
 
 
-def score_model_bytes(n: int, heads: int, itemsize: int, window: int, chunk: int | None) -> int:
+def score_model_bytes(n: int, heads: int, itemsize: int, window: int, kind: str, chunk: int = 0) -> int:
     """The memory model's score term: saved softmax elements times itemsize."""
-    if chunk is None:
+    if kind == "full":
         return heads * n * n * itemsize
+    if kind == "banded":
+        return heads * n * band_width(n, window) * itemsize
     total = 0
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
@@ -162,9 +170,9 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     itemsize = torch.empty((), dtype=dtype).element_size()
-    h, d, w, c = args.heads, args.dim, args.window, args.chunk
+    h, d, w = args.heads, args.dim, args.window
     print(
-        f"sliding-window attention fwd+bwd: H={h} D={d} w={w} C={c} {args.dtype} "
+        f"sliding-window attention fwd+bwd: H={h} D={d} w={w} C={args.chunks} {args.dtype} "
         f"device={device} torch {torch.__version__} threads={torch.get_num_threads()} "
         f"repeats={args.repeats} (best of, after {args.warmup} warm-up)"
     )
@@ -174,10 +182,13 @@ def main(argv=None) -> int:
         print(f"load average (1 min) before the run: {load:.2f} on {os.cpu_count()} CPUs")
     if device.type == "cuda":
         print(f"GPU: {torch.cuda.get_device_name(device)}")
-    methods = {
-        "full": lambda q, k, v: local_attention_full(q, k, v, w),
-        "chunked": lambda q, k, v: local_attention_chunked(q, k, v, w, c),
-    }
+    # (label, kind, chunk, function); the unchunked banded kernel first: the baseline
+    methods = [("banded", "banded", 0, lambda q, k, v: local_attention_banded(q, k, v, w))]
+    for c in args.chunks:
+        methods.append((f"banded C={c}", "banded", c, lambda q, k, v, c=c: local_attention_banded(q, k, v, w, c)))
+    for c in args.chunks:
+        methods.append((f"chunked C={c}", "chunked", c, lambda q, k, v, c=c: local_attention_chunked(q, k, v, w, c)))
+    methods.append(("full", "full", 0, lambda q, k, v: local_attention_full(q, k, v, w)))
     for n in args.sizes:
         g = torch.Generator(device="cpu").manual_seed(args.seed + n)
         q, k, v, grad_out = (
@@ -185,49 +196,40 @@ def main(argv=None) -> int:
         )
         for t in (q, k, v):
             t.requires_grad_(True)
-        print(f"\nN={n}")
-        results = {}
+        print(f"\nN={n}   ({band_width(n, w)} scores per query needed)")
+        base = None
         est = full_peak_estimate(n, h, itemsize)
-        for name, fn in methods.items():
-            if name == "full" and est > args.max_full_gib * GIB:
+        for label, kind, c, fn in methods:
+            if kind == "full" and est > args.max_full_gib * GIB:
                 print(
-                    f"  full     skipped: estimated peak {fmt_bytes(est)} "
+                    f"  {label:<15} skipped: estimated peak {fmt_bytes(est)} "
                     f"(H*N^2*(4*{itemsize}+1) bytes) > --max-full-gib {args.max_full_gib:g}"
                 )
                 continue
-            r = results[name] = run_method(fn, q, k, v, grad_out, args.repeats, args.warmup)
-            model = score_model_bytes(n, h, itemsize, w, None if name == "full" else c)
+            r = run_method(fn, q, k, v, grad_out, args.repeats, args.warmup)
+            model = score_model_bytes(n, h, itemsize, w, kind, c)
             line = (
-                f"  {name:<8} fwd {r['fwd'] * 1e3:9.1f} ms   fwd+bwd {r['total'] * 1e3:9.1f} ms"
+                f"  {label:<15} fwd {r['fwd'] * 1e3:9.1f} ms   fwd+bwd {r['total'] * 1e3:9.1f} ms"
                 f"   saved {fmt_bytes(r['saved']):>10}  (score model {fmt_bytes(model)})"
             )
-            if name == "full":
-                line += f"   est. peak {fmt_bytes(est)}"
             if "cuda_peak" in r:
+                line += f"   cuda peak {fmt_bytes(r['cuda_peak'])} (+{fmt_bytes(r['cuda_extra'])} over inputs)"
+            if base is None:
+                base = r
+            else:
+                diff = max(
+                    (a - b).abs().max().item()
+                    for a, b in zip([r["out"], *r["grads"]], [base["out"], *base["grads"]])
+                )
                 line += (
-                    f"   cuda max_memory_allocated {fmt_bytes(r['cuda_peak'])}"
-                    f" (+{fmt_bytes(r['cuda_extra'])} over inputs)"
+                    f"\n  {'':<15} / banded: fwd+bwd {r['total'] / base['total']:.2f}x"
+                    f"   saved {r['saved'] / base['saved']:.2f}x   max |diff| {diff:.1e}"
                 )
+                if "cuda_peak" in r:
+                    line += f"   cuda peak {r['cuda_peak'] / base['cuda_peak']:.2f}x"
             print(line)
-        if len(results) == 2:
-            f, ch = results["full"], results["chunked"]
-            ratios = (
-                f"  full/chunked: fwd {f['fwd'] / ch['fwd']:.2f}x   "
-                f"fwd+bwd {f['total'] / ch['total']:.2f}x   saved {f['saved'] / ch['saved']:.2f}x"
-            )
-            if "cuda_peak" in f:
-                ratios += f"   cuda peak {f['cuda_peak'] / ch['cuda_peak']:.2f}x"
-            print(ratios)
-            diffs = [
-                (a - b).abs().max().item()
-                for a, b in zip([f["out"], *f["grads"]], [ch["out"], *ch["grads"]])
-            ]
-            print(
-                "  max |full - chunked|: out {:.2e}  dq {:.2e}  dk {:.2e}  dv {:.2e}".format(
-                    *diffs
-                )
-            )
-        del q, k, v, grad_out, results
+            del r
+        del q, k, v, grad_out, base
     return 0
 
 

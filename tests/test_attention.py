@@ -1,5 +1,7 @@
-"""Sliding-window attention: chunked (S3) equals full masked, the band semantics, and the
-saved-activation byte counter used to validate the memory model."""
+"""Sliding-window attention: the banded kernel (the default) and the chunked one equal
+full masked attention, alone and sharded over ranks (S5); the band semantics; saved
+bytes linear in N; and the saved-activation byte counter used to validate the memory
+model."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ampflow.model.attention import chunk_blocks, local_attention, local_attention_chunked, local_attention_full
+from ampflow.model.attention import (
+    band_offsets,
+    band_width,
+    chunk_blocks,
+    local_attention,
+    local_attention_banded,
+    local_attention_chunked,
+    local_attention_full,
+)
+from ampflow.parallel.collectives import group_sum
 from ampflow.train.memory import SavedTensorBytes, saved_activation_bytes
+from dist_helpers import run_world
 
 F64 = torch.float64
 
@@ -140,6 +152,10 @@ def test_full_matches_naive_per_query_loop(window):
     torch.testing.assert_close(
         local_attention_chunked(q, k, v, window, 4), ref, atol=1e-12, rtol=0
     )
+    for chunk in (None, 4):
+        torch.testing.assert_close(
+            local_attention_banded(q, k, v, window, chunk), ref, atol=1e-12, rtol=0
+        )
 
 
 def test_window_zero_returns_values_and_huge_window_is_full_attention():
@@ -147,6 +163,11 @@ def test_window_zero_returns_values_and_huge_window_is_full_attention():
     torch.testing.assert_close(local_attention_chunked(q, k, v, 0, 7), v, atol=1e-15, rtol=0)
     plain = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1) @ v
     torch.testing.assert_close(local_attention_chunked(q, k, v, 10**9, 7), plain)
+    torch.testing.assert_close(local_attention_banded(q, k, v, 0, 7), v, atol=1e-15, rtol=0)
+    torch.testing.assert_close(local_attention_banded(q, k, v, 0), v, atol=1e-15, rtol=0)
+    # a huge window is clipped to N - 1 (2N - 1 scores per query), not 2 * 10**9 + 1
+    torch.testing.assert_close(local_attention_banded(q, k, v, 10**9, 7), plain)
+    torch.testing.assert_close(local_attention_banded(q, k, v, 10**9), plain)
 
 
 def test_scale_argument_and_dispatch():
@@ -155,10 +176,13 @@ def test_scale_argument_and_dispatch():
     ref = local_attention_full(q * (0.25 / 0.5), k, v, 6)
     torch.testing.assert_close(local_attention_full(q, k, v, 6, scale=0.25), ref)
     torch.testing.assert_close(local_attention_chunked(q, k, v, 6, 5, scale=0.25), ref)
+    torch.testing.assert_close(local_attention_banded(q, k, v, 6, 5, scale=0.25), ref)
+    # the model's entry point: full masked without a chunk, the chunked kernel (S3) with one
     full = local_attention_full(q, k, v, 6)
     assert torch.equal(local_attention(q, k, v, 6), full)
     assert torch.equal(local_attention(q, k, v, 6, chunk=0), full)
-    torch.testing.assert_close(local_attention(q, k, v, 6, chunk=8), full)
+    assert torch.equal(local_attention(q, k, v, 6, chunk=8), local_attention_chunked(q, k, v, 6, 8))
+    torch.testing.assert_close(local_attention(q, k, v, 6, chunk=8), local_attention_full(q, k, v, 6))
 
 
 def test_leading_dims_and_float32():
@@ -291,3 +315,177 @@ def test_saved_bytes_sparse_tensor():
     with SavedTensorBytes() as s:
         torch.sparse.mm(adj, h * 1.0)
     assert s.nbytes >= 3 * 8 + 2 * 3 * 8  # values + int64 indices of adj are counted
+
+
+# ----------------------------------------------------------------- banded kernel
+BANDED_CASES = [
+    # (N, window, chunk, heads, Dk, Dv); primes for N, chunk and window where it matters
+    (101, 5, None, 2, 8, 4),  # one block
+    (101, 5, 16, 2, 8, 4),  # N not a multiple of C
+    (257, 17, 64, 1, 5, 7),  # one-row last chunk
+    (97, 13, 7, 2, 6, 6),  # w > C, all prime
+    (53, 61, 7, 3, 4, 3),  # w >= N
+    (53, 61, None, 3, 4, 3),  # w >= N, one block
+    (53, 52, 11, 1, 4, 3),  # w = N - 1: plain full attention
+    (41, 3, 64, 2, 3, 5),  # C >= N
+    (127, 0, 16, 2, 8, 8),  # w = 0
+    (127, 0, None, 1, 3, 2),  # w = 0, one block
+    (1, 0, 1, 1, 1, 1),  # N = 1
+    (1, 10, None, 2, 3, 2),  # N = 1, w larger
+    (2, 1, 1, 1, 2, 2),  # N = 2
+    (67, 1, 1, 2, 4, 4),  # C = 1
+    (89, 2, 3, 2, 4, 4),  # C = w + 1
+]
+
+
+def _banded_random_cases(count=20, seed=4321):
+    rng = random.Random(seed)
+    return [
+        (rng.randint(1, 300), rng.randint(0, 80), rng.choice([None, rng.randint(1, 120)]),
+         rng.randint(1, 3), rng.randint(1, 16), rng.randint(1, 16))
+        for _ in range(count)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("n,window,chunk,heads,dk,dv", BANDED_CASES + _banded_random_cases(), ids=str)
+def test_banded_equals_full_forward_and_gradients(n, window, chunk, heads, dk, dv):
+    q, k, v, grad_out = _inputs(n, heads, dk, dv, seed=n * 1000 + window + 7)
+    full = _out_and_grads(lambda *a: local_attention_full(*a, window), q, k, v, grad_out)
+    banded = _out_and_grads(lambda *a: local_attention_banded(*a, window, chunk), q, k, v, grad_out)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), full, banded):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(b, a, atol=1e-10, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize(
+    "n,window,chunk", [(11, 2, 3), (11, 2, None), (7, 0, 2), (5, 9, 2), (8, 3, 1), (9, 8, 4)]
+)
+def test_banded_gradcheck(n, window, chunk):
+    # Forward and backward are written by hand: check them against finite differences.
+    q, k, v, _ = _inputs(n, 2, 3, 2, seed=n + window)
+    assert torch.autograd.gradcheck(
+        lambda a, b, c: local_attention_banded(a, b, c, window, chunk), (q, k, v)
+    )
+
+
+def test_banded_broadcast_leading_dims_and_partial_grads():
+    g = torch.Generator().manual_seed(4)
+    n, w, c = 47, 6, 8
+    q = torch.randn(2, 3, n, 5, generator=g, dtype=F64, requires_grad=True)
+    k = torch.randn(3, n, 5, generator=g, dtype=F64, requires_grad=True)
+    v = torch.randn(1, 1, n, 4, generator=g, dtype=F64, requires_grad=True)
+    grad_out = torch.randn(2, 3, n, 4, generator=g, dtype=F64)
+    full = _out_and_grads(lambda *a: local_attention_full(*a, w), q, k, v, grad_out)
+    for chunk in (None, c):
+        banded = _out_and_grads(lambda *a: local_attention_banded(*a, w, chunk), q, k, v, grad_out)
+        for a, b in zip(full, banded):
+            assert a.shape == b.shape
+            torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
+    # Only some inputs need a gradient; a transposed (non-contiguous) input.
+    qt = torch.randn(n, 3, 5, generator=g, dtype=F64).transpose(0, 1)
+    for wants in ("q", "k", "v"):
+        ins = {"q": qt.clone(), "k": k.detach().clone(), "v": v.detach().clone()}
+        ins[wants].requires_grad_(True)
+        out_f = local_attention_full(ins["q"], ins["k"], ins["v"], w)
+        (ref,) = torch.autograd.grad(out_f, ins[wants], grad_out[:1])
+        out_b = local_attention_banded(ins["q"], ins["k"], ins["v"], w, c)
+        (got,) = torch.autograd.grad(out_b, ins[wants], grad_out[:1])
+        torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+
+
+def test_banded_float32():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 71, 8, generator=g) for _ in range(3))
+    out = local_attention_banded(q, k, v, 9, 16)
+    assert out.shape == (2, 3, 71, 8) and out.dtype == torch.float32
+    torch.testing.assert_close(out, local_attention_full(q, k, v, 9), atol=1e-5, rtol=1e-5)
+
+
+def test_band_offsets_cover_exactly_the_window():
+    for n, w, c in [(10, 3, 4), (7, 20, 3), (5, 0, 9), (1, 0, 1), (13, 4, 13)]:
+        assert band_width(n, w) == 2 * min(w, n - 1) + 1
+        pairs = set()
+        for s in range(0, n, c):
+            e = min(n, s + c)
+            for o, d, lo, hi in band_offsets(s, e, n, w):
+                assert s <= lo < hi <= e and o - d == (band_width(n, w) - 1) // 2
+                pairs |= {(i, i + d) for i in range(lo, hi)}
+        assert pairs == {(i, j) for i in range(n) for j in range(n) if abs(i - j) <= w}
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(window=-1, chunk=4), "window"),
+        (dict(window=2.5, chunk=4), "window"),
+        (dict(window=2, chunk=-3), "chunk"),
+        (dict(window=2, chunk=1.5), "chunk"),
+    ],
+)
+def test_banded_invalid_arguments(kwargs, match):
+    q, k, v, _ = _inputs(10, 1, 2, 2, seed=0, requires_grad=False)
+    with pytest.raises(ValueError, match=match):
+        local_attention_banded(q, k, v, **kwargs)
+
+
+def test_banded_never_builds_anything_n_by_window_by_d():
+    n, w, c, heads, d = 600, 10, 32, 2, 4
+    q, k, v, grad_out = _inputs(n, heads, d, d, seed=1, dtype=torch.float32)
+    for chunk in (None, c):
+        with _LargestOutput() as seen:
+            local_attention_banded(q, k, v, w, chunk).backward(grad_out)
+        # nothing beyond one (H, N, D) tensor or the (H, N, 2w + 1) probabilities: no
+        # gathered (N, 2w + 1, D) window, no N x N
+        assert seen.largest <= max(heads * n * d, heads * n * (2 * w + 1))
+
+
+@pytest.mark.parametrize("chunk", [None, 128, 37])
+def test_banded_saved_bytes_are_linear_in_n_and_match_the_formula(chunk):
+    w, d, heads = 8, 16, 4
+    measured = {}
+    for n in (1500, 3000, 6000):
+        q, k, v, _ = _inputs(n, heads, d, d, seed=n, dtype=torch.float32)
+        measured[n] = saved_activation_bytes(local_attention_banded, q, k, v, w, chunk)
+        # the scaled q (H N Dk fp32) and the (H, N, 2w + 1) fp32 probabilities; k and v
+        # are the inputs (not counted); no mask
+        assert measured[n] == 4 * heads * n * d + 4 * heads * n * (2 * w + 1)
+    assert measured[3000] == 2 * measured[1500] and measured[6000] == 2 * measured[3000]
+
+
+def test_saved_bytes_banded_below_chunked_below_full():
+    n, w, c, d, heads = 2048, 32, 128, 16, 2
+    q, k, v, _ = _inputs(n, heads, d, d, seed=2, dtype=torch.float32)
+    full = saved_activation_bytes(local_attention_full, q, k, v, w)
+    chunked = saved_activation_bytes(local_attention_chunked, q, k, v, w, c)
+    banded = saved_activation_bytes(local_attention_banded, q, k, v, w, c)
+    assert banded == 4 * heads * n * d + 4 * heads * n * (2 * w + 1)
+    # the probabilities alone: (C + 2w) / (2w + 1) fewer than chunked, N / (2w + 1) than full
+    probs = banded - 4 * heads * n * d
+    assert (chunked - 4 * heads * n * d) / probs > (c + 2 * w) / (2 * w + 1) * 0.9
+    assert full > chunked > banded
+
+
+def _sharded_banded_worker(rank, world, n, window, chunk, heads, dk, dv):
+    """Each rank holds an equal slice of Dk and Dv (as S5 splits every head) and sums
+    its partial scores over the group before the softmax, with the global scale."""
+    q, k, v, grad_out = _inputs(n, heads, dk, dv, seed=99)
+    sk, sv = slice(rank * dk // world, (rank + 1) * dk // world), slice(rank * dv // world, (rank + 1) * dv // world)
+    ql, kl, vl = (t.detach()[..., sl].clone().requires_grad_(True) for t, sl in ((q, sk), (k, sk), (v, sv)))
+    group = torch.distributed.group.WORLD
+    out = local_attention_banded(ql, kl, vl, window, chunk, 1 / math.sqrt(dk), lambda t: group_sum(t, group))
+    grads = torch.autograd.grad(out, (ql, kl, vl), grad_out[..., sv])
+    return {"sk": sk, "sv": sv, "out": out.detach(), "grads": grads}
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world,n,window,chunk", [(2, 53, 5, 7), (2, 29, 40, None), (4, 61, 3, None)])
+def test_sharded_banded_equals_full(tmp_path, world, n, window, chunk):
+    heads, dk, dv = 2, 8, 12
+    results = run_world(_sharded_banded_worker, world, tmp_path, n, window, chunk, heads, dk, dv)
+    q, k, v, grad_out = _inputs(n, heads, dk, dv, seed=99)
+    out, dq, dk_, dv_ = _out_and_grads(lambda *a: local_attention_full(*a, window), q, k, v, grad_out)
+    for r in results:
+        sk, sv = r["sk"], r["sv"]
+        torch.testing.assert_close(r["out"], out[..., sv], atol=1e-10, rtol=0)
+        for got, ref in zip(r["grads"], (dq[..., sk], dk_[..., sk], dv_[..., sv])):
+            torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)

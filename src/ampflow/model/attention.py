@@ -1,22 +1,29 @@
 """Exact sliding-window (local) attention for the stratified Hi-C decoder.
 
 Each query ``i`` attends to the keys ``j`` with ``|i - j| <= window`` (non-causal, both
-sides). Two evaluations of the same math are provided:
+sides). Three evaluations of the same math are provided:
 
+* :func:`local_attention_banded`: each query scores only its own ``2w + 1`` window, one
+  diagonal offset ``j - i`` at a time, so work and saved activations are
+  ``O(N * (2w + 1))`` per head (plus the ``O(N * D)`` inputs), whatever ``N``. Optional
+  query chunks bound its transient score block to ``O(chunk * (2w + 1))``. Forward and
+  backward are written by hand. Exact, tested, not yet what the model runs: with it a
+  chunk no longer lowers held memory, so the plan's choice of S3 and of the chunk has to
+  change with it (by speed, not by "largest that fits").
 * :func:`local_attention_full` materialises the whole ``(..., N, N)`` score matrix and
-  masks it. It is the reference, and the memory problem: its saved activations grow as
-  ``N**2``.
-* :func:`local_attention_chunked` is strategy S3 (``chunked_attention``): queries are
+  masks it. It is the reference in the tests, and the memory problem: its saved
+  activations grow as ``N**2``. The model runs it without a chunk.
+* :func:`local_attention_chunked` is strategy S3 as the model runs it: queries are
   processed in chunks ``[s, e)`` of ``chunk`` rows against the keys
   ``[max(0, s - window), min(N, e + window))`` only, the only keys any query of the chunk
-  can see. Each query's softmax depends only on its window, so the result equals the full
-  one up to floating-point summation order, while scores and saved activations are
-  ``O(N * (chunk + 2 * window))``. Its backward is written by hand so that it stays
-  linear in ``N`` (plain autograd through the chunk slices is not).
+  can see, with the band masked inside each block. Scores and saved activations are
+  ``O(N * (chunk + 2 * window))``: it computes ``chunk + 2w`` scores per query where
+  ``2w + 1`` are needed.
 
-:func:`local_attention` dispatches between the two. ``scale`` is an explicit argument
-because under hidden parallelism (S5) each rank holds a slice of ``Dk`` and must use the
-scale of the global ``Dk``.
+``scale`` is an explicit argument because under hidden parallelism (S5) each rank holds
+a slice of ``Dk`` and must use the scale of the global ``Dk``; the banded and chunked
+kernels also take a ``combine`` hook that sums each block's partial scores over the
+ranks before the softmax.
 
 :class:`SavedTensorBytes` / :func:`saved_activation_bytes` measure the bytes an autograd
 graph keeps for backward, on any device, which is how the memory model (DESIGN §4) is
@@ -36,7 +43,10 @@ from torch import Tensor
 
 __all__ = [
     "chunk_blocks",
+    "band_offsets",
+    "band_width",
     "local_attention",
+    "local_attention_banded",
     "local_attention_full",
     "local_attention_chunked",
 ]
@@ -284,6 +294,186 @@ def local_attention_chunked(
     return _ChunkedLocalAttention.apply(q_s, k, v, window, chunk, combine)
 
 
+def band_width(n: int, window: int) -> int:
+    """Scores per query of the banded kernel: ``2 * min(window, n - 1) + 1``.
+
+    A window beyond ``n - 1`` adds only offsets no query can reach, so it is clipped
+    (``window = 10**9`` is plain full attention at ``2n - 1`` scores per query, not
+    ``2 * 10**9 + 1``). ``n = 0`` gives 1.
+    """
+    return 2 * min(int(window), max(int(n) - 1, 0)) + 1
+
+
+def band_offsets(s: int, e: int, n: int, window: int) -> Iterator[tuple[int, int, int, int]]:
+    """The diagonals of the band seen by query rows ``[s, e)``.
+
+    Yields
+    ------
+    o, d, lo, hi : int
+        Column ``o`` of the ``(.., N, band_width)`` score layout is the key offset
+        ``d = j - i = o - w`` (``w`` clipped as in :func:`band_width`); the queries
+        ``i`` in ``[lo, hi)`` (a subrange of ``[s, e)``) are those whose key ``i + d``
+        exists. Offsets that no query of ``[s, e)`` reaches are skipped; the other rows
+        of column ``o`` are outside ``[0, N)`` and get probability 0.
+    """
+    w = (band_width(n, window) - 1) // 2
+    for o in range(2 * w + 1):
+        d = o - w
+        lo, hi = max(s, -d), min(e, n - d)
+        if lo < hi:
+            yield o, d, lo, hi
+
+
+class _BandedLocalAttention(torch.autograd.Function):
+    """Banded attention with a hand-written forward and backward.
+
+    Scores live in a ``(..., N, 2w + 1)`` layout: column ``o`` holds ``q_i . k_{i+o-w}``.
+    Each column is one elementwise product of a slice of the queries with the keys
+    shifted by ``o - w`` and a sum over ``Dk``, so nothing ``(N, 2w + 1, D)`` (a gathered
+    window) is ever built: the largest transients are one ``(..., rows, Dk)`` product
+    and the ``(..., rows, 2w + 1)`` score block of a query chunk. The weighted sum of
+    values and every gradient are in-place ``addcmul_`` over the same shifted slices,
+    so the backward needs no scatter and no gradient buffer beyond the ``(..., N, D)``
+    results. Saved for backward: the scaled queries, keys, values and the
+    ``(..., N, 2w + 1)`` probabilities, no mask (out-of-range keys have probability
+    exactly 0, so their gradient vanishes by itself). Inputs must share their leading
+    dims.
+    """
+
+    @staticmethod
+    def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int, combine=None) -> Tensor:
+        n = q_s.shape[-2]
+        width = band_width(n, window)
+        lead = q_s.shape[:-2]
+        out = q_s.new_zeros(*lead, n, v.shape[-1])
+        probs = q_s.new_empty(*lead, n, width)
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            offsets = list(band_offsets(s, e, n, window))
+            # Zeros, not -inf, before ``combine``: the ranks' partial sums must add up.
+            scores = q_s.new_zeros(*lead, e - s, width)
+            for o, d, lo, hi in offsets:
+                prod = q_s[..., lo:hi, :] * k[..., lo + d : hi + d, :]
+                scores[..., lo - s : hi - s, o] = prod.sum(dim=-1)
+            if combine is not None:
+                scores = combine(scores)
+            # Rows of a column whose key lies outside [0, N): masked after the combine.
+            reached = {o for o, *_ in offsets}
+            for o in range(width):
+                if o not in reached:
+                    scores[..., o] = float("-inf")
+            for o, d, lo, hi in offsets:
+                scores[..., : lo - s, o] = float("-inf")
+                scores[..., hi - s :, o] = float("-inf")
+            p = torch.softmax(scores, dim=-1)
+            probs[..., s:e, :] = p
+            for o, d, lo, hi in offsets:
+                out[..., lo:hi, :].addcmul_(p[..., lo - s : hi - s, o : o + 1], v[..., lo + d : hi + d, :])
+        ctx.window, ctx.chunk, ctx.combine = window, chunk, combine
+        ctx.save_for_backward(q_s, k, v, probs)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        q_s, k, v, probs = ctx.saved_tensors
+        n, width = probs.shape[-2:]
+        lead = probs.shape[:-2]
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        # new_*(shape) rather than *_like: inputs may be expanded (stride-0) views, and
+        # the gradient buffers must be dense.
+        dq = q_s.new_zeros(q_s.shape) if need_q else None
+        dk = k.new_zeros(k.shape) if need_k else None
+        dv = v.new_zeros(v.shape) if need_v else None
+        for s in range(0, n, ctx.chunk):
+            e = min(n, s + ctx.chunk)
+            offsets = list(band_offsets(s, e, n, ctx.window))
+            p = probs[..., s:e, :]
+            if need_v:
+                for o, d, lo, hi in offsets:
+                    dv[..., lo + d : hi + d, :].addcmul_(p[..., lo - s : hi - s, o : o + 1], grad_out[..., lo:hi, :])
+            if not (need_q or need_k):
+                continue
+            # dL/dp; columns and rows outside the band stay 0 (their p is 0 anyway)
+            dp = grad_out.new_zeros(*lead, e - s, width)
+            for o, d, lo, hi in offsets:
+                dp[..., lo - s : hi - s, o] = (grad_out[..., lo:hi, :] * v[..., lo + d : hi + d, :]).sum(dim=-1)
+            if ctx.combine is not None:  # dL/dp sums over every rank's value channels
+                dp = ctx.combine(dp)
+            # softmax backward: p * (dp - sum_j p_j dp_j)
+            ds = dp.sub_((dp * p).sum(dim=-1, keepdim=True)).mul_(p)
+            for o, d, lo, hi in offsets:
+                col = ds[..., lo - s : hi - s, o : o + 1]
+                if need_q:
+                    dq[..., lo:hi, :].addcmul_(col, k[..., lo + d : hi + d, :])
+                if need_k:
+                    dk[..., lo + d : hi + d, :].addcmul_(col, q_s[..., lo:hi, :])
+        return dq, dk, dv, None, None, None
+
+
+def local_attention_banded(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    window: int,
+    chunk: int | None = None,
+    scale: float | None = None,
+    combine: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """Exact sliding-window attention over each query's own window (the default kernel).
+
+    Query ``i`` is scored against keys ``i - w .. i + w`` only (``2w + 1`` scores, fewer
+    at the ends, whose missing keys get probability 0), so work is
+    ``O(N * (2w + 1) * D)`` and the activations saved for backward are the scaled
+    queries plus ``(..., N, 2w + 1)`` probabilities: linear in ``N`` and independent of
+    ``chunk``. Same result as :func:`local_attention_full` up to summation order. The
+    backward is written by hand (see :class:`_BandedLocalAttention`); it is once
+    differentiable (no double backward).
+
+    Parameters
+    ----------
+    q : Tensor
+        ``(..., N, Dk)`` queries; leading dims (batch, heads) broadcast as in ``matmul``.
+    k : Tensor
+        ``(..., N, Dk)`` keys.
+    v : Tensor
+        ``(..., N, Dv)`` values.
+    window : int
+        Half-width ``w >= 0`` of the window, as in :func:`local_attention_full`;
+        ``w >= N`` is clipped to ``N - 1`` (see :func:`band_width`).
+    chunk : int, optional
+        Strategy S3: query rows per block, ``C >= 1``; each block builds a
+        ``(..., C, 2w + 1)`` score block instead of one for all ``N`` rows. ``None``
+        or ``0``: one block. Saved bytes do not depend on it.
+    scale : float, optional
+        Multiplier of the dot products; default ``1 / sqrt(Dk)``.
+    combine : callable, optional
+        For callers that hold a slice of ``Dk`` and ``Dv`` (hidden parallelism, S5):
+        applied to each block's partial ``(..., rows, 2w + 1)`` scores before the
+        softmax, and in backward to the gradient of its probabilities (partial over the
+        ``Dv`` slices). A sum over the ranks' slices serves both; every rank must walk
+        the same blocks (same ``N``, ``window`` and ``chunk``). None: the plain
+        computation.
+
+    Returns
+    -------
+    Tensor
+        ``(..., N, Dv)``.
+    """
+    n = _check_inputs(q, k, v, window)
+    if chunk is not None and (int(chunk) != chunk or chunk < 0):
+        raise ValueError(f"chunk must be a non-negative integer or None, got {chunk!r}")
+    window = int(window)
+    if n == 0:
+        return local_attention_full(q, k, v, window, scale)
+    chunk = int(chunk) if chunk else n
+    q_s = q * _default_scale(q, scale)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    # expand() is a view; its backward sums the gradient back to each input's shape.
+    q_s, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q_s, k, v))
+    return _BandedLocalAttention.apply(q_s, k, v, window, chunk, combine)
+
+
 def local_attention(
     q: Tensor,
     k: Tensor,
@@ -292,7 +482,9 @@ def local_attention(
     chunk: int | None = None,
     scale: float | None = None,
 ) -> Tensor:
-    """Sliding-window attention, full or chunked.
+    """Sliding-window attention as the model runs it, full or chunked. (The banded kernel,
+    :func:`local_attention_banded`, is exact too and is to become the default once the plan
+    chooses chunks for speed: with it a chunk bounds only the transient score block.)
 
     Parameters
     ----------
