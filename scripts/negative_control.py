@@ -298,7 +298,6 @@ def run_workflow(work: Path, settings: Settings, log=print) -> None:
 def summarise(work: Path, settings: Settings) -> Result:
     """The figures of the table from ``scores.json``, ``embeddings.h5ad`` and the QC table."""
     import anndata as ad
-    import numpy as np
     import pandas as pd
     from scipy.stats import spearmanr
 

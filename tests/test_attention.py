@@ -111,15 +111,19 @@ def test_chunked_broadcast_leading_dims_and_partial_grads():
     for a, b in zip(full, chunked):
         assert a.shape == b.shape
         torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
-    # Only some inputs need a gradient; a transposed (non-contiguous) input.
+    _one_input_grads_match(lambda *x: local_attention_chunked(*x, w, c), n, w, k, v, grad_out, g)
+
+
+def _one_input_grads_match(kernel, n, w, k, v, grad_out, g):
+    """Only one of q, k, v needs a gradient, q is a transposed (non-contiguous) input:
+    ``kernel(q, k, v)``'s gradient equals full masked attention's (fp64, 1e-10)."""
     qt = torch.randn(n, 3, 5, generator=g, dtype=F64).transpose(0, 1)
     for wants in ("q", "k", "v"):
         ins = {"q": qt.clone(), "k": k.detach().clone(), "v": v.detach().clone()}
         ins[wants].requires_grad_(True)
         out_f = local_attention_full(ins["q"], ins["k"], ins["v"], w)
         (ref,) = torch.autograd.grad(out_f, ins[wants], grad_out[:1])
-        out_c = local_attention_chunked(ins["q"], ins["k"], ins["v"], w, c)
-        (got,) = torch.autograd.grad(out_c, ins[wants], grad_out[:1])
+        (got,) = torch.autograd.grad(kernel(ins["q"], ins["k"], ins["v"]), ins[wants], grad_out[:1])
         torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
 
 
@@ -380,16 +384,7 @@ def test_banded_broadcast_leading_dims_and_partial_grads():
         for a, b in zip(full, banded):
             assert a.shape == b.shape
             torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
-    # Only some inputs need a gradient; a transposed (non-contiguous) input.
-    qt = torch.randn(n, 3, 5, generator=g, dtype=F64).transpose(0, 1)
-    for wants in ("q", "k", "v"):
-        ins = {"q": qt.clone(), "k": k.detach().clone(), "v": v.detach().clone()}
-        ins[wants].requires_grad_(True)
-        out_f = local_attention_full(ins["q"], ins["k"], ins["v"], w)
-        (ref,) = torch.autograd.grad(out_f, ins[wants], grad_out[:1])
-        out_b = local_attention_banded(ins["q"], ins["k"], ins["v"], w, c)
-        (got,) = torch.autograd.grad(out_b, ins[wants], grad_out[:1])
-        torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+    _one_input_grads_match(lambda *x: local_attention_banded(*x, w, c), n, w, k, v, grad_out, g)
 
 
 def test_banded_float32():

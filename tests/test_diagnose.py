@@ -69,19 +69,35 @@ def plan(p, devices, mem_gib, **kw) -> dict:
     return typed_plan(p, devices, mem_gib, **kw).to_dict()
 
 
-def expected(high_input, attention, heavy, devices, over):
+def expected(high_input, attention, heavy, devices, over, tp):
+    """DESIGN §4's table; the strategies that shard over the tp group only with tp >= 2."""
     names = []
     if devices > 1:
         names.append("data_parallel")
-        if high_input:
+        if high_input and tp >= 2:
             names.append("feature_parallel")
     if attention:
         names.append("chunked_attention")
     if high_input:
         names.append("key_first_decode")
-    if devices > 1 and heavy and over:
+    if devices > 1 and heavy and over and tp >= 2:
         names.append("hidden_parallel")
     return names
+
+
+def assert_says_what_it_does(out: dict) -> None:
+    """The plan's own referees: a strategy sharding over tp is listed if and only if the
+    mesh has tp >= 2, and a plan that fits recommends the devices its mesh uses."""
+    tp_names = {"feature_parallel", "hidden_parallel"}
+    names = {s["name"] for s in out["strategies"]}
+    assert bool(names & tp_names) == (out["mesh"]["tp"] >= 2), (names, out["mesh"])
+    world = out["mesh"]["dp"] * out["mesh"]["tp"]
+    if out["fits"]:
+        assert out["recommended_devices"] == world
+        assert out["min_fitting_devices"] <= world
+    else:
+        assert out["recommended_devices"] is None or out["recommended_devices"] > world
+        assert out["recommended_devices"] == out["min_fitting_devices"]
 
 
 @pytest.mark.parametrize("devices", [1, 2, 4, 8])
@@ -97,8 +113,9 @@ def test_signals_times_devices_map_as_the_table_says(devices, high_input, attent
     without = tuple(n for n in names if n != "hidden_parallel")
     chunks = dg._chunk_candidates(4096) if attention else [0]
     over = all(toy_estimate(p, without, devices, 1, c).total > mem_gib * GIB for c in chunks)
-    assert names == expected(high_input, attention, heavy, devices, over)
+    assert names == expected(high_input, attention, heavy, devices, over, out["mesh"]["tp"])
     assert out["mesh"]["dp"] * out["mesh"]["tp"] == devices
+    assert_says_what_it_does(out)
     assert out["key_first"] == high_input
 
 
@@ -178,3 +195,98 @@ def test_explain_prints_a_table():
     text = dg.explain(typed_plan(make_profile(True, True, True), 4, 9.0))
     for word in ("mesh", "strategies", "chunk size", "predicted peak", "RAISED", "HIGH_INPUT_DIMENSIONALITY", "why"):
         assert word in text
+
+
+# ------------------------------------------------------------------ a plan says what it does
+def feature_estimate(profile, names, dp, tp, chunk):
+    """A toy model where S2 matters beyond dp: 4 GiB of per-feature state that only
+    feature sharding divides, and 1 GiB of activations that the batch split divides."""
+    features = 4 * GIB / (tp if "feature_parallel" in names else 1)
+    return Est(features + GIB / dp, features + GIB / dp, 0)
+
+
+@pytest.mark.parametrize("mem_gib, tp", [(64.0, 1), (6.0, 1), (3.0, 2), (1.5, 4)])
+def test_feature_parallel_only_when_the_mesh_shards(mem_gib, tp):
+    p = make_profile(True, False, False)
+    out = dg.diagnose(p, 8, int(mem_gib * GIB), 1.0, estimate=feature_estimate).to_dict()
+    assert out["signals"]["HIGH_INPUT_DIMENSIONALITY"]["raised"]
+    assert out["fits"] and out["mesh"] == {"dp": 8 // tp, "tp": tp}
+    names = [s["name"] for s in out["strategies"]]
+    assert ("feature_parallel" in names) == (tp >= 2)
+    assert_says_what_it_does(out)
+    # the peak is the one of the strategies listed, on the mesh listed
+    assert out["predicted_peak_bytes"] == int(feature_estimate(p, names, 8 // tp, tp, 0).total)
+    not_taken = [r for r in out["reasons"] if r.startswith("S2 feature_parallel not taken")]
+    assert len(not_taken) == (tp == 1)
+
+
+def test_real_model_at_tp_1_lists_no_sharding():
+    """The analytic memory model: a high-dimensional Hi-C on 8 roomy devices trains as
+    8 data-parallel groups, and the plan lists no feature sharding."""
+    p = make_profile(True, True, False)
+    out = dg.diagnose(p, 8, 80 * GIB, 0.9).to_dict()
+    assert out["mesh"] == {"dp": 8, "tp": 1} and out["fits"]
+    assert "feature_parallel" not in [s["name"] for s in out["strategies"]]
+    assert any(r.startswith("S2 feature_parallel not taken") for r in out["reasons"])
+    assert_says_what_it_does(out)
+
+
+def test_hidden_parallel_without_a_usable_tp_is_not_listed():
+    """S5's signal and budget call for it, but D / heads = 3 divides by no tp of 2
+    devices: the plan stays at tp 1, lists no S5, does not fit, and says why."""
+    p = make_profile(False, True, True)
+    p["model"] = {"latent_dim": 12, "heads": 4}
+    out = plan(p, 2, 1.0)
+    assert out["mesh"] == {"dp": 2, "tp": 1} and not out["fits"]
+    assert "hidden_parallel" not in [s["name"] for s in out["strategies"]]
+    assert any(r.startswith("S5 hidden_parallel not taken") and "no tensor-parallel degree" in r for r in out["reasons"])
+    assert_says_what_it_does(out)
+
+
+@pytest.mark.parametrize("devices", [2, 6, 8])
+def test_recommended_devices_are_the_mesh_when_it_fits(devices):
+    out = plan(make_profile(True, True, True), devices, 64)
+    assert out["fits"] and out["recommended_devices"] == out["mesh"]["dp"] * out["mesh"]["tp"] == devices
+    assert out["min_fitting_devices"] == 1  # the fewest: the plan fits on one device too
+    assert plan(make_profile(True, True, True), 1, 64)["fits"]
+    assert_says_what_it_does(out)
+    text = dg.explain(Plan.from_dict(out))
+    assert f"recommended devices  {devices} (the devices this mesh uses" in text and "fewest that fit: 1" in text
+
+
+def test_recommended_devices_when_the_plan_does_not_fit():
+    out = plan(make_profile(True, True, True), 1, 2.5)
+    assert not out["fits"]
+    rec = out["recommended_devices"]
+    assert rec == out["min_fitting_devices"] > 1
+    assert_says_what_it_does(out)
+    again = plan(make_profile(True, True, True), rec, 2.5)  # planned on them, it fits and keeps them
+    assert again["fits"] and again["recommended_devices"] == again["mesh"]["dp"] * again["mesh"]["tp"] == rec
+    assert not plan(make_profile(True, True, True), rec // 2, 2.5)["fits"]  # and none fewer does
+    assert "the fewest that fit; this mesh, for 1, does not" in dg.explain(typed_plan(make_profile(True, True, True), 1, 2.5))
+
+
+@pytest.mark.parametrize("devices", [1, 3, 8])
+def test_peak_scope_names_what_the_peak_leaves_out(devices):
+    p = make_profile(True, True, False)
+    p["train"] = {"batch_size": 64, "dtype": "float32"}
+    pl = dg.diagnose(p, devices, 80 * GIB, 0.9)
+    scope = pl.to_dict()["peak_scope"]
+    assert "parameters" in scope["counts"]
+    out = scope["leaves_out"]
+    dp = pl.mesh.dp
+    assert out["data_batch_bytes"] == -(-64 // dp) * (2000 + 40_000) * 4
+    assert set(out["transient_bytes"]) == {"decode_scores", "attention_scores"} and out["transient_bytes"]["attention_scores"] > 0
+    assert any("CUDA" in x for x in out["not_modelled"]) and any("fragmentation" in x for x in out["not_modelled"])
+    text = dg.explain(pl)
+    assert "leaves out" in text and "the data batch" in text
+    # canonical: identical inputs, identical bytes, and the scope survives a round trip
+    assert pl.dumps() == dg.diagnose(p, devices, 80 * GIB, 0.9).dumps()
+    assert Plan.from_dict(json.loads(pl.dumps())) == pl
+
+
+def test_batch_bytes_follow_the_dtype():
+    p = make_profile(False, False, False)
+    p["train"] = {"batch_size": 10, "dtype": "float64"}
+    assert dg.data_batch_bytes(p, 1) == 10 * (2000 + 4000) * 8
+    assert dg.data_batch_bytes(p, 4) == 3 * (2000 + 4000) * 8

@@ -303,11 +303,12 @@ def test_profile_adapters():
         "train": {"batch_size": 32, "dtype": "float32", "optimizer": "adam"},
     }
     est = estimate_for_profile(profile, ("chunked_attention", "key_first_decode"), 1, 1, 32)
-    assert est == predict(_spec(4), chunk=32, key_first=True)
-    assert estimate_for_profile(profile, ("chunked_attention",), 1, 1, 0) == predict(_spec(4))
+    # the model config's default private_dim: a quarter of latent_dim 16, so 12 aligned dims
+    assert est == predict(_spec(4, shared=12), chunk=32, key_first=True)
+    assert estimate_for_profile(profile, ("chunked_attention",), 1, 1, 0) == predict(_spec(4, shared=12))
     mem = profile_memory(profile)
     json.dumps(mem)
-    assert mem["total_bytes"] == predict(_spec(4)).total
+    assert mem["total_bytes"] == predict(_spec(4, shared=12)).total
     assert mem["M_base_bytes"] + sum(mem["strata_bytes"]) == mem["total_bytes"]
 
 

@@ -126,6 +126,28 @@ def _tp_worker(rank, world, cases):
     return out
 
 
+def assert_rank_matches(got: dict, ref: dict, dtype, tag: str, close=None) -> None:
+    """One rank's loss terms, gradients and parameters after one Adam step equal the
+    single-process reference's (each parameter's slice where the rank holds a shard);
+    terms and gradients compared by ``close`` (default this module's tolerances)."""
+    close = close or _assert_close
+    shards = got["shards"]
+
+    def local(n, full):
+        return shards[n].take(full) if n in shards else full
+
+    assert got["terms"].keys() == ref["terms"].keys()
+    for k in ref["terms"]:
+        close(got["terms"][k], ref["terms"][k], dtype, f"{tag} term {k}")
+    assert got["grads"].keys() == ref["grads"].keys()
+    for n in ref["grads"]:
+        close(got["grads"][n], local(n, ref["grads"][n]), dtype, f"{tag} grad {n}")
+    for n in ref["params"]:
+        tol = _adam_tolerance(local(n, ref["grads"][n]), dtype)
+        err = (got["params"][n] - local(n, ref["params"][n])).abs()
+        assert bool((err <= tol).all()), f"{tag} param {n}: max error {float(err.max())}"
+
+
 def _check(world, results, cases):
     for name, config, dtype in cases:
         _, dp, _ = SETS[name](world)
@@ -133,21 +155,9 @@ def _check(world, results, cases):
         for rank, res in enumerate(results):
             got = res[(name, config, dtype)]
             tag = f"{name} {config} world {world} rank {rank} {dtype}"
+            assert_rank_matches(got, ref, dtype, tag)
             shards = got["shards"]
-
-            def local(n, full):
-                return shards[n].take(full) if n in shards else full
-
-            assert got["terms"].keys() == ref["terms"].keys()
-            for k in ref["terms"]:
-                _assert_close(got["terms"][k], ref["terms"][k], dtype, f"{tag} term {k}")
-            assert got["grads"].keys() == ref["grads"].keys()
-            for n in ref["grads"]:
-                _assert_close(got["grads"][n], local(n, ref["grads"][n]), dtype, f"{tag} grad {n}")
             for n in ref["params"]:
-                tol = _adam_tolerance(local(n, ref["grads"][n]), dtype)
-                err = (got["params"][n] - local(n, ref["params"][n])).abs()
-                assert bool((err <= tol).all()), f"{tag} param {n}: max error {float(err.max())}"
                 full_tol = _adam_tolerance(ref["grads"][n], dtype)
                 full_err = (got["full_params"][n] - ref["params"][n]).abs()
                 assert bool((full_err <= full_tol).all()), f"{tag} consolidated {n}: max error {float(full_err.max())}"

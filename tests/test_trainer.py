@@ -218,6 +218,44 @@ def test_outputs(paired, reference):
     assert no_temporaries(out) == []
 
 
+# ------------------------------------------------------------------ metrics while training
+def watched_fit(paired, out: Path, stop_after: int | None = None) -> tuple[bool, list[list[int]]]:
+    """Train, reading ``metrics.jsonl`` before every step: the steps it held each time."""
+    trainer = Trainer(paired, MODEL, TRAIN, out, stop_after=stop_after)
+    seen, step = [], trainer._train_step
+
+    def watch(*args, **kwargs):
+        seen.append([r["step"] for r in metrics(out)])
+        return step(*args, **kwargs)
+
+    trainer._train_step = watch
+    return trainer.fit(), seen
+
+
+def test_metrics_grow_while_training(paired, reference, tmp_path):
+    out = tmp_path / "run"
+    assert watched_fit(paired, out)[1] == [list(range(1, k + 1)) for k in range(N_STEPS)]
+    assert_same_metrics(reference, out)
+    assert no_temporaries(out) == []
+
+
+@pytest.mark.parametrize("deleted", [False, True], ids=["left", "deleted"])
+def test_resumed_run_shows_each_step_once(paired, reference, tmp_path, deleted):
+    """A stopped run leaves rows past its last checkpoint (step 6) in metrics.jsonl; the
+    resumed run starts it again from the checkpointed rows, whether the file was left or
+    deleted (as Snakemake deletes a failed job's outputs)."""
+    out = tmp_path / "run"
+    assert fit(paired, out, stop_after=8) is False
+    assert [r["step"] for r in metrics(out)] == list(range(1, 9))
+    if deleted:
+        (out / "metrics.jsonl").unlink()
+    done, seen = watched_fit(paired, out)
+    assert done is True
+    assert seen == [list(range(1, k + 1)) for k in range(6, N_STEPS)]
+    assert_same_metrics(reference, out)
+    assert (out / "checkpoints" / "metrics.partial.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
+
+
 # ------------------------------------------------------------------ held-out cells
 HOLDOUT = 0.25
 

@@ -5,6 +5,18 @@ signal registry (:mod:`.signals`); predictions from the memory model. Beyond the
 fixed mapping it chooses the largest chunk size that fits and the smallest
 tensor-parallel degree that fits (the remaining devices doing data parallelism), and
 recommends a device count.
+
+What a plan says holds for the plan as written:
+
+* a strategy that shards over the tensor-parallel group (S2, S5) is listed only when
+  the mesh has ``tp >= 2``; one whose signal is raised but that the chosen ``tp = 1``
+  leaves with nothing to shard is dropped, and a reason says why;
+* ``recommended_devices`` is the device count to train on: the devices the mesh uses
+  (``dp x tp``) when the plan fits, else the fewest with which it would fit;
+  ``min_fitting_devices`` is the fewest (a power of two, or the devices given) with
+  which it fits;
+* ``peak_scope`` says what ``predicted_peak_bytes`` counts and what it leaves out, with
+  the bytes of the left-out data batch and short-lived tensors.
 """
 
 from __future__ import annotations
@@ -13,9 +25,10 @@ import math
 
 from ..io.errors import InputError
 from ..progress import human_bytes
-from ..spec.plan import PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
-from ..spec.profile import model_config, profile_hash
+from ..spec.plan import PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
+from ..spec.profile import model_config, profile_hash, train_settings
 from ..spec.strategies import HIDDEN_PARALLEL
+from .memory_spec import DTYPE_BYTES
 from .signals import evaluate_signals
 from .strategies import Context, ordered
 
@@ -52,7 +65,7 @@ def _decide(profile, signals, devices, budget, estimate):
         return estimate(profile, tuple(names), dp, tp, chunk).total
 
     ctx = Context(profile=profile, signals=signals, devices=devices, budget=budget, peak=peak)
-    reasons = []
+    why_chosen = {}
     for st in ordered():
         if st.multi_process and devices < 2:
             continue
@@ -60,7 +73,7 @@ def _decide(profile, signals, devices, budget, estimate):
         if not why:
             continue
         ctx.chosen.append(st.name)
-        reasons.append(f"{st.id} {st.name}: {why}")
+        why_chosen[st.name] = why
         if st.knob == "chunk" and chunks:
             fitting = [c for c in chunks if peak(ctx.chosen, devices, 1, c) <= budget]
             ctx.best_chunk = fitting[0] if fitting else chunks[-1]
@@ -82,8 +95,51 @@ def _decide(profile, signals, devices, budget, estimate):
     if choice is None:
         choice = (tp_options[-1], chunk_options[-1], False)
     tp, chunk, fits = choice
-    est = estimate(profile, tuple(ctx.chosen), devices // tp, tp, chunk)
-    return ctx.chosen, reasons, {"dp": devices // tp, "tp": tp}, chunk, fits, est
+    names, reasons = [], []
+    for name in ctx.chosen:
+        st = strategies[name]
+        if st.uses_tp and tp < 2:
+            # with tp 1 a tensor-parallel strategy shards nothing: listing it would say
+            # the plan does what it does not (the memory model divides nothing by 1 either)
+            raised = why_chosen[name].rstrip(".")
+            if fits:
+                reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({raised}), but the plan fits with tp 1, "
+                               f"where it would shard nothing; all {devices} device(s) do data parallelism instead.")  # fmt: skip
+            else:
+                reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({raised}), but no tensor-parallel "
+                               f"degree >= 2 of {devices} device(s) suits this model, and with tp 1 it would shard nothing.")  # fmt: skip
+            continue
+        names.append(name)
+        reasons.append(f"{st.id} {st.name}: {why_chosen[name]}")
+    est = estimate(profile, tuple(names), devices // tp, tp, chunk)
+    return names, reasons, {"dp": devices // tp, "tp": tp}, chunk, fits, est
+
+
+def data_batch_bytes(profile: dict, dp: int) -> int:
+    """Bytes of one device's input batch: ``ceil(B / dp) x (G + F)`` counts in the run's
+    dtype, dense (as the trainer builds it; every tp rank holds all features of it)."""
+    mods = profile["modalities"]
+    train = train_settings(profile)
+    width = sum(int(mods.get(m, {}).get("n_features", 0)) for m in ("rna", "hic"))
+    return -(-int(train.batch_size) // int(dp)) * width * DTYPE_BYTES.get(train.dtype, 4)
+
+
+def peak_scope(profile: dict, dp: int, est) -> dict:
+    """What ``predicted_peak_bytes`` counts and what it leaves out (JSON, integers only).
+
+    ``leaves_out`` gives bytes for what the profile decides (the data batch, the
+    tensors that live only for a moment of the forward pass) and names what it does
+    not (:data:`~ampflow.spec.plan.PEAK_NOT_MODELLED`).
+    """
+    transient = {k: int(v) for k, v in sorted(getattr(est, "transient", {}).items())}
+    return {
+        "counts": list(PEAK_COUNTS),
+        "leaves_out": {
+            "data_batch_bytes": data_batch_bytes(profile, dp),
+            "transient_bytes": transient,
+            "not_modelled": list(PEAK_NOT_MODELLED),
+        },
+    }
 
 
 def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None) -> Plan:
@@ -118,13 +174,20 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     budget = math.floor(device_memory * budget_fraction)
     names, reasons, mesh, chunk, fits, est = _decide(profile, signals, devices, budget, estimate)
 
-    recommended = None
+    # the fewest devices that fit: powers of two, and the devices given when they fit
+    # (a count such as 6 may fit where 4 does not and 8 is more than given)
+    fewest = None
     d = 1
     while d <= MAX_RECOMMENDED:
-        if _decide(profile, signals, d, budget, estimate)[4]:
-            recommended = d
+        if (fits if d == devices else _decide(profile, signals, d, budget, estimate)[4]):
+            fewest = d
             break
         d *= 2
+    if fits and (fewest is None or devices < fewest):
+        fewest = devices
+    # what to train on: the mesh beside it when the plan fits (more devices than the
+    # fewest means more data parallelism, i.e. faster steps), else the fewest that fit
+    recommended = mesh["dp"] * mesh["tp"] if fits else fewest
     by_name = {s.name: s for s in ordered()}
     if not names:
         reasons.append("no signal calls for a strategy: plain single-process training.")
@@ -136,10 +199,14 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         reasons.append(f"predicted peak {human_bytes(est.total)} per device fits the budget {human_bytes(budget)}.")
     else:
         reasons.append(f"predicted peak {human_bytes(est.total)} per device exceeds the budget {human_bytes(budget)} even with every applicable strategy.")
-    if recommended is None:
+    if fits:
+        more = f"; {fewest} would fit too (fewer data-parallel groups, slower steps)" if fewest < recommended else ""
+        reasons.append(f"recommended: {recommended} device(s), those this mesh uses (dp {mesh['dp']} x tp {mesh['tp']}){more}.")
+    elif recommended is None:
         reasons.append(f"no device count up to {MAX_RECOMMENDED} fits this budget per device.")
-    elif recommended != devices:
-        reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits.")
+    else:
+        reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits; this plan is for {devices} "
+                       f"and does not fit: plan again with {recommended}.")  # fmt: skip
     hic = profile["modalities"].get("hic", {})
     return Plan(
         version=PLAN_VERSION,
@@ -163,6 +230,8 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         memory_components={k: int(v) for k, v in sorted(est.components.items())},
         fits=bool(fits),
         recommended_devices=recommended,
+        min_fitting_devices=fewest,
+        peak_scope=peak_scope(profile, mesh["dp"], est),
         reasons=tuple(reasons),
     )
 
@@ -177,9 +246,11 @@ def explain(plan: Plan) -> str:
         ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
         ("chunk size", str(plan.chunk_size or "-")),
         ("predicted peak", f"{hb(plan.predicted_peak_bytes)} per device"),
+        ("  counts", plan.peak_counts_text()),
+        ("  leaves out", plan.peak_leaves_out_text()),
         ("M(L)", f"{hb(plan.M_base_bytes)} + (L-1) x {hb(plan.M_stratum_bytes)} (L = {plan.n_strata}; stratum 0 has no attention block)"),
         ("fits", "yes" if plan.fits else "NO"),
-        ("recommended devices", str(plan.recommended_devices or "none up to 1024")),
+        ("recommended devices", plan.recommended_text()),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["plan", "----"] + [f"{k.ljust(width)}  {v}" for k, v in rows]

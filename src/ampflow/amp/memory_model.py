@@ -166,7 +166,8 @@ def _ledger(dev: Device) -> Ledger:
     if has_rna:
         led.add("cell_latents", 3 * B * d * b, None, POST)  # KL
         if has_hic:
-            led.add("cell_latents", B * d * b, None, POST)  # alignment difference
+            aligned = d if s.shared is None else s.shared
+            led.add("cell_latents", B * aligned * b, None, POST)  # alignment difference (shared dims)
     graph_decoder_terms(led, dev)
     # each modality decoded from the other's latent; needs both (as the model does)
     if s.cross and has_rna and has_hic:

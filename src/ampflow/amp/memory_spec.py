@@ -66,6 +66,9 @@ class ShapeSpec:
         pass through both decoders (every stratum block included) whose activations
         are alive at the end of the forward pass. It needs both modalities; a spec
         without one has nothing to cross.
+    shared : int or None
+        The latent dimensions the alignment term compares (``latent - private_dim``);
+        None: all ``latent``.
     """
 
     n_cells_batch: int
@@ -88,6 +91,7 @@ class ShapeSpec:
     optimizer: str = "adam"
     dropout: float = 0.1
     cross: bool = False
+    shared: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "features_per_stratum", tuple(int(x) for x in self.features_per_stratum))
@@ -146,7 +150,7 @@ class ShapeSpec:
             n_edges=int(n_edges), latent=c.latent_dim, hidden=c.hidden_dim, D=c.D,
             heads=c.heads, window=c.window, ffn_mult=c.ffn_mult, attention=c.attention,
             neg_samples=c.neg_samples, graph_batch=c.graph_batch, dtype_bytes=int(dtype_bytes),
-            dropout=c.dropout, cross=cross,
+            dropout=c.dropout, cross=cross, shared=c.shared_dim,
         )  # fmt: skip
 
 

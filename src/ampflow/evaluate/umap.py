@@ -216,10 +216,7 @@ def plot_umap(adata: ad.AnnData, path, label_key: str | None = "cell_type", seed
     if hic_only:
         ax_joint.set_title(f"Hi-C latent (X_joint = X_hic) by cell type {note}\n{n} cells", fontsize=11)
         fig.suptitle(f"{name}: UMAP of the Hi-C latent ({n} cells, no RNA)", fontsize=12)
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=120)
-        log.info("wrote %s", path)
-        return path
+        return _save(fig, path)
     ax_joint.set_title(f"Joint latent X_joint by cell type {note}\n{n} cells", fontsize=11)
     stacked_label = None if cell_label is None else np.concatenate([cell_label, cell_label])
     note = by_type(ax_type, coords, stacked_label, order, "X_rna + X_hic", with_legend=True)
@@ -230,6 +227,11 @@ def plot_umap(adata: ad.AnnData, path, label_key: str | None = "cell_type", seed
     ax_mod.set_title(f"RNA and Hi-C latents by modality\n{2 * n} points", fontsize=11)
 
     fig.suptitle(f"{name}: UMAPs of the joint latent and of the RNA and Hi-C latents ({n} cells)", fontsize=12)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    """Write the figure as PNG atomically (no half-written file under the final name)."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     log.info("wrote %s", path)

@@ -1,8 +1,9 @@
 """One configuration's AMP plan as a page, and its per-stratum memory, predicted against measured.
 
 :func:`plan_page` turns ``plan.json`` into HTML: signals with their evidence, the
-strategies and why, the mesh, chunk size, predicted peak against the budget, the
-recommended device count and the memory model's components.
+strategies and why (and why a strategy whose signal is raised was not taken), the
+mesh, chunk size, predicted peak against the budget with what it counts and leaves
+out, the recommended device count and the memory model's components.
 
 :func:`measured_memory` reads ``metrics.jsonl``: per rank, the bytes held after each
 Hi-C stratum (``stratum_bytes``) and the step peak (``peak_bytes``), each the maximum
@@ -55,7 +56,6 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
     inp = plan.inputs
     peak, budget = int(plan.predicted_peak_bytes), int(inp.budget_bytes)
     fits = plan.fits
-    rec = plan.recommended_devices
     overview = pd.DataFrame(
         [
             ("devices", f"{inp.devices} x {human_bytes(inp.device_memory_bytes)}"),
@@ -65,8 +65,10 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
             ("chunk size (S3)", str(plan.chunk_size or "-")),
             ("key-first decode (S4)", "yes" if plan.key_first else "no"),
             ("predicted peak per device", f"{human_bytes(peak)}"),
+            ("the peak counts", plan.peak_counts_text()),
+            ("the peak leaves out", plan.peak_leaves_out_text()),
             ("fits", "yes" if fits else "NO"),
-            ("recommended devices", str(rec) if rec else "none up to 1024"),
+            ("recommended devices", plan.recommended_text()),
             ("memory model", f"M(L) = {human_bytes(plan.M_base_bytes)} + (L - 1) x {human_bytes(plan.M_stratum_bytes)}, L = {plan.n_strata}"),
         ],
         columns=["plan", "value"],
@@ -78,7 +80,10 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
         ],
         columns=["signal", "state", "meaning", "evidence"],
     )
-    why = {r.split(":", 1)[0]: r.split(":", 1)[1].strip() for r in plan.reasons if ":" in r}
+    # a listed strategy's reason goes beside it; every other one (strategies not taken
+    # included) is a decision
+    listed = {f"{s.id} {s.name}" for s in plan.strategies}
+    why = {r.split(":", 1)[0]: r.split(":", 1)[1].strip() for r in plan.reasons if r.split(":", 1)[0] in listed}
     strategies = pd.DataFrame(
         [(s.id, s.name, s.summary, why.get(f"{s.id} {s.name}", "")) for s in plan.strategies],
         columns=["id", "name", "what", "why"],
@@ -89,7 +94,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
         [(k, human_bytes(v), f"{100 * v / total:.1f}") for k, v in sorted(comps.items(), key=lambda kv: -kv[1])],
         columns=["component", "bytes", "share (%)"],
     )
-    other = [r for r in plan.reasons if r.split(":", 1)[0] not in why or not r.startswith("S")]
+    other = [r for r in plan.reasons if r.split(":", 1)[0] not in why]
     parts = [
         html_table(overview),
         f"<p>Predicted peak {esc(human_bytes(peak))} against the budget {esc(human_bytes(budget))}: {_peak_bar(peak, budget)}</p>",

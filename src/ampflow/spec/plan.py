@@ -15,9 +15,16 @@ from pathlib import Path
 
 from ..io.atomic import write_text_atomic
 from ..io.errors import InputError
+from ..progress import human_bytes
 from .strategies import KEY_FIRST_DECODE
 
 PLAN_VERSION = 1
+
+#: What the predicted peak counts: what the trainer measures as ``peak_bytes`` on CPU
+#: (DESIGN §4, :mod:`ampflow.train.memory`).
+PEAK_COUNTS = ("parameters", "gradients", "optimizer state", "activations saved for backward (at the end of the forward pass)")
+#: What it leaves out and no profile can tell: a device adds these on top of it.
+PEAK_NOT_MODELLED = ("CUDA context and kernels (runtime)", "allocator caching and fragmentation", "communication buffers (NCCL)")
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,22 @@ class Plan:
         Key-first decode (S4).
     predicted_peak_bytes, M_base_bytes, M_stratum_bytes : int
         The memory model's per-device prediction for this plan.
+    peak_scope : dict
+        What ``predicted_peak_bytes`` counts (``counts``: :data:`PEAK_COUNTS`) and what
+        it leaves out (``leaves_out``): ``data_batch_bytes``, one device's dense input
+        batch; ``transient_bytes``, tensors alive only for a moment of the forward
+        pass (by name); ``not_modelled``, :data:`PEAK_NOT_MODELLED`. Empty in a plan
+        written without it.
     signals, memory_components : dict
         Evidence and the prediction's breakdown, as the diagnosis wrote them.
+    fits : bool
+        The predicted peak is within the budget on this mesh.
+    recommended_devices : int or None
+        The devices to train on: those the mesh uses (``dp x tp``) when the plan fits,
+        else the fewest with which it would fit (None: none up to 1024).
+    min_fitting_devices : int or None
+        The fewest devices (a power of two, or the devices given) with which the plan
+        fits; None when none up to 1024 does.
     """
 
     version: int = PLAN_VERSION
@@ -94,6 +115,8 @@ class Plan:
     memory_components: dict = field(default_factory=dict)
     fits: bool = True
     recommended_devices: int | None = None
+    min_fitting_devices: int | None = None
+    peak_scope: dict = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -133,6 +156,30 @@ class Plan:
             f"chunk {self.chunk or '-'}, key-first {self.uses_key_first}"
         )
 
+    def recommended_text(self) -> str:
+        """The recommended device count and which count it is."""
+        rec = self.recommended_devices
+        if not rec:
+            return "none up to 1024"
+        if self.fits:
+            more = f"; fewest that fit: {self.min_fitting_devices}" if self.min_fitting_devices and self.min_fitting_devices < rec else ""
+            return f"{rec} (the devices this mesh uses, dp {self.mesh.dp} x tp {self.mesh.tp}{more})"
+        return f"{rec} (the fewest that fit; this mesh, for {self.world}, does not)"
+
+    def peak_counts_text(self) -> str:
+        return ", ".join(self.peak_scope.get("counts", ())) or "not stated"
+
+    def peak_leaves_out_text(self) -> str:
+        """The left-out terms, with their bytes where the plan has them."""
+        out = self.peak_scope.get("leaves_out") or {}
+        if not out:
+            return "not stated"
+        parts = [f"the data batch ({human_bytes(out.get('data_batch_bytes', 0))})"]
+        transient = {k: v for k, v in (out.get("transient_bytes") or {}).items() if v}
+        if transient:
+            parts.append("short-lived " + ", ".join(f"{k.replace('_', ' ')} ({human_bytes(v)})" for k, v in sorted(transient.items())))
+        return "; ".join(parts + list(out.get("not_modelled", ())))
+
     # ------------------------------------------------------------ conversion
     def to_dict(self) -> dict:
         return {
@@ -151,6 +198,8 @@ class Plan:
             "memory_components": self.memory_components,
             "fits": self.fits,
             "recommended_devices": self.recommended_devices,
+            "min_fitting_devices": self.min_fitting_devices,
+            "peak_scope": self.peak_scope,
             "reasons": list(self.reasons),
         }
 
@@ -169,7 +218,7 @@ class Plan:
             inputs = PlanInputs(**(d.get("inputs") or {}))
             kw = {k: d[k] for k in ("version", "signals", "world_size", "chunk_size", "key_first", "predicted_peak_bytes",
                                      "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",
-                                     "recommended_devices") if k in d}  # fmt: skip
+                                     "recommended_devices", "min_fitting_devices", "peak_scope") if k in d}  # fmt: skip
             return cls(
                 inputs=inputs,
                 strategies=strategies,

@@ -105,8 +105,10 @@ def seed_everything(seed: int) -> torch.Generator:
 class Trainer:
     """Trains a :class:`PairedModel` on :class:`PairedData` into ``out_dir``.
 
-    Writes ``model.pt``, ``embeddings.h5ad``, ``metrics.jsonl`` and ``config.yaml``
-    (each atomically, at the end) and keeps resumable state in ``checkpoints/``.
+    Writes ``model.pt``, ``embeddings.h5ad`` and ``config.yaml`` (each atomically, at
+    the end) and keeps resumable state in ``checkpoints/``. ``metrics.jsonl`` grows by
+    one row per step while it trains (rebuilt from the checkpointed rows on resume) and
+    is replaced atomically by the complete rows at the end.
     ``plan`` (from ``ampflow diagnose``) is applied by
     :func:`~ampflow.parallel.parallelize.parallelize`: see the module docstring.
     """
@@ -228,7 +230,14 @@ class Trainer:
         log.info("resumed from %s (step %d, stage %d, epoch %d, batch %d)", path, self.step, *self.position)
         return True
 
-    def _metrics_file(self, resumed: bool):
+    def _metrics_file(self, resumed: bool) -> Path:
+        """The working copy of the metrics, ``checkpoints/metrics.partial.jsonl``, cut back
+        to the rows up to the resumed checkpoint (none for a fresh run).
+
+        It is the copy a resumed run trusts: it lives beside the checkpoints, which
+        Snakemake does not delete when a job fails, and its rows are fsynced before each
+        checkpoint is written, so every row up to a checkpoint's step is in it.
+        """
         partial = self.ckpt_dir / "metrics.partial.jsonl"
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         kept = []
@@ -237,6 +246,22 @@ class Trainer:
             kept = [ln for ln in lines if (step := _row_step(ln)) is not None and step <= self.step]
         partial.write_text("".join(ln + "\n" for ln in kept))
         return partial
+
+    def _live_metrics(self, partial: Path) -> Path:
+        """``metrics.jsonl`` rebuilt from the working copy's kept rows, to grow row by row.
+
+        A user watching a long run reads it while it trains. It is rebuilt (atomically)
+        rather than appended to, because a crashed run's copy may hold rows past the
+        last checkpoint, which the resumed run trains again, or may have been deleted
+        by Snakemake with the failed job's outputs: so a resumed run shows each step
+        once. Whether the run finished is told by ``model.pt`` and ``embeddings.h5ad``,
+        which appear only at the end (and ``metrics.jsonl`` is then replaced atomically
+        by the complete working copy).
+        """
+        live = self.out / "metrics.jsonl"
+        with atomic_path(live) as tmp:
+            tmp.write_bytes(partial.read_bytes())
+        return live
 
     # ----------------------------------------------------------- loop
     def batches(self, stage: int, epoch: int) -> list[np.ndarray]:
@@ -294,12 +319,15 @@ class Trainer:
         resumed = self._resume()
         main = self.rank == 0
         metrics_path = self._metrics_file(resumed) if main else Path(os.devnull)
+        live_path = self._live_metrics(metrics_path) if main else Path(os.devnull)
         n = len(self.train_rows)
         total_steps = sum(cfg.epochs * len(epoch_batches(n, self.cfg.batch_size, 0, 0, 0)) for _, cfg in self.cfg.stages)
         progress = Progress(total_steps, "steps", log, verb="trained")
         progress.done = self.step
         start_stage, start_epoch, start_batch = self.position
-        with open(metrics_path, "a") as mfh:
+        # every row goes to both files as its step completes: the working copy (fsynced
+        # at each checkpoint, for resume) and metrics.jsonl (flushed, for people watching)
+        with open(metrics_path, "a") as mfh, open(live_path, "a") as lfh:
             for s, (stage_name, stage_cfg) in enumerate(self.cfg.stages):
                 if s < start_stage:
                     continue
@@ -312,8 +340,10 @@ class Trainer:
                         row = self._train_step(batches[b], stage_name, stage_cfg, epoch)
                         self.step += 1
                         row["step"] = self.step
-                        mfh.write(json.dumps(row, sort_keys=True) + "\n")
-                        mfh.flush()
+                        line = json.dumps(row, sort_keys=True) + "\n"
+                        for fh in (mfh, lfh):
+                            fh.write(line)
+                            fh.flush()
                         progress.update()
                         self.position = (s, epoch, b + 1) if b + 1 < len(batches) else (s, epoch + 1, 0)
                         if self.step % self.cfg.checkpoint_every == 0:
