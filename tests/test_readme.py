@@ -80,16 +80,7 @@ def test_make_demo_ends_with_the_summary(readme_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "cfg",
-    [
-        "500kb_s10",
-        # measured: joint 0.698 = RNA latent 0.698 on the held-out cells (the Hi-C-only
-        # baseline reads 0.48 there: at 250 kb the demo's chromatin groups are too weak for
-        # 40 held-out cells); an open defect, kept visible rather than dropped
-        pytest.param("250kb_s12", marks=pytest.mark.xfail(reason="the heavy configuration's joint does not yet beat the RNA latent")),
-    ],
-)
+@pytest.mark.parametrize("cfg", ["500kb_s10", "250kb_s12"])
 def test_make_demo_scores_a_joint_that_beats_each_modality(readme_run, cfg):
     """The demo can fail. Two of its cell types differ only in expression and two only in
     chromatin, so each modality alone, perfectly clustered, scores ARI 5/7; the referees are
