@@ -1,5 +1,6 @@
-"""Diagnose maps signals x devices as DESIGN §4's table says, picks the smallest tp and the
-largest chunk that fit, is deterministic, and takes new signals/strategies by registration."""
+"""Diagnose maps signals x devices as DESIGN §4's table says, picks the smallest tp that
+fits and the fastest chunk that fits (by the cost model), is deterministic, and takes new
+signals/strategies by registration."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from ampflow.amp import diagnose as dg
+from ampflow.amp.cost_model import cost_for_profile
 from ampflow.amp.signals import Signal, register_signal, unregister_signal
 from ampflow.amp.strategies import Strategy, register_strategy, unregister_strategy
 from ampflow.io.errors import InputError
@@ -69,14 +71,15 @@ def plan(p, devices, mem_gib, **kw) -> dict:
     return typed_plan(p, devices, mem_gib, **kw).to_dict()
 
 
-def expected(high_input, attention, heavy, devices, over, tp):
-    """DESIGN §4's table; the strategies that shard over the tp group only with tp >= 2."""
+def expected(high_input, attention, heavy, devices, over, tp, chunked):
+    """DESIGN §4's table; the strategies that shard over the tp group only with tp >= 2,
+    and S3 only when the plan runs in chunks (one block does not fit)."""
     names = []
     if devices > 1:
         names.append("data_parallel")
         if high_input and tp >= 2:
             names.append("feature_parallel")
-    if attention:
+    if attention and chunked:
         names.append("chunked_attention")
     if high_input:
         names.append("key_first_decode")
@@ -111,9 +114,15 @@ def test_signals_times_devices_map_as_the_table_says(devices, high_input, attent
     names = [s["name"] for s in out["strategies"]]
     # S5 when even the best chunk size (if any) leaves the tp=1 peak over budget
     without = tuple(n for n in names if n != "hidden_parallel")
-    chunks = dg._chunk_candidates(4096) if attention else [0]
+    chunks = [0, *dg._chunk_candidates(4096)] if attention else [0]
     over = all(toy_estimate(p, without, devices, 1, c).total > mem_gib * GIB for c in chunks)
-    assert names == expected(high_input, attention, heavy, devices, over, out["mesh"]["tp"])
+    # S3 when one block (the fastest) does not fit on the chosen mesh
+    dp, tp = out["mesh"]["dp"], out["mesh"]["tp"]
+    chunked = attention and toy_estimate(p, names, dp, tp, 0).total > mem_gib * GIB
+    assert names == expected(high_input, attention, heavy, devices, over, tp, chunked)
+    assert (out["chunk_size"] is not None) == chunked
+    not_taken = [r for r in out["reasons"] if r.startswith("S3 chunked_attention not taken")]
+    assert len(not_taken) == (attention and not chunked)
     assert out["mesh"]["dp"] * out["mesh"]["tp"] == devices
     assert_says_what_it_does(out)
     assert out["key_first"] == high_input
@@ -126,20 +135,29 @@ def test_without_hic_only_data_parallel(devices):
     assert out["mesh"] == {"dp": devices, "tp": 1}
 
 
-def test_smallest_tp_and_largest_chunk_that_fit():
+def test_smallest_tp_and_fastest_chunk_that_fit():
+    """The toy memory model shrinks with the chunk; the cost model (the referee here,
+    computed apart from the diagnosis) says which candidate is faster."""
     p = make_profile(True, True, True)
-    for mem in (7.0, 9.0, 12.0, 30.0):
+    candidates = [0, *dg._chunk_candidates(4096)]
+    for mem in (7.0, 9.0, 12.0, 30.0, 64.0):
         out = plan(p, 8, mem)
         names = tuple(s["name"] for s in out["strategies"])
-        tp, c = out["mesh"]["tp"], out["chunk_size"]
+        tp, c = out["mesh"]["tp"], out["chunk_size"] or 0
         assert out["fits"]
         assert toy_estimate(p, names, 8 // tp, tp, c).total <= mem * GIB
         smaller_tp = [t for t in (1, 2, 4, 8) if t < tp]
         for t in smaller_tp:  # no smaller tp fits with any chunk
-            assert all(toy_estimate(p, names, 8 // t, t, cc).total > mem * GIB for cc in dg._chunk_candidates(4096))
-        for cc in dg._chunk_candidates(4096):  # no larger chunk fits at this tp
-            if cc > c:
-                assert toy_estimate(p, names, 8 // tp, tp, cc).total > mem * GIB
+            assert all(toy_estimate(p, names, 8 // t, t, cc).total > mem * GIB for cc in candidates)
+        with_s3 = tuple(dict.fromkeys((*names, "chunked_attention")))
+        mine = cost_for_profile(p, with_s3, 8 // tp, tp, c).seconds
+        for cc in candidates:  # every faster candidate does not fit at this tp
+            if cost_for_profile(p, with_s3, 8 // tp, tp, cc).seconds < mine:
+                assert toy_estimate(p, names, 8 // tp, tp, cc).total > mem * GIB, (mem, c, cc)
+        # and fewer chunks are faster: the fastest that fits is the largest that fits
+        assert all(toy_estimate(p, names, 8 // tp, tp, cc).total > mem * GIB for cc in candidates if cc == 0 or cc > c) or c == 0
+        assert out["predicted_step_seconds"] == pytest.approx(mine, rel=1e-3)
+    assert plan(p, 8, 64.0)["chunk_size"] is None  # room for one block
 
 
 def test_one_device_over_budget_says_so_and_recommends():
@@ -193,7 +211,7 @@ def test_cli_diagnose_and_explain(tmp_path, capsys):
 
 def test_explain_prints_a_table():
     text = dg.explain(typed_plan(make_profile(True, True, True), 4, 9.0))
-    for word in ("mesh", "strategies", "chunk size", "predicted peak", "RAISED", "HIGH_INPUT_DIMENSIONALITY", "why"):
+    for word in ("mesh", "strategies", "chunk size", "predicted step", "predicted peak", "RAISED", "HIGH_INPUT_DIMENSIONALITY", "why"):
         assert word in text
 
 

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
-from ampflow.amp.diagnose import MIN_CHUNK, diagnose
+from ampflow.amp.diagnose import diagnose
 from ampflow.amp.memory_model import ShapeSpec, estimate_for_profile, predict
 from ampflow.amp.profile import main_profile
 from ampflow.cli import main
@@ -123,9 +123,11 @@ def test_profile_and_plan_of_a_hic_only_folder(work, tmp_path):
     mem = prof["memory"]
     assert "rna_encoder" not in mem["components"] and "rna_decoder" not in mem["components"]
     assert mem["total_bytes"] > 0
-    # a generous budget: attention still gets S3, nothing else is needed
+    # a generous budget: one block of attention fits and is the fastest, so no S3 (its
+    # signal is raised: a reason says why not), and nothing else is needed
     roomy = diagnose(prof, 1, 10**10)
-    assert [s.name for s in roomy.strategies] == [CHUNKED_ATTENTION] and roomy.fits and not roomy.key_first
+    assert [s.name for s in roomy.strategies] == [] and roomy.fits and not roomy.key_first and roomy.chunk_size is None
+    assert any(r.startswith("S3 chunked_attention not taken") and "one block (no chunk) fits and is the fastest" in r for r in roomy.reasons)
     # more devices: S1 as the substrate
     assert DATA_PARALLEL in [s.name for s in diagnose(prof, 2, 10**10).strategies]
 
@@ -143,22 +145,35 @@ def _hic_profile(n=400, L=5, B=64):
     }
 
 
+def _need(prof, names, chunk):
+    """The memory model's bytes for a one-device candidate: the predicted peak plus one
+    query block's transient attention scores."""
+    est = estimate_for_profile(prof, names, 1, 1, chunk)
+    return est.total + est.transient["attention_scores"], est
+
+
 def test_plan_for_hic_alone_picks_chunking_and_key_first_when_the_decoder_does_not_fit():
     prof = _hic_profile()
-    # the smallest chunk with and without key-first: a budget between the two
-    chunked = estimate_for_profile(prof, [CHUNKED_ATTENTION], 1, 1, MIN_CHUNK).total
-    both = estimate_for_profile(prof, [CHUNKED_ATTENTION, KEY_FIRST_DECODE], 1, 1, MIN_CHUNK).total
-    assert both < chunked
-    tight = diagnose(prof, 1, (both + chunked) / 2, budget_fraction=1.0)
+    plain_need, plain = _need(prof, [], 0)
+    kf_need, kf = _need(prof, [KEY_FIRST_DECODE], 0)
+    assert kf.total < plain.total
+    # the banded kernel holds the same bytes at every chunk: a chunk saves only its
+    # transient scores, and 256 (the largest candidate below 400 anchors, the fewest
+    # blocks) saves the least of them
+    c256_need, c256 = _need(prof, [CHUNKED_ATTENTION, KEY_FIRST_DECODE], 256)
+    assert c256.total == kf.total and c256_need < kf_need
+    # key-first needed and one block's scores just too many: the fastest chunk that fits
+    tight = diagnose(prof, 1, (c256_need + kf_need) // 2, budget_fraction=1.0)
     names = [s.name for s in tight.strategies]
     assert names == [CHUNKED_ATTENTION, KEY_FIRST_DECODE] and tight.key_first and tight.fits
-    # the banded kernel keeps the same bytes at every chunk, so the plan takes the
-    # largest candidate (fewest blocks), 256 for 400 anchors
-    assert estimate_for_profile(prof, [CHUNKED_ATTENTION, KEY_FIRST_DECODE], 1, 1, 256).total == both
-    assert tight.chunk_size == 256 and tight.predicted_peak_bytes == both
-    # and with room for chunked attention alone, no key-first
-    assert [s.name for s in diagnose(prof, 1, chunked, budget_fraction=1.0).strategies] == [CHUNKED_ATTENTION]
+    assert tight.chunk_size == 256 and tight.predicted_peak_bytes == c256.total
+    assert any(r.startswith("chunk 256: the fastest that fits") and "one block (no chunk)" in r for r in tight.reasons)
     assert any("only modality" in r for r in tight.reasons)
+    # room for one block with key-first: no S3
+    kf_only = diagnose(prof, 1, kf_need, budget_fraction=1.0)
+    assert [s.name for s in kf_only.strategies] == [KEY_FIRST_DECODE] and kf_only.chunk_size is None and kf_only.fits
+    # and with room for one block of the plain decoder, neither
+    assert [s.name for s in diagnose(prof, 1, plain_need, budget_fraction=1.0).strategies] == []
     sig = tight.signals["HIGH_INPUT_DIMENSIONALITY"]
     assert not sig["raised"] and sig["evidence"]["reason"] == "no other modality"
 

@@ -185,7 +185,8 @@ def test_predictions_for_the_plan_and_as_run():
     assert np.all(np.diff(only.marks) > 0), "memory grows with every stratum"
     # a run in one process is predicted without S1 (full batch per process): more memory
     plan_pred, as_run = predictions(plan, PROFILE, world=1)
-    assert "as run (1 process; S3)" in as_run.label and as_run.total > plan_pred.total
+    # (one block of attention fits and is the fastest: the plan has no S3)
+    assert "as run (1 process; none)" in as_run.label and as_run.total > plan_pred.total
 
 
 def test_memory_figure_and_plan_page(tmp_path, figures):
@@ -201,6 +202,10 @@ def test_memory_figure_and_plan_page(tmp_path, figures):
     page = plan_page(plan, tmp_path / "plan.html", "toy").read_text()
     for text in ("AMP plan: toy", "dp 2 x tp 1", "S1 data_parallel", "ATTENTION_DECODER", "HEAVY_DECOMPOSITION", "recommended devices", "% of the budget"):
         assert text in page
+    # the cost model: the plan's seconds per step and every chunk candidate, one block chosen
+    assert "predicted seconds per step" in page and f"{plan.predicted_step_seconds:.3g} s" in page
+    assert "Chunk candidates (cost model)" in page and "S3 chunked_attention not taken" in page
+    assert page.count("<td>chosen</td>") == 1 and "<td>one block (no chunk)</td>" in page
 
 
 # ---------------------------------------------------------------- training and summary

@@ -70,6 +70,7 @@ def test_every_output_written(run_dir):
         "amp/500kb_s10/plan.json",
         "amp/250kb_s12/plan.json",
         "amp/devices.json",
+        "amp/calibration.json",
         "train/500kb_s10/model.pt",
         "train/500kb_s10/embeddings.h5ad",
         "train/500kb_s10/metrics.jsonl",
@@ -95,15 +96,21 @@ def test_every_output_written(run_dir):
 
 
 def test_demo_plans_light_and_heavy(run_dir):
-    """The light configuration diagnoses to data parallelism (+ S3); the heavy one to S2-S5, tp >= 2."""
+    """The light configuration diagnoses to data parallelism; the heavy one to S2, S4 and
+    S5, tp >= 2. Both run their attention in one block, the fastest that fits by the cost
+    model calibrated by the devices rule, so S3 is raised but not taken."""
     amp = run_dir / "results/demo/amp"
     light = json.loads((amp / "500kb_s10/plan.json").read_text())
     heavy = json.loads((amp / "250kb_s12/plan.json").read_text())
-    assert [s["id"] for s in light["strategies"]] == ["S1", "S3"] and light["mesh"] == {"dp": 2, "tp": 1}
-    assert [s["id"] for s in heavy["strategies"]] == ["S1", "S2", "S3", "S4", "S5"] and heavy["mesh"]["tp"] >= 2
+    assert [s["id"] for s in light["strategies"]] == ["S1"] and light["mesh"] == {"dp": 2, "tp": 1}
+    assert [s["id"] for s in heavy["strategies"]] == ["S1", "S2", "S4", "S5"] and heavy["mesh"]["tp"] >= 2
     assert light["fits"] and heavy["fits"]
+    calibration = json.loads((amp / "calibration.json").read_text())
+    for plan in (light, heavy):
+        assert plan["chunk_size"] is None and any(r.startswith("S3 chunked_attention not taken") for r in plan["reasons"])
+        assert plan["cost_model"]["constants"] == calibration["constants"] and plan["predicted_step_seconds"] > 0
     log = (run_dir / "logs/demo/train.250kb_s12.log").read_text()
-    assert f"chunk {heavy['chunk_size']}, key-first True" in log
+    assert f"chunk {heavy['chunk_size'] or '-'}, key-first True" in log
 
 
 def test_heavy_plan_trains_sharded_like_one_process(run_dir, tmp_path):

@@ -70,7 +70,10 @@ def test_hic_only_profile_plan_train_and_scores(run_dir):
     profile = json.loads((res / "amp/1mb_s4/profile.json").read_text())
     assert set(profile["modalities"]) == {"hic"}
     plan = json.loads((res / "amp/1mb_s4/plan.json").read_text())
-    assert [s["id"] for s in plan["strategies"]] == ["S3"] and plan["fits"]
+    # 1 GB is room for one block of attention, the fastest: S3's signal is raised but not taken
+    assert [s["id"] for s in plan["strategies"]] == [] and plan["fits"] and plan["chunk_size"] is None
+    assert any(r.startswith("S3 chunked_attention not taken") for r in plan["reasons"])
+    assert plan["cost_model"]["source"].startswith("calibrated on cpu") and plan["predicted_step_seconds"] > 0
     nodes = pd.read_parquet(res / "data/1mb_s4/graph/nodes.parquet")
     assert set(nodes["kind"]) == {"anchor"}
     rows = [json.loads(x) for x in (res / "train/1mb_s4/metrics.jsonl").read_text().splitlines()]

@@ -22,7 +22,8 @@ rule profile:
 rule diagnose:
     input:
         profile=rules.profile.output[0],
-        devices=rules.devices.output[0],
+        devices=rules.devices.output.devices,
+        calibration=rules.devices.output.calibration,
     output:
         f"{RESULTS}/amp/{{cfg}}/plan.json",
     log:
@@ -38,7 +39,7 @@ rule diagnose:
         "ampflow diagnose {input.profile} --devices {params.devices}"
         " --device-memory {params.memory} --devices-file {input.devices}"
         " --budget-fraction {params.fraction} --dimensionality-ratio {params.ratio}"
-        " --out {output} > {log} 2>&1"
+        " --calibration {input.calibration} --out {output} > {log} 2>&1"
 
 
 rule train:

@@ -205,9 +205,13 @@ rule graph:
         " --out {output} > {log} 2>&1"
 
 
+# What a training allocation sees, and the cost model's constants measured on it (a
+# micro-benchmark of the attention kernel with the model's heads, width and window, on
+# the training device and threads): the diagnosis chooses the chunk size by them.
 rule devices:
     output:
-        f"{RESULTS}/amp/devices.json",
+        devices=f"{RESULTS}/amp/devices.json",
+        calibration=f"{RESULTS}/amp/calibration.json",
     log:
         f"{LOGS}/devices.log",
     conda:
@@ -215,5 +219,10 @@ rule devices:
     resources:
         gpu=config["train"]["gpus"],
         runtime=10,
+    params:
+        model=json_arg("model"),
+        train=json_arg("train"),
     shell:
-        "ampflow devices --out {output} > {log} 2>&1"
+        "(ampflow devices --out {output.devices}"
+        " && ampflow calibrate --model {params.model} --train {params.train}"
+        " --out {output.calibration}) > {log} 2>&1"

@@ -1,10 +1,18 @@
 """Diagnose: from a profile, the device count and memory, to a deterministic plan.
 
 Walks the strategy registry (:mod:`.strategies`) in order; signals come from the
-signal registry (:mod:`.signals`); predictions from the memory model. Beyond the
-fixed mapping it chooses the largest chunk size that fits and the smallest
-tensor-parallel degree that fits (the remaining devices doing data parallelism), and
-recommends a device count.
+signal registry (:mod:`.signals`); memory predictions from the memory model, step
+times from the cost model (:mod:`.cost_model`). Beyond the fixed mapping it chooses
+the smallest tensor-parallel degree that fits (the remaining devices doing data
+parallelism), the chunk size of S3 as the fastest candidate that fits, and recommends a
+device count.
+
+The chunk (S3's knob) is chosen among one block (no chunk) and the powers of two below
+the anchor count, by predicted seconds per step among those whose bytes fit: the
+predicted peak plus one query block's transient attention scores. For the banded
+kernel a chunk saves only those transient bytes and costs a pass of its loop, so one
+block is the fastest and is chosen whenever it fits; S3 is then not listed, and a
+reason says why. Ties go to the candidate needing fewer bytes, then to the larger one.
 
 What a plan says holds for the plan as written:
 
@@ -16,18 +24,23 @@ What a plan says holds for the plan as written:
   ``min_fitting_devices`` is the fewest (a power of two, or the devices given) with
   which it fits;
 * ``peak_scope`` says what ``predicted_peak_bytes`` counts and what it leaves out, with
-  the bytes of the left-out data batch and short-lived tensors.
+  the bytes of the left-out data batch and short-lived tensors;
+* ``predicted_step_seconds`` and ``cost_model`` give the cost model's prediction for
+  the plan, its constants and where they come from (a calibration file or the
+  documented defaults), and every chunk candidate considered.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from ..io.errors import InputError
 from ..progress import human_bytes
-from ..spec.plan import PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
+from ..spec.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
 from ..spec.profile import model_config, profile_hash, train_settings
 from ..spec.strategies import HIDDEN_PARALLEL
+from .cost_model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
 from .memory_spec import DTYPE_BYTES
 from .signals import evaluate_signals
 from .strategies import Context, ordered
@@ -55,16 +68,121 @@ def _check_profile(profile: dict) -> None:
             raise InputError("profile lacks a required section", key=key)
 
 
-def _decide(profile, signals, devices, budget, estimate):
+@dataclass(frozen=True)
+class Candidate:
+    """One setting of the chunk (0: one block) on one mesh: the bytes it needs (the
+    predicted peak plus one query block's transient attention scores), those scores,
+    the predicted seconds per step (None without a Hi-C decoder) and whether it fits."""
+
+    chunk: int
+    need: int
+    transient: int
+    seconds: float | None
+    fits: bool
+
+    @property
+    def label(self) -> str:
+        return f"chunk {self.chunk}" if self.chunk else "one block (no chunk)"
+
+    def to_dict(self) -> dict:
+        return {"chunk": self.chunk or None, "seconds": self.seconds, "need_bytes": self.need, "transient_bytes": self.transient, "fits": self.fits}
+
+
+class _Planner:
+    """Memory and cost of candidates, each computed once per diagnosis."""
+
+    def __init__(self, profile, budget, estimate, constants):
+        self.profile, self.budget, self._estimate, self.constants = profile, budget, estimate, constants
+        self._est, self._cost = {}, {}
+
+    def estimate(self, names, dp, tp, chunk):
+        key = (tuple(names), dp, tp, chunk)
+        if key not in self._est:
+            self._est[key] = self._estimate(self.profile, tuple(names), dp, tp, chunk)
+        return self._est[key]
+
+    def transient(self, names, dp, tp, chunk) -> int:
+        return int(getattr(self.estimate(names, dp, tp, chunk), "transient", {}).get("attention_scores", 0))
+
+    def need(self, names, dp, tp, chunk) -> float:
+        """Bytes a candidate needs: held at the peak, plus one query block's scores."""
+        return self.estimate(names, dp, tp, chunk).total + self.transient(names, dp, tp, chunk)
+
+    def cost(self, names, dp, tp, chunk):
+        key = (tuple(names), dp, tp, chunk)
+        if key not in self._cost:
+            self._cost[key] = cost_for_profile(self.profile, names, dp, tp, chunk, self.constants)
+        return self._cost[key]
+
+    def candidates(self, names, dp, tp, chunks) -> list[Candidate]:
+        out = []
+        for c in chunks:
+            cost = self.cost(names, dp, tp, c)
+            need = self.need(names, dp, tp, c)
+            seconds = None if cost is None else sig(cost.seconds, SECONDS_DIGITS)
+            out.append(Candidate(c, int(need), self.transient(names, dp, tp, c), seconds, need <= self.budget))
+        return out
+
+
+def fastest(candidates: list[Candidate]) -> Candidate | None:
+    """The fastest candidate that fits (ties: the one needing fewer bytes, then the
+    earlier one); None when none fits."""
+    fitting = [(c.seconds or 0.0, c.need, i, c) for i, c in enumerate(candidates) if c.fits]
+    return min(fitting)[3] if fitting else None
+
+
+def _ranked(candidates: list[Candidate]) -> list[Candidate]:
+    return [c for *_, c in sorted((c.seconds or 0.0, c.need, i, c) for i, c in enumerate(candidates))]
+
+
+@dataclass
+class _Decision:
+    names: list
+    reasons: list
+    mesh: dict
+    chunk: int
+    fits: bool
+    est: object
+    candidates: list = field(default_factory=list)  # at the chosen mesh, when S3 was considered
+    chunk_reason: str = ""
+
+
+def _chunk_reason(chosen: Candidate, cands: list[Candidate], budget: int, not_taken: bool = False) -> str:
+    """Why this chunk: its predicted seconds and the runner-up's, and why faster ones are
+    out. ``not_taken``: the sentence for S3 left out because one block is chosen."""
+    ranked = _ranked(cands)
+    if not chosen.fits:
+        return (f"{chosen.label}: no candidate fits; the smallest has the least transient attention scores "
+                f"({human_bytes(chosen.transient)} per query block), {_secs(chosen)} s/step predicted.")  # fmt: skip
+    runner = next((c for c in ranked if c.fits and c is not chosen), None)
+    if not_taken:
+        text = f"{chosen.label} fits and is the fastest: {_secs(chosen)} s/step predicted"
+    else:
+        text = f"{chosen.label}: the fastest that fits, {_secs(chosen)} s/step predicted"
+    if runner is not None:
+        text += f" vs {_secs(runner)} s at {runner.label}"
+    faster = [c for c in ranked[: ranked.index(chosen)] if not c.fits]
+    if faster:
+        f = faster[0]
+        scores = f", of which {human_bytes(f.transient)} transient attention scores" if f.transient else ""
+        text += f"; {f.label} ({_secs(f)} s) would need {human_bytes(f.need)}{scores}, over the budget {human_bytes(budget)}"
+    elif chosen.transient:
+        text += f"; its transient attention scores ({human_bytes(chosen.transient)}) fit beside the predicted peak"
+    return text + "."
+
+
+def _secs(c: Candidate) -> str:
+    return "?" if c.seconds is None else f"{c.seconds:.3g}"
+
+
+def _decide(profile, signals, devices, budget, planner: _Planner) -> _Decision:
     """Strategy names, reasons, mesh, chunk and estimate for ``devices`` devices."""
     hic = profile["modalities"].get("hic", {})
     chunks = _chunk_candidates(int(hic.get("n_anchors", 0))) if hic else []
+    options = [0, *chunks]  # one block first: the fastest when it fits
     strategies = {s.name: s for s in ordered()}
 
-    def peak(names, dp, tp, chunk):
-        return estimate(profile, tuple(names), dp, tp, chunk).total
-
-    ctx = Context(profile=profile, signals=signals, devices=devices, budget=budget, peak=peak)
+    ctx = Context(profile=profile, signals=signals, devices=devices, budget=budget, peak=planner.need)
     why_chosen = {}
     for st in ordered():
         if st.multi_process and devices < 2:
@@ -75,33 +193,35 @@ def _decide(profile, signals, devices, budget, estimate):
         ctx.chosen.append(st.name)
         why_chosen[st.name] = why
         if st.knob == "chunk" and chunks:
-            fitting = [c for c in chunks if peak(ctx.chosen, devices, 1, c) <= budget]
-            ctx.best_chunk = fitting[0] if fitting else chunks[-1]
+            best = fastest(planner.candidates(ctx.chosen, devices, 1, options))
+            ctx.best_chunk = best.chunk if best else chunks[-1]
 
     uses_chunk = any(strategies[n].knob == "chunk" for n in ctx.chosen) and chunks
-    chunk_options = chunks if uses_chunk else [0]
+    chunk_options = options if uses_chunk else [0]
     tp_options = _divisors(devices) if any(strategies[n].uses_tp for n in ctx.chosen) else [1]
     if HIDDEN_PARALLEL in ctx.chosen:  # every rank takes an equal share of every head
         cfg = model_config(profile)
         tp_options = [t for t in tp_options if (cfg.D // cfg.heads) % t == 0] or [1]
     choice = None
     for tp in tp_options:
-        for c in chunk_options:
-            if peak(ctx.chosen, devices // tp, tp, c) <= budget:
-                choice = (tp, c, True)
-                break
-        if choice:
+        cands = planner.candidates(ctx.chosen, devices // tp, tp, chunk_options)
+        best = fastest(cands)
+        if best is not None:
+            choice = (tp, best, cands, True)
             break
     if choice is None:
-        choice = (tp_options[-1], chunk_options[-1], False)
-    tp, chunk, fits = choice
+        tp = tp_options[-1]
+        cands = planner.candidates(ctx.chosen, devices // tp, tp, chunk_options)
+        choice = (tp, cands[-1], cands, False)
+    tp, picked, cands, fits = choice
+    chunk = picked.chunk
     names, reasons = [], []
     for name in ctx.chosen:
         st = strategies[name]
+        raised = why_chosen[name].rstrip(".")
         if st.uses_tp and tp < 2:
             # with tp 1 a tensor-parallel strategy shards nothing: listing it would say
             # the plan does what it does not (the memory model divides nothing by 1 either)
-            raised = why_chosen[name].rstrip(".")
             if fits:
                 reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({raised}), but the plan fits with tp 1, "
                                f"where it would shard nothing; all {devices} device(s) do data parallelism instead.")  # fmt: skip
@@ -109,10 +229,17 @@ def _decide(profile, signals, devices, budget, estimate):
                 reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({raised}), but no tensor-parallel "
                                f"degree >= 2 of {devices} device(s) suits this model, and with tp 1 it would shard nothing.")  # fmt: skip
             continue
+        if st.knob == "chunk" and uses_chunk and not chunk:
+            # one block is the plain kernel: a plan naming S3 without a chunk would say
+            # the plan does what it does not
+            reasons.append(f"{st.id} {st.name} not taken: its signal is raised ({raised}), but "
+                           f"{_chunk_reason(picked, cands, budget, not_taken=True)}")  # fmt: skip
+            continue
         names.append(name)
         reasons.append(f"{st.id} {st.name}: {why_chosen[name]}")
-    est = estimate(profile, tuple(names), devices // tp, tp, chunk)
-    return names, reasons, {"dp": devices // tp, "tp": tp}, chunk, fits, est
+    chunk_reason = _chunk_reason(picked, cands, budget) if uses_chunk and chunk else ""
+    est = planner.estimate(names, devices // tp, tp, chunk)
+    return _Decision(names, reasons, {"dp": devices // tp, "tp": tp}, chunk, fits, est, cands if uses_chunk else [], chunk_reason)
 
 
 def data_batch_bytes(profile: dict, dp: int) -> int:
@@ -142,7 +269,8 @@ def peak_scope(profile: dict, dp: int, est) -> dict:
     }
 
 
-def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None) -> Plan:
+def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None,
+             constants: CostConstants | None = None) -> Plan:  # fmt: skip
     """The plan for running ``profile``'s configuration on ``devices`` devices.
 
     Parameters
@@ -159,6 +287,9 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     estimate : callable, optional
         ``estimate(profile, names, dp, tp, chunk) -> Estimate``; default the analytic
         memory model.
+    constants : CostConstants, optional
+        The cost model's constants (:func:`ampflow.amp.cost_model.read_calibration`);
+        default :data:`~ampflow.amp.cost_model.DEFAULT_CONSTANTS`, and the plan says so.
     """
     from .memory_model import estimate_for_profile
 
@@ -170,16 +301,19 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     if not 0 < budget_fraction <= 1:
         raise InputError("must be in (0, 1]", key="budget_fraction", value=budget_fraction)
     estimate = estimate or estimate_for_profile
+    constants = (constants or DEFAULT_CONSTANTS).rounded()
     signals = evaluate_signals(profile, settings)
     budget = math.floor(device_memory * budget_fraction)
-    names, reasons, mesh, chunk, fits, est = _decide(profile, signals, devices, budget, estimate)
+    planner = _Planner(profile, budget, estimate, constants)
+    dec = _decide(profile, signals, devices, budget, planner)
+    names, reasons, mesh, chunk, fits, est = dec.names, dec.reasons, dec.mesh, dec.chunk, dec.fits, dec.est
 
     # the fewest devices that fit: powers of two, and the devices given when they fit
     # (a count such as 6 may fit where 4 does not and 8 is more than given)
     fewest = None
     d = 1
     while d <= MAX_RECOMMENDED:
-        if (fits if d == devices else _decide(profile, signals, d, budget, estimate)[4]):
+        if fits if d == devices else _decide(profile, signals, d, budget, planner).fits:
             fewest = d
             break
         d *= 2
@@ -193,10 +327,18 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         reasons.append("no signal calls for a strategy: plain single-process training.")
     if mesh["tp"] > 1:
         reasons.append(f"mesh: tp {mesh['tp']} is the smallest tensor-parallel degree that fits; dp {mesh['dp']} uses the other devices.")
-    if chunk:
-        reasons.append(f"chunk size {chunk} is the largest power of two that fits (larger chunks run faster).")
+    if dec.chunk_reason:
+        reasons.append(dec.chunk_reason)
+    step = planner.cost(names, mesh["dp"], mesh["tp"], chunk)
+    seconds = None if step is None else sig(step.seconds, SECONDS_DIGITS)
+    if step is not None:
+        reasons.append(f"step time by the cost model: {seconds:.3g} s/step predicted for the Hi-C decoder on this mesh "
+                       f"(its strata's attention and decode, forward and backward: the part the plan's knobs change); "
+                       f"constants: {describe(constants)}.")  # fmt: skip
+    scores = planner.transient(names, mesh["dp"], mesh["tp"], chunk)
+    beside = f" (with {human_bytes(scores)} of transient attention scores beside it)" if scores else ""
     if fits:
-        reasons.append(f"predicted peak {human_bytes(est.total)} per device fits the budget {human_bytes(budget)}.")
+        reasons.append(f"predicted peak {human_bytes(est.total)} per device{beside} fits the budget {human_bytes(budget)}.")
     else:
         reasons.append(f"predicted peak {human_bytes(est.total)} per device exceeds the budget {human_bytes(budget)} even with every applicable strategy.")
     if fits:
@@ -208,6 +350,15 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits; this plan is for {devices} "
                        f"and does not fit: plan again with {recommended}.")  # fmt: skip
     hic = profile["modalities"].get("hic", {})
+    cost_model = {}
+    if step is not None:
+        cost_model = {
+            "counts": COST_COUNTS,
+            "constants": constants.to_dict(),
+            "source": constants.source,
+            "terms": step.to_dict(),
+            "candidates": [c.to_dict() for c in dec.candidates],
+        }
     return Plan(
         version=PLAN_VERSION,
         inputs=PlanInputs(
@@ -232,6 +383,8 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         recommended_devices=recommended,
         min_fitting_devices=fewest,
         peak_scope=peak_scope(profile, mesh["dp"], est),
+        predicted_step_seconds=seconds,
+        cost_model=cost_model,
         reasons=tuple(reasons),
     )
 
@@ -245,6 +398,7 @@ def explain(plan: Plan) -> str:
         ("mesh", f"dp {plan.mesh.dp} x tp {plan.mesh.tp}"),
         ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
         ("chunk size", str(plan.chunk_size or "-")),
+        ("predicted step", plan.step_text()),
         ("predicted peak", f"{hb(plan.predicted_peak_bytes)} per device"),
         ("  counts", plan.peak_counts_text()),
         ("  leaves out", plan.peak_leaves_out_text()),

@@ -25,8 +25,10 @@ class Context:
     devices: int
     budget: float  # bytes per device
     chosen: list[str] = field(default_factory=list)  # strategy names chosen so far, in order
-    peak: Callable[..., float] | None = None  # peak(names, dp, tp, chunk) -> bytes per device
-    best_chunk: int = 0  # the chunk size that would be used (0: none)
+    # peak(names, dp, tp, chunk) -> bytes per device: the predicted peak plus one query
+    # block's transient attention scores
+    peak: Callable[..., float] | None = None
+    best_chunk: int = 0  # the chunk size that would be used (0: one block)
 
     def raised(self, name: str) -> bool:
         return bool(self.signals.get(name, {}).get("raised"))
@@ -47,8 +49,9 @@ class Strategy:
 
     ``multi_process``: needs more than one device. ``uses_tp``: shards over the
     tensor-parallel group (so the mesh gets a tp degree). ``knob``: a setting the
-    diagnosis tunes for it (``"chunk"``: the largest chunk size that fits) or a
-    switch it turns on (``"key_first"``).
+    diagnosis tunes for it (``"chunk"``: the fastest chunk size that fits, by the cost
+    model; one block, no chunk, is a candidate, and when it wins the strategy is not
+    listed) or a switch it turns on (``"key_first"``).
     """
 
     id: str

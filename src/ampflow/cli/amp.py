@@ -1,4 +1,5 @@
-"""Commands of AMP: profile a data folder, diagnose a plan, explain it, record the devices."""
+"""Commands of AMP: profile a data folder, diagnose a plan, explain it, record the devices,
+calibrate the cost model on them."""
 
 from __future__ import annotations
 
@@ -55,8 +56,12 @@ def cmd_diagnose(a):
     from ..amp.diagnose import diagnose
     from ..spec.profile import read_profile
 
+    from ..amp.cost_model import read_calibration
+
     settings = {"dimensionality_ratio": a.dimensionality_ratio}
-    plan = diagnose(read_profile(a.profile), a.devices, _device_memory(a.device_memory, a.devices_file), a.budget_fraction, settings=settings)
+    constants = read_calibration(a.calibration) if a.calibration else None
+    memory = _device_memory(a.device_memory, a.devices_file)
+    plan = diagnose(read_profile(a.profile), a.devices, memory, a.budget_fraction, settings=settings, constants=constants)
     plan.write(a.out)
     names = ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"
     log.info("plan: %s; mesh dp %d x tp %d; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, plan.fits, a.out)
@@ -78,6 +83,18 @@ def cmd_devices(a):
     log.info("devices: %s", json.dumps(info))
 
 
+def cmd_calibrate(a):
+    from ..amp.calibrate import calibrate
+    from ..amp.cost_model import write_calibration
+    from ..spec.config import ModelConfig, TrainConfig
+
+    model = ModelConfig.from_dict(_settings(a.model, a.model_config, "model"))
+    train = TrainConfig.from_dict(_settings(a.train, a.model_config, "train"))
+    doc = calibrate(model, train, anchors=a.anchors, blocks=a.blocks, reps=a.reps)
+    write_calibration(a.out, doc)
+    log.info("calibration (%s): %s -> %s", doc["device"], json.dumps(doc["constants"], sort_keys=True), a.out)
+
+
 def add_commands(sub) -> None:
     """Add this group's subcommands to the ``ampflow`` parser."""
     s = sub.add_parser("profile", help="profile a data folder from metadata only (AMP step 1)")
@@ -95,6 +112,7 @@ def add_commands(sub) -> None:
     s.add_argument("--devices-file", default=None, help="devices.json from `ampflow devices`, for --device-memory auto")
     s.add_argument("--budget-fraction", type=float, default=0.9)
     s.add_argument("--dimensionality-ratio", type=float, default=10.0, help="HIGH_INPUT_DIMENSIONALITY threshold")
+    s.add_argument("--calibration", default=None, help="calibration.json from `ampflow calibrate` (default: the cost model's documented constants)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_diagnose)
 
@@ -105,3 +123,13 @@ def add_commands(sub) -> None:
     s = sub.add_parser("devices", help="record the visible accelerators (NVML) as JSON")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_devices)
+
+    s = sub.add_parser("calibrate", help="time the attention kernel on the training device: the cost model's constants (JSON)")
+    s.add_argument("--model-config", default=None, help="YAML/JSON with 'model' (and 'train') sections")
+    s.add_argument("--model", default="", help="model settings as JSON: heads, decoder width, window")
+    s.add_argument("--train", default="", help="training settings as JSON: device and threads")
+    s.add_argument("--anchors", type=int, default=4096, help="sequence length timed")
+    s.add_argument("--blocks", type=int, default=64, help="query chunks of the chunked timing")
+    s.add_argument("--reps", type=int, default=5, help="timed runs per setting (the fastest counts)")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_calibrate)

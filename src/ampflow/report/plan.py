@@ -2,8 +2,9 @@
 
 :func:`plan_page` turns ``plan.json`` into HTML: signals with their evidence, the
 strategies and why (and why a strategy whose signal is raised was not taken), the
-mesh, chunk size, predicted peak against the budget with what it counts and leaves
-out, the recommended device count and the memory model's components.
+mesh, chunk size, the predicted seconds per step with the cost model's chunk
+candidates, predicted peak against the budget with what it counts and leaves out,
+the recommended device count and the memory model's components.
 
 :func:`measured_memory` reads ``metrics.jsonl``: per rank, the bytes held after each
 Hi-C stratum (``stratum_bytes``) and the step peak (``peak_bytes``), each the maximum
@@ -64,6 +65,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
             ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
             ("chunk size (S3)", str(plan.chunk_size or "-")),
             ("key-first decode (S4)", "yes" if plan.key_first else "no"),
+            ("predicted seconds per step", plan.step_text()),
             ("predicted peak per device", f"{human_bytes(peak)}"),
             ("the peak counts", plan.peak_counts_text()),
             ("the peak leaves out", plan.peak_leaves_out_text()),
@@ -95,6 +97,22 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
         columns=["component", "bytes", "share (%)"],
     )
     other = [r for r in plan.reasons if r.split(":", 1)[0] not in why]
+    cands = (plan.cost_model or {}).get("candidates") or []
+    chosen = plan.chunk_size or None
+    candidates = pd.DataFrame(
+        [
+            (
+                f"{c['chunk']}" if c.get("chunk") else "one block (no chunk)",
+                "-" if c.get("seconds") is None else f"{c['seconds']:.3g}",
+                human_bytes(c.get("need_bytes", 0)),
+                human_bytes(c.get("transient_bytes", 0)),
+                "yes" if c.get("fits") else "no",
+                "chosen" if c.get("chunk") == chosen else "",
+            )
+            for c in cands
+        ],
+        columns=["chunk", "predicted s/step", "bytes needed", "of which transient scores", "fits", "choice"],
+    )
     parts = [
         html_table(overview),
         f"<p>Predicted peak {esc(human_bytes(peak))} against the budget {esc(human_bytes(budget))}: {_peak_bar(peak, budget)}</p>",
@@ -104,6 +122,16 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
         html_table(strategies) if len(strategies) else "<p>No strategy: plain single-process training.</p>",
         "<h2>Decisions</h2>",
         "<ul>" + "".join(f"<li>{esc(r)}</li>" for r in other) + "</ul>",
+        *(
+            [
+                "<h2>Chunk candidates (cost model)</h2>",
+                f"<p>{esc((plan.cost_model or {}).get('counts', ''))}. Bytes needed: the predicted peak plus one query "
+                "block's transient attention scores.</p>",
+                html_table(candidates, row_class=lambda r: "good" if r["choice"] == "chosen" else ""),
+            ]
+            if len(candidates)
+            else []
+        ),
         "<h2>Predicted memory per device by component</h2>",
         html_table(components, numeric=["bytes", "share (%)"]),
     ]

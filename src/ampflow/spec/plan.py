@@ -5,6 +5,10 @@ JSON. The diagnosis (:mod:`ampflow.amp.diagnose`) builds a :class:`Plan`;
 :func:`ampflow.parallel.parallelize.parallelize` applies it to a built model (any world
 size, one included); the launcher starts :attr:`Plan.world` processes; the reports show it.
 Identical plans give identical bytes (:meth:`Plan.dumps`).
+
+Format versions: 1, the strategies, mesh, chunk, memory prediction and reasons; 2 adds
+``predicted_step_seconds`` and ``cost_model`` (the cost model's prediction, constants
+and chunk candidates). Both read: a version 1 plan has them empty.
 """
 
 from __future__ import annotations
@@ -18,13 +22,19 @@ from ..io.errors import InputError
 from ..progress import human_bytes
 from .strategies import KEY_FIRST_DECODE
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 #: What the predicted peak counts: what the trainer measures as ``peak_bytes`` on CPU
 #: (DESIGN §4, :mod:`ampflow.train.memory`).
 PEAK_COUNTS = ("parameters", "gradients", "optimizer state", "activations saved for backward (at the end of the forward pass)")
 #: What it leaves out and no profile can tell: a device adds these on top of it.
 PEAK_NOT_MODELLED = ("CUDA context and kernels (runtime)", "allocator caching and fragmentation", "communication buffers (NCCL)")
+#: What the predicted step seconds count (:mod:`ampflow.amp.cost_model`).
+COST_COUNTS = (
+    "the Hi-C decoder's strata on one device, forward and backward: banded attention FLOPs, projection, "
+    "feed-forward and decode FLOPs, a per-chunk overhead per attention call and query chunk, and the "
+    "latency of the tp group's collectives; not the encoders, graph, likelihood or optimizer"
+)
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,16 @@ class Plan:
     min_fitting_devices : int or None
         The fewest devices (a power of two, or the devices given) with which the plan
         fits; None when none up to 1024 does.
+    predicted_step_seconds : float or None
+        The cost model's seconds per step for this plan on one device (what it counts:
+        :data:`COST_COUNTS`); None without a Hi-C decoder or in a version 1 plan.
+    cost_model : dict
+        ``counts`` (:data:`COST_COUNTS`), ``constants`` (rates in FLOP/s, the per-chunk
+        overhead and collective latency in seconds, the band width the overhead was
+        measured at), ``source`` (``"defaults"`` or the calibrated device), ``terms`` (the
+        prediction by term) and ``candidates`` (each chunk considered, ``null`` = one
+        block: predicted seconds, bytes needed with its transient scores, fits). Empty
+        without a Hi-C decoder or in a version 1 plan.
     """
 
     version: int = PLAN_VERSION
@@ -117,6 +137,8 @@ class Plan:
     recommended_devices: int | None = None
     min_fitting_devices: int | None = None
     peak_scope: dict = field(default_factory=dict)
+    predicted_step_seconds: float | None = None
+    cost_model: dict = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -124,6 +146,8 @@ class Plan:
             raise InputError("must be >= 0", key="chunk_size", value=self.chunk_size)
         if self.world_size is not None and self.world_size < 1:
             raise InputError("must be >= 1", key="world_size", value=self.world_size)
+        if self.predicted_step_seconds is not None and not self.predicted_step_seconds >= 0:
+            raise InputError("must be >= 0", key="predicted_step_seconds", value=self.predicted_step_seconds)
 
     # ------------------------------------------------------------ what it says
     @property
@@ -166,6 +190,13 @@ class Plan:
             return f"{rec} (the devices this mesh uses, dp {self.mesh.dp} x tp {self.mesh.tp}{more})"
         return f"{rec} (the fewest that fit; this mesh, for {self.world}, does not)"
 
+    def step_text(self) -> str:
+        """The predicted seconds per step and where the cost model's constants come from."""
+        if self.predicted_step_seconds is None:
+            return "not predicted"
+        source = self.cost_model.get("source", "")
+        return f"{self.predicted_step_seconds:.3g} s (Hi-C decoder, cost model{'; ' + source if source else ''})"
+
     def peak_counts_text(self) -> str:
         return ", ".join(self.peak_scope.get("counts", ())) or "not stated"
 
@@ -200,6 +231,8 @@ class Plan:
             "recommended_devices": self.recommended_devices,
             "min_fitting_devices": self.min_fitting_devices,
             "peak_scope": self.peak_scope,
+            "predicted_step_seconds": self.predicted_step_seconds,
+            "cost_model": self.cost_model,
             "reasons": list(self.reasons),
         }
 
@@ -218,7 +251,10 @@ class Plan:
             inputs = PlanInputs(**(d.get("inputs") or {}))
             kw = {k: d[k] for k in ("version", "signals", "world_size", "chunk_size", "key_first", "predicted_peak_bytes",
                                      "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",
-                                     "recommended_devices", "min_fitting_devices", "peak_scope") if k in d}  # fmt: skip
+                                     "recommended_devices", "min_fitting_devices", "peak_scope", "predicted_step_seconds",
+                                     "cost_model") if k in d}  # fmt: skip
+            if "cost_model" in kw and kw["cost_model"] is None:
+                kw["cost_model"] = {}
             return cls(
                 inputs=inputs,
                 strategies=strategies,

@@ -1,0 +1,144 @@
+"""Calibration of the cost model (:mod:`.cost_model`): a micro-benchmark on the training device.
+
+Times, forward and backward, the banded attention kernel the model runs
+(:func:`ampflow.model.attention.local_attention_banded`) at the model's head count, head
+width and window over ``anchors`` anchors, in one block and in ``blocks`` query chunks,
+and one matrix product of the stratum block's feed-forward shape. The two kernel timings
+share their FLOPs, so their difference is the per-chunk overhead and the rest of one
+block's time gives the kernel's rate (:func:`~.cost_model.solve_calibration`). Each
+timing is the fastest of ``reps`` runs after a warm-up, the two chunk settings
+interleaved so that a load that comes and goes touches both.
+
+The result (``calibration.json``) is what the diagnosis reads; a plan is a pure function
+of it, the profile and the devices.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+
+from ..spec.config import ModelConfig, TrainConfig
+from .cost_model import CALIBRATION_VERSION, attention_flops, band_width, solve_calibration
+
+log = logging.getLogger(__name__)
+
+#: Anchors and query chunks of the micro-benchmark: big enough that one block's FLOPs
+#: show beside its overhead, small enough to take about a second on one CPU thread.
+ANCHORS = 4096
+BLOCKS = 64
+
+
+def _device(train: TrainConfig) -> torch.device:
+    if train.device == "cuda" or (train.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _device_name(dev: torch.device, threads: int) -> str:
+    if dev.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(dev)})"
+    return f"cpu ({threads} thread{'s' if threads != 1 else ''})"
+
+
+def _timer(dev: torch.device):
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def run(fn) -> float:
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t
+
+    return run
+
+
+def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None, anchors: int = ANCHORS,
+              blocks: int = BLOCKS, reps: int = 5, seed: int = 0) -> dict:  # fmt: skip
+    """Run the micro-benchmark; return the calibration document (JSON-able).
+
+    Parameters
+    ----------
+    model : ModelConfig, optional
+        Heads, head width ``D / heads`` and window of the kernel timed; default the
+        default model.
+    train : TrainConfig, optional
+        ``device`` (auto: CUDA when visible) and ``threads`` (CPU) the training runs with.
+    anchors : int
+        Sequence length ``N`` of the kernel timed.
+    blocks : int
+        Query chunks of the chunked timing (chunk ``ceil(N / blocks)``), >= 2.
+    reps : int
+        Timed runs per setting; the fastest counts.
+    seed : int
+
+    Returns
+    -------
+    dict
+        ``version``, ``device``, ``torch``, ``shape``, ``measured`` (seconds) and
+        ``constants`` (:class:`~.cost_model.CostConstants`, rounded).
+    """
+    from ..model.attention import local_attention_banded
+
+    model = model or ModelConfig()
+    train = train or TrainConfig()
+    if blocks < 2 or anchors < blocks:
+        raise ValueError(f"need anchors >= blocks >= 2, got anchors={anchors}, blocks={blocks}")
+    dev = _device(train)
+    threads_before = torch.get_num_threads()
+    threads = int(train.threads)
+    if dev.type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(seed)
+        H, D, w, f = model.heads, model.D, model.window, model.ffn_mult
+        Dh = D // H
+        chunk = math.ceil(anchors / blocks)
+        n_blocks = math.ceil(anchors / chunk)
+        q = torch.randn(H, anchors, Dh, generator=g).to(dev).requires_grad_()
+        v = torch.randn(H, anchors, Dh, generator=g).to(dev).requires_grad_()
+        x = torch.randn(anchors, D, generator=g).to(dev).requires_grad_()
+        weight = torch.randn(2 * f * D, D, generator=g).to(dev).requires_grad_()
+
+        def attention(c):
+            def fn():
+                local_attention_banded(q, q, v, w, c).sum().backward()
+
+            return fn
+
+        def dense():
+            (x @ weight.T).sum().backward()
+
+        timed = _timer(dev)
+        one, many, mm = attention(None), attention(chunk), dense
+        for fn in (one, many, mm):  # warm-up
+            timed(fn)
+        t_one = t_many = t_mm = math.inf
+        for _ in range(max(1, reps)):
+            t_one = min(t_one, timed(one))
+            t_many = min(t_many, timed(many))
+            t_mm = min(t_mm, timed(mm))
+        name = _device_name(dev, threads)
+        flops = attention_flops(anchors, w, H, Dh)
+        dense_flops = 3.0 * 2.0 * anchors * D * 2 * f * D
+        width = band_width(anchors, w)
+        constants = solve_calibration(t_one, t_many, n_blocks, flops, t_mm, dense_flops, width, source=f"calibrated on {name}")
+    finally:
+        torch.set_num_threads(threads_before)
+    doc = {
+        "version": CALIBRATION_VERSION,
+        "device": name,
+        "torch": torch.__version__,
+        "shape": {"anchors": anchors, "heads": H, "head_dim": Dh, "window": w, "band_width": width, "D": D, "ffn_mult": f,
+                  "chunk": chunk, "blocks": n_blocks, "reps": reps},  # fmt: skip
+        "measured": {"one_block_s": t_one, "chunked_s": t_many, "dense_s": t_mm, "attention_flops": flops, "dense_flops": dense_flops},
+        "constants": constants.to_dict(),
+    }
+    log.info("calibration on %s: one block %.3g s, %d chunks %.3g s, matmul %.3g s -> %s", name, t_one, n_blocks, t_many, t_mm, doc["constants"])
+    return doc

@@ -1,0 +1,217 @@
+"""The cost model and the plans that choose the chunk by it.
+
+Referees independent of the code under test: the wall-clock time of the banded kernel
+measured here (at chunk settings the calibration did not see), the memory model's own
+estimate of what a candidate holds (``estimate_for_profile``: peak plus one query
+block's transient scores) and the bytes of the plan file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+from ampflow.amp import cost_model as cm
+from ampflow.amp.calibrate import calibrate
+from ampflow.amp.diagnose import _chunk_candidates, diagnose
+from ampflow.amp.memory_model import estimate_for_profile
+from ampflow.cli import main
+from ampflow.io.errors import InputError
+from ampflow.model.attention import local_attention_banded
+from ampflow.spec.config import ModelConfig, TrainConfig
+from ampflow.spec.plan import Plan
+from ampflow.spec.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
+
+GIB = 2**30
+
+
+def mm10_profile(n: int = 2700, L: int = 10, window: int = 8) -> dict:
+    """The issue's real shape: mm10 at 1 Mb (about 2,700 anchors on 22 chromosomes), 10
+    strata, window 8, with 2,000 RNA features."""
+    fps = [n - 22 * k for k in range(L)]
+    return {
+        "version": 1,
+        "modalities": {
+            "rna": {"prob_model": "NB", "n_features": 2000, "n_cells": 5000},
+            "hic": {"prob_model": "HiCZINB", "n_features": sum(fps), "n_cells": 5000, "n_strata": L, "n_anchors": n,
+                    "features_per_stratum": fps, "attention": True, "window": window},  # fmt: skip
+        },
+        "graph": {"n_nodes": n + 2000, "n_edges": 60000},
+        "model": {"window": window},
+        "train": {"batch_size": 32},
+    }
+
+
+def need(profile, names, dp, tp, chunk) -> int:
+    """The memory model's bytes for a candidate: peak + one query block's scores."""
+    est = estimate_for_profile(profile, names, dp, tp, chunk)
+    return est.total + est.transient["attention_scores"]
+
+
+# ------------------------------------------------------------------ the model itself
+def test_solve_recovers_the_constants_of_synthetic_timings():
+    flops, dense_flops, blocks = 3.0e7, 1.0e8, 64
+    rate, dense_rate, overhead = 2.5e9, 4.0e10, 1.2e-3
+    one = flops / rate + overhead
+    many = flops / rate + blocks * overhead
+    c = cm.solve_calibration(one, many, blocks, flops, dense_flops / dense_rate, dense_flops, 17)
+    assert c.attention_flops_per_s == pytest.approx(rate, rel=5e-3)
+    assert c.dense_flops_per_s == pytest.approx(dense_rate, rel=5e-3)
+    assert c.chunk_overhead_s == pytest.approx(overhead, rel=5e-3)
+    # noise that makes chunks look free or faster never gives a negative overhead
+    noisy = cm.solve_calibration(one, one * 0.9, blocks, flops, 1.0, dense_flops, 17)
+    assert noisy.chunk_overhead_s > 0 and noisy.attention_flops_per_s > 0
+
+
+def test_more_chunks_cost_more_and_tp_divides_the_attention():
+    shape = cm.StepShape.from_profile(mm10_profile())
+    c = cm.DEFAULT_CONSTANTS
+    s3 = {CHUNKED_ATTENTION}
+    costs = [cm.step_cost(shape, c, s3, 1, 1, ch).seconds for ch in (0, 2048, 512, 64, 16)]
+    assert costs == sorted(costs) and len(set(costs)) == len(costs)
+    # one block is what S3 without a chunk, or no S3 at all, runs
+    assert cm.step_cost(shape, c, (), 1, 1, 512).seconds == costs[0]
+    one = cm.step_cost(shape, c, s3, 1, 1, 512)
+    s5 = cm.step_cost(shape, c, s3 | {HIDDEN_PARALLEL}, 1, 2, 512)
+    assert s5.attention_s < one.attention_s and s5.dense_s < one.dense_s
+    # S5 all-reduces every chunk's scores forward and their gradient backward
+    assert s5.collectives == 9 * (2 * one.blocks + cm.S5_PER_BLOCK) and one.collectives == 0
+    assert cm.step_cost(shape, c, s3 | {HIDDEN_PARALLEL}, 1, 1, 512).collectives == 0  # tp 1: nothing to reduce
+    s2 = cm.step_cost(shape, c, {FEATURE_PARALLEL}, 1, 2, 0)
+    assert s2.collectives == 10 * cm.S2_PER_STRATUM
+    # key-first decodes |F_k| < n features per stratum instead of n anchors
+    assert cm.step_cost(shape, c, {KEY_FIRST_DECODE}, 1, 1, 0).dense_s < cm.step_cost(shape, c, (), 1, 1, 0).dense_s
+    assert cm.cost_for_profile({"modalities": {"rna": {"n_features": 10}}, "model": {}, "train": {}}, (), 1, 1, 0) is None
+
+
+def test_calibration_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "calibration.json"
+    bad.write_text(json.dumps({"constants": {"attention_flops_per_s": 1e9}}))
+    with pytest.raises(InputError, match="missing"):
+        cm.read_calibration(bad)
+    bad.write_text(json.dumps({"constants": {"attention_flops_per_s": -1, "dense_flops_per_s": 1, "chunk_overhead_s": 1, "band_width": 17}}))
+    with pytest.raises(InputError, match="attention_flops_per_s"):
+        cm.read_calibration(bad)
+    bad.write_text("{nope")
+    with pytest.raises(InputError, match="not valid JSON"):
+        cm.read_calibration(bad)
+    with pytest.raises(InputError, match="does not exist"):
+        cm.read_calibration(tmp_path / "missing.json")
+
+
+# ------------------------------------------------------------------ (a) calibration vs a measured third setting
+def _time_kernel(n, heads, head_dim, window, chunk, reps=5) -> float:
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(heads, n, head_dim, generator=g, requires_grad=True)
+    v = torch.randn(heads, n, head_dim, generator=g, requires_grad=True)
+    best = math.inf
+    for r in range(reps + 1):
+        t = time.perf_counter()
+        local_attention_banded(q, q, v, window, chunk).sum().backward()
+        if r:  # the first run warms up
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def test_calibrated_constants_predict_the_kernel_at_other_chunk_sizes():
+    """Calibrated at one block and 32 chunks, the constants predict the measured time at
+    8 and at 128 chunks within a factor of 3, and get the order right: more chunks, slower."""
+    model, n = ModelConfig(heads=4, latent_dim=32, window=8), 2048
+    threads = torch.get_num_threads()
+    doc = calibrate(model, TrainConfig(device="cpu", threads=1), anchors=n, blocks=32, reps=3)
+    assert torch.get_num_threads() == threads  # the benchmark leaves the process as it was
+    c = cm.constants_from_doc(doc)
+    assert c.chunk_overhead_s > 0 and c.band_width == 17 and doc["device"].startswith("cpu")
+    torch.set_num_threads(1)
+    try:
+        measured = {blocks: _time_kernel(n, 4, 8, 8, n // blocks) for blocks in (8, 128)}
+    finally:
+        torch.set_num_threads(threads)
+    flops = cm.attention_flops(n, 8, 4, 8)
+    predicted = {b: flops / c.attention_flops_per_s + b * c.chunk_overhead(17) for b in measured}
+    for b in measured:
+        assert 1 / 3 < predicted[b] / measured[b] < 3, (b, predicted, measured, doc["measured"])
+    assert measured[128] > measured[8] and predicted[128] > predicted[8]
+
+
+# ------------------------------------------------------------------ (b) tight and loose budgets
+def test_a_tight_budget_gets_a_chunk_that_fits_and_a_loose_one_the_fastest():
+    p = mm10_profile()
+    s3 = (CHUNKED_ATTENTION, KEY_FIRST_DECODE)  # 13x the RNA's features: S4 is on
+    one, c2048, c256 = need(p, s3, 1, 1, 0), need(p, s3, 1, 1, 2048), need(p, s3, 1, 1, 256)
+    assert c256 < c2048 < one  # a chunk saves only transient scores
+    loose = diagnose(p, 1, 80 * GIB, 1.0)
+    assert loose.chunk_size is None and CHUNKED_ATTENTION not in loose.names and loose.fits
+    for budget, chunk in ((c2048 + (one - c2048) // 2, 2048), (c256, 256), (c256 + 1, 256)):
+        tight = diagnose(p, 1, budget, 1.0)
+        assert tight.fits and tight.chunk_size == chunk and CHUNKED_ATTENTION in tight.names
+        assert need(p, tight.names, 1, 1, tight.chunk) <= budget < need(p, tight.names, 1, 1, 0)  # the referee
+        # a larger chunk (fewer blocks, faster) would not fit
+        assert all(need(p, s3, 1, 1, c) > budget for c in _chunk_candidates(2700) if c > chunk)
+        assert any(r.startswith(f"chunk {chunk}: the fastest that fits") and "one block (no chunk)" in r for r in tight.reasons)
+        assert tight.predicted_step_seconds > loose.predicted_step_seconds
+    # nothing fits: the smallest chunk, and the plan says it does not fit
+    worst = diagnose(p, 1, need(p, s3, 1, 1, 16) - 1, 1.0)
+    assert not worst.fits and worst.chunk_size == 16
+
+
+# ------------------------------------------------------------------ (c) identical inputs, identical bytes
+def test_identical_inputs_give_byte_identical_plans(tmp_path):
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps(mm10_profile()))
+    cal = tmp_path / "calibration.json"
+    assert main(["calibrate", "--model", json.dumps({"window": 8}), "--train", json.dumps({"device": "cpu", "threads": 1}),
+                 "--anchors", "512", "--blocks", "8", "--reps", "1", "--out", str(cal)]) == 0  # fmt: skip
+    doc = json.loads(cal.read_text())
+    assert set(doc["constants"]) == {"attention_flops_per_s", "dense_flops_per_s", "chunk_overhead_s", "band_width", "collective_s"}
+    assert all(cm.sig(v) == v for v in doc["constants"].values())  # written rounded
+    plans = []
+    for i in range(2):
+        out = tmp_path / f"plan{i}.json"
+        args = ["diagnose", str(prof), "--devices", "4", "--device-memory", "80", "--calibration", str(cal), "--out", str(out)]
+        assert main(args) == 0
+        plans.append(out.read_bytes())
+    assert plans[0] == plans[1]
+    plan = Plan.read(tmp_path / "plan0.json")
+    assert plan.version == 2 and plan.cost_model["source"] == f"calibrated on {doc['device']}"
+    assert plan.cost_model["constants"] == doc["constants"]
+    assert plan.predicted_step_seconds == plan.cost_model["terms"]["seconds"] > 0
+    assert any("calibrated on cpu" in r for r in plan.reasons)
+    assert Plan.from_dict(json.loads(plans[0])) == plan and plan.dumps().encode() == plans[0]
+    # without a calibration file: the documented defaults, and the plan says so
+    assert main(["diagnose", str(prof), "--devices", "4", "--device-memory", "80", "--out", str(tmp_path / "d.json")]) == 0
+    default = Plan.read(tmp_path / "d.json")
+    assert default.cost_model["source"] == "defaults" and default.cost_model["constants"] == cm.DEFAULT_CONSTANTS.to_dict()
+    assert any("the documented defaults: no calibration file" in r for r in default.reasons)
+    # a version 1 plan (no cost fields) still reads
+    old = json.loads(plans[0])
+    for key in ("predicted_step_seconds", "cost_model"):
+        old.pop(key)
+    old["version"] = 1
+    assert Plan.from_dict(old).predicted_step_seconds is None and Plan.from_dict(old).step_text() == "not predicted"
+
+
+# ------------------------------------------------------------------ (d) the issue's shape
+@pytest.mark.parametrize("devices", [1, 4])
+def test_mm10_at_1mb_no_longer_gets_chunk_2048_unless_memory_forces_it(devices):
+    """The old rule took the largest power of two below 2,700 anchors (2048) whatever the
+    budget; with room, one block is faster and is chosen."""
+    p = mm10_profile()
+    roomy = diagnose(p, devices, 80 * GIB)
+    assert roomy.chunk_size is None and roomy.fits
+    (why,) = [r for r in roomy.reasons if r.startswith("S3 chunked_attention not taken")]
+    cands = {c["chunk"]: c for c in roomy.cost_model["candidates"]}
+    assert f"one block (no chunk) fits and is the fastest: {cands[None]['seconds']:.3g} s/step predicted vs {cands[2048]['seconds']:.3g} s at chunk 2048" in why
+    assert cands[None]["seconds"] < cands[2048]["seconds"] and all(c["fits"] for c in cands.values())
+    # the memory model's referee: one block's bytes are within the budget
+    dp = roomy.mesh.dp
+    assert need(p, roomy.names, dp, 1, 0) <= roomy.inputs.budget_bytes
+    # memory forces 2048: one block does not fit, 2048 does
+    s3 = (CHUNKED_ATTENTION, KEY_FIRST_DECODE)
+    budget = (need(p, s3, dp, 1, 2048) + need(p, s3, dp, 1, 0)) // 2
+    forced = diagnose(p, devices, budget, 1.0)
+    assert forced.chunk_size == 2048 and forced.fits and forced.mesh.dp == devices
