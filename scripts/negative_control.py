@@ -92,6 +92,9 @@ class Settings:
     # published one for these cells (Ex 259, In 99, Ast 20, Oli 20)
     label_column: str = "cluster_label"
     cores: int = 2
+    # off: the control asks whether the alignment memorises, which attention does not
+    # change; on (the model default) times training at the real shape
+    attention: bool = False
 
     @property
     def cfg(self) -> str:
@@ -248,7 +251,7 @@ def build_dataset(work: Path, data: Path, settings: Settings) -> dict:
             "pretrain": {"epochs": settings.pretrain_epochs},
             "finetune": {"epochs": settings.finetune_epochs},
         },
-        "model": {"attention": False},
+        "model": {"attention": settings.attention},
         # one CPU process with room to spare: the plan is plain single-process training
         "amp": {"devices": 1, "device_memory_gb": 16.0},
         "evaluate": {"label_key": "cell_type", "holdout": 0.2, "seed": settings.seed},
@@ -346,7 +349,7 @@ def table(r: Result, settings: Settings) -> str:
     lines = [
         f"Negative control: real HiRES brain RNA + uninformative Hi-C ({settings.fraction:.0%} subsamples of one embryo cell)",
         (
-            f"  configuration {settings.cfg}, attention off, {settings.pretrain_epochs}+{settings.finetune_epochs} epochs, "
+            f"  configuration {settings.cfg}, attention {'on' if settings.attention else 'off'}, {settings.pretrain_epochs}+{settings.finetune_epochs} epochs, "
             f"{settings.n_top_genes} HVGs, labels {settings.label_column}, seed {settings.seed}"
         ),
         f"  cells: {r.n_heldout} held-out, {r.n_train} training",
@@ -421,6 +424,7 @@ def main(argv=None) -> int:
     p.add_argument("--label-column", choices=["cluster_label", "marker_label"], default=d.label_column,
                    help=f"column of the inferred labels (default {d.label_column})")  # fmt: skip
     p.add_argument("--cores", type=int, default=d.cores, help=f"cores for snakemake and torch (default {d.cores})")
+    p.add_argument("--attention", action="store_true", help="train with the model's local attention (default off)")
     args = p.parse_args(argv)
     data = find_data(args.data_dir)
     if data is None:
@@ -429,7 +433,7 @@ def main(argv=None) -> int:
     settings = Settings(
         fraction=args.fraction, seed=args.seed, resolution=args.resolution, strata=args.strata,
         n_top_genes=args.n_top_genes, pretrain_epochs=args.epochs, finetune_epochs=args.finetune_epochs,
-        label_column=args.label_column, cores=args.cores,
+        label_column=args.label_column, cores=args.cores, attention=args.attention,
     )  # fmt: skip
     tmp = None
     if args.work is None:
