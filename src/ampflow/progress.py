@@ -19,31 +19,35 @@ class Progress:
         Where the lines go (the rule's ``log:`` file via the CLI's handler).
     """
 
-    def __init__(self, total: int, what: str, logger: logging.Logger, every: float = 5.0, verb: str = "done"):
+    def __init__(self, total: int, what: str, logger: logging.Logger, every: float = 5.0, verb: str = "done", clock=time.monotonic, done: int = 0):
         self.total = total
         self.what = what
         self.logger = logger
         self.every = every
         self.verb = verb
-        self.done = 0
-        self.start = time.monotonic()
+        self.clock = clock
+        self.done = done  # items done before this run (a resumed one): not in the rate
+        self.start = clock()
+        self._base = done  # items done when the clock (re)started
         self._last = self.start
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last >= self.every or self.done >= self.total:
             self._last = now
             self.logger.info(self.line(now))
 
     def restart_clock(self) -> None:
-        """Rates and ETA from now on (e.g. once workers have loaded their model)."""
-        self.start = self._last = time.monotonic()
+        """Rates and ETA from now on, over the items done from now on (e.g. once workers
+        have loaded their model, or after a first step that paid for warming up)."""
+        self.start = self._last = self.clock()
+        self._base = self.done
 
     def line(self, now: float | None = None) -> str:
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         elapsed = max(now - self.start, 1e-9)
-        rate = self.done / elapsed
+        rate = (self.done - self._base) / elapsed
         left = (self.total - self.done) / rate if rate > 0 else float("inf")
         pct = 100.0 * self.done / self.total if self.total else 100.0
         eta = f"{left:.0f}s" if left != float("inf") else "?"

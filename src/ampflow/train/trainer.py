@@ -322,8 +322,10 @@ class Trainer:
         live_path = self._live_metrics(metrics_path) if main else Path(os.devnull)
         n = len(self.train_rows)
         total_steps = sum(cfg.epochs * len(epoch_batches(n, self.cfg.batch_size, 0, 0, 0)) for _, cfg in self.cfg.stages)
-        progress = Progress(total_steps, "steps", log, verb="trained")
-        progress.done = self.step
+        # the rate counts this run's steps only (a resumed run's earlier ones took no time
+        # here), from the end of its first step (which pays for warming up)
+        progress = Progress(total_steps, "steps", log, verb="trained", done=self.step)
+        warm = self.step + 1
         start_stage, start_epoch, start_batch = self.position
         # every row goes to both files as its step completes: the working copy (fsynced
         # at each checkpoint, for resume) and metrics.jsonl (flushed, for people watching)
@@ -345,6 +347,8 @@ class Trainer:
                             fh.write(line)
                             fh.flush()
                         progress.update()
+                        if self.step == warm:
+                            progress.restart_clock()
                         self.position = (s, epoch, b + 1) if b + 1 < len(batches) else (s, epoch + 1, 0)
                         if self.step % self.cfg.checkpoint_every == 0:
                             if main:
