@@ -47,7 +47,8 @@ take more than ``--shape-seconds``. Medians over the rounds are reported:
   ``--threads`` > 1 the clock stops when the caller's thread does, which is when the
   op's threads are done (CPU ops are synchronous);
 * the plain step's wall time, with nothing installed: the check that the components
-  add up (their sum over the plain step is printed);
+  add up (their sum over the plain step is printed, of the medians and of the fastest
+  steps, the latter being what other processes' load disturbs least);
 * the FLOP floor: the step's FLOPs, as :class:`torch.utils.flop_counter.FlopCounterMode`
   counts them (matrix products only: ``mm``, ``addmm``, ``bmm``, convolutions,
   forward and backward, ``2 m n k`` each; elementwise work, softmax, ``lgamma``, gathers
@@ -62,9 +63,14 @@ take more than ``--shape-seconds``. Medians over the rounds are reported:
   (``backward`` gets the step's backward FLOPs; ``likelihood`` and ``optimizer`` have
   none the counter sees, so no ratio). The old kernel's own matrix products
   (``chunk + 2w`` scores per query) are printed as what its blocks execute;
-* a plain step's user and system CPU seconds and minor page faults (``getrusage``):
-  system time there is mostly the kernel zero-filling pages of large tensors that
-  the allocator maps afresh each step.
+* a plain step's CPU seconds (``time.process_time``, all threads), split into user and
+  system time, and its minor page faults (``getrusage``): system time there is mostly
+  the kernel zero-filling pages of large tensors that the allocator maps afresh each
+  step. On a CPU that other processes share, wall time also counts the time this
+  process waits for a core, CPU time does not: the speed-up and the floor ratio are
+  printed in both (the CPU floor divides the FLOPs by the product's GFLOP per CPU
+  second). With one thread the CPU figures hardly depend on the load; with more, an
+  idle thread's spinning at a barrier counts as CPU time too.
 
 Threads: ``torch.set_num_threads(--threads)`` once for the whole run (default: the
 cores this process may use); the matrix-product rate is measured with the same count,
@@ -388,17 +394,26 @@ def forward_flops_by_component(by_module: dict[str, int], n_blocks: int, root: s
     return out
 
 
-def matmul_gflops(n: int, repeats: int = 5) -> float:
-    """This CPU's best fp32 rate on an ``n x n @ n x n`` product, GFLOP/s."""
+@dataclass(frozen=True)
+class Rate:
+    """A matrix product's best rate: GFLOP per second of wall time, and per CPU second
+    of this process (all its threads)."""
+
+    wall: float
+    cpu: float
+
+
+def matmul_rate(n: int, repeats: int = 5) -> Rate:
+    """This CPU's best fp32 rate on an ``n x n @ n x n`` product."""
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     a @ b  # first touch
-    best = math.inf
+    wall = cpu = math.inf
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    return Rate(2 * n**3 / wall / 1e9, 2 * n**3 / cpu / 1e9)
 
 
 # ------------------------------------------------------------------------ the variants
@@ -407,8 +422,10 @@ class Result:
     seconds: dict[str, float]  # component -> median seconds per step
     step: float  # median plain step
     step_min: float  # fastest plain step
-    cpu: tuple[float, float, float]  # median user s, system s, minor page faults of a plain step
+    cpu_s: float  # median CPU seconds (all threads) of a plain step
+    usage: tuple[float, float, float]  # median user s, system s, minor page faults of a plain step
     instrumented: float  # median instrumented step (sum of components)
+    instrumented_min: float  # fastest instrumented step
     forward_flops: dict[str, int]  # component -> counted forward FLOPs
     step_flops: int  # counted forward + backward FLOPs
     block_flops: int  # counted forward FLOPs of the attention blocks x 3 (with backward)
@@ -429,6 +446,7 @@ class Variant:
         self.gen = torch.Generator().manual_seed(seed)
         self.per_step: list[dict[str, float]] = []
         self.plain: list[float] = []
+        self.cpu: list[float] = []
         self.usage: list[tuple[float, float, float]] = []
 
     def warm_up(self, rna, hic) -> None:
@@ -451,9 +469,10 @@ class Variant:
                     train_step(self.model, self.optimizer, rna, hic, self.weights, self.gen, clock)
                 self.per_step.append(clock.seconds)
                 return sum(clock.seconds.values())
-            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            r0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
             train_step(self.model, self.optimizer, rna, hic, self.weights, self.gen)
             self.plain.append(time.perf_counter() - t0)
+            self.cpu.append(time.process_time() - c0)
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             self.usage.append((r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt))
             return self.plain[-1]
@@ -464,8 +483,10 @@ class Variant:
             seconds={k: statistics.median(s.get(k, 0.0) for s in self.per_step) for k in labels},
             step=statistics.median(self.plain),
             step_min=min(self.plain),
-            cpu=tuple(statistics.median(u[i] for u in self.usage) for i in range(3)),
+            cpu_s=statistics.median(self.cpu),
+            usage=tuple(statistics.median(u[i] for u in self.usage) for i in range(3)),
             instrumented=statistics.median(sum(s.values()) for s in self.per_step),
+            instrumented_min=min(sum(s.values()) for s in self.per_step),
             forward_flops=self.fwd,
             step_flops=self.step_flops,
             block_flops=self.block_flops,
@@ -524,10 +545,11 @@ def ratio(flops: int, rate: float, seconds: float) -> float | None:
     return flops / (rate * 1e9) / seconds if flops and seconds > 0 else None
 
 
-def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], rate: float) -> list[str]:
+def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], rates: Rate) -> list[str]:
     """The table of one shape (a column pair per variant) and its summary lines."""
     rows = HEAD + [attention_label(k) for k in range(1, shape.n_strata)] + TAIL
     total = sum(floor.values())
+    rate = rates.wall
     cols = [(tag, res[tag]) for tag in ("old", "new") if tag in res]
     head = f"  {'component':<18} {'GFLOP':>8}"
     for tag, _ in cols:
@@ -548,16 +570,19 @@ def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], ra
         line += f" {r.step:>12.4f} {fmt_ratio(ratio(total, rate, r.step)):>11}"
     lines.append(line)
     floor_s = total / (rate * 1e9)
+    floor_cpu = total / (rates.cpu * 1e9)
     lines.append("")
     for tag, r in cols:
+        user, system, faults = r.usage
         lines.append(
             f"  {tag}: step {r.step:.4f} s; floor {floor_s:.4f} s ({total / 1e9:.2f} GFLOP at {rate:.1f} GFLOP/s): "
-            f"floor ratio {floor_s / r.step:.3f}; its components sum to {r.instrumented / r.step:.2f}x its plain step"
+            f"floor ratio {floor_s / r.step:.3f}; its components sum to {r.instrumented / r.step:.2f}x its plain step "
+            f"(medians; fastest steps: {r.instrumented_min / r.step_min:.2f}x)"
         )
-        user, system, faults = r.cpu
         lines.append(
-            f"  {tag}: a plain step's CPU time: {user:.3f} s user, {system:.3f} s system (all threads), "
-            f"{faults:,.0f} minor page faults"
+            f"  {tag}: CPU {r.cpu_s:.4f} s per step ({user:.3f} user, {system:.3f} system, all threads; "
+            f"{faults:,.0f} minor page faults); CPU floor {floor_cpu:.4f} s ({rates.cpu:.1f} GFLOP per CPU s): "
+            f"ratio {floor_cpu / r.cpu_s:.3f}"
         )
     if "old" in res:
         needed = sum(floor[attention_label(k)] for k in range(1, shape.n_strata)) * 3  # forward + backward (2x)
@@ -566,7 +591,11 @@ def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], ra
             f"(forward + backward) where the band needs {needed / 1e9:.2f}"
         )
     if "old" in res and "new" in res:
-        lines.append(f"  new / old speed-up: {res['old'].step / res['new'].step:.1f}x (plain steps, same run)")
+        old, new = res["old"], res["new"]
+        lines.append(
+            f"  new / old speed-up: {old.step / new.step:.1f}x wall, {old.cpu_s / new.cpu_s:.1f}x CPU seconds "
+            f"(plain steps, same run)"
+        )
     return lines
 
 
@@ -664,27 +693,36 @@ def main(argv=None) -> int:
         else:
             print(f"  old: chunked kernel, {old_plan.summary()}")
             variants.insert(0, Variant("old", shape, old_plan, old_local_attention, args.seed))
-        rate = matmul_gflops(args.matmul)
+        rates = matmul_rate(args.matmul)
         res, rounds = measure(shape.label, variants, cells, args.steps, args.shape_seconds)
-        print(f"  matrix-product rate {rate:.1f} GFLOP/s ({args.matmul}^2 fp32 @, best of 5, before the steps)")
+        print(
+            f"  matrix-product rate {rates.wall:.1f} GFLOP/s wall, {rates.cpu:.1f} GFLOP per CPU s "
+            f"({args.matmul}^2 fp32 @, best of 5, before the steps)"
+        )
         print(f"  medians of {rounds} step(s) per variant after 1 warm-up")
         del variants
         floor = floor_flops(res["new"], n, w, cfg.D)
-        for line in shape_report(shape, res, floor, rate):
+        for line in shape_report(shape, res, floor, rates):
             print(line)
         sys.stdout.flush()
-        floor_s = sum(floor.values()) / (rate * 1e9)
-        summary.append((shape.label, res, floor_s))
-    print("\nsummary (plain steps: median, fastest in brackets)")
-    print(f"  {'shape':<10} {'new s/step':>17} {'old s/step':>17} {'speed-up':>9} {'floor s':>8} {'new floor ratio':>15}")
-    for label, res, floor_s in summary:
+        summary.append((shape.label, res, sum(floor.values()), rates))
+    print("\nsummary: plain steps, median seconds (fastest); CPU seconds count all threads")
+    print(
+        f"  {'shape':<10} {'new s/step':>16} {'old s/step':>16} {'speed-up':>8} {'new CPU s':>9} {'old CPU s':>9} "
+        f"{'speed-up':>8} {'floor s':>8} {'floor ratio':>11} {'by CPU s':>8}"
+    )
+    for label, res, flops, rates in summary:
         new, old = res["new"], res.get("old")
-        up = "-" if old is None else f"{old.step / new.step:.1f}x"
-        old_txt = "skipped" if old is None else f"{old.step:.3f} ({old.step_min:.3f})"
-        print(
-            f"  {label:<10} {f'{new.step:.3f} ({new.step_min:.3f})':>17} {old_txt:>17} {up:>9} {floor_s:>8.4f} "
-            f"{floor_s / new.step:>15.3f}"
-        )
+        floor_s, floor_cpu = flops / (rates.wall * 1e9), flops / (rates.cpu * 1e9)
+        line = f"  {label:<10} {f'{new.step:.3f} ({new.step_min:.3f})':>16}"
+        if old is None:
+            line += f" {'skipped':>16} {'-':>8} {new.cpu_s:>9.3f} {'-':>9} {'-':>8}"
+        else:
+            line += (
+                f" {f'{old.step:.3f} ({old.step_min:.3f})':>16} {f'{old.step / new.step:.1f}x':>8}"
+                f" {new.cpu_s:>9.3f} {old.cpu_s:>9.3f} {f'{old.cpu_s / new.cpu_s:.1f}x':>8}"
+            )
+        print(f"{line} {floor_s:>8.4f} {floor_s / new.step:>11.3f} {floor_cpu / new.cpu_s:>8.3f}")
     if hasattr(os, "getloadavg"):
         print(f"load average (1 min) after the run: {os.getloadavg()[0]:.2f}")
     return 0

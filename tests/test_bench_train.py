@@ -66,7 +66,8 @@ def test_table_has_every_component_and_ratio(capsys, sizes):
         assert len(rows[name]) >= 3 and all(x >= 0 for x in rows[name]), (name, rows[name])
     # the components of an instrumented step add up to about a plain step timed apart
     # (a shared CPU's load makes single steps vary)
-    sums = [float(x) for x in re.findall(r"components sum to (\d+\.\d+)x", out)]
+    # (the fastest of each: other processes' load on a shared CPU only ever adds time)
+    sums = [float(x) for x in re.findall(r"components sum to \d+\.\d+x .*fastest steps: (\d+\.\d+)x", out)]
     assert len(sums) == 2, out
     assert all(0.5 <= x <= 2.0 for x in sums), sums
     assert re.search(rf"new / old speed-up: {NUMBER}x", out)
