@@ -9,10 +9,10 @@ every cis bin pair ``(b, b + k)`` for ``k < strata``
 cells keep nearly all of them), ``--genes`` genes, and a guidance graph of genes and
 anchors (each gene linked to one anchor, ``--graph-degree`` cis contact edges per
 anchor, both directions, self-loops). Counts are Poisson: RNA with per-gene
-log-normal rates and ``--umis`` per cell, Hi-C with ``--contacts`` per cell spread over
-the strata by a ``1/(k+1)`` decay. The model is :class:`~ampflow.model.paired.PairedModel`
-with the config's defaults, trained by Adam as the trainer trains it (``model.train()``,
-pretraining loss weights).
+log-normal rates and ``--umis`` per cell, Hi-C with ``--contacts`` per cell, a feature
+of stratum ``k`` getting a share that falls as ``1/(k+1)``. The model is
+:class:`~ampflow.model.paired.PairedModel` with the config's defaults, trained by Adam
+as the trainer trains it (``model.train()``, pretraining loss weights).
 
 Two variants run on every shape, each on a freshly built model with the same seed:
 
@@ -128,7 +128,8 @@ log = logging.getLogger("bench_train")
 
 REPO = Path(__file__).resolve().parents[1]
 # the shared data folder, as the tests find it (AMPFLOW_SHARED_DATA, else shared/ beside the checkout)
-DEFAULT_SIZES = Path(os.environ.get("AMPFLOW_SHARED_DATA") or REPO.parent / "shared" / "data") / "annotation" / "mm10.chrom.sizes"
+SHARED_DATA = Path(os.environ.get("AMPFLOW_SHARED_DATA") or REPO.parent / "shared" / "data")
+DEFAULT_SIZES = SHARED_DATA / "annotation" / "mm10.chrom.sizes"
 MM10_CHROMS = [f"chr{i}" for i in range(1, 20)] + ["chrX"]
 GIB = 2**30
 
@@ -201,9 +202,9 @@ class Cells:
         self.n, self.batch, self.seed = n, batch, seed
         rate = torch.exp(torch.randn(shape.n_genes, generator=g) * 1.5)
         self.gene_share = rate / rate.sum()
+        # a feature's expected share of a cell's contacts falls with its distance as 1/(k+1)
         decay = 1.0 / (shape.feature_stratum.double() + 1.0)
-        per_stratum = torch.bincount(shape.feature_stratum, weights=decay)
-        self.feature_share = (decay / per_stratum.sum()).float()  # sums to 1 over features
+        self.feature_share = (decay / decay.sum()).float()
         self.umis, self.contacts = umis, contacts
 
     def __len__(self) -> int:
@@ -438,7 +439,9 @@ class Variant:
     def __init__(self, tag: str, shape: Shape, plan, attention_fn, seed: int):
         self.tag, self.fn, self.n_blocks = tag, attention_fn, shape.n_strata - 1
         torch.manual_seed(seed)
-        model = PairedModel(ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph)
+        model = PairedModel(
+            ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph
+        )
         self.model = parallelize(model, plan)
         self.model.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=TrainConfig().pretrain.lr)
