@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_extract.py
 	$(BIN)/python scripts/bench_profile.py
 	$(BIN)/python scripts/bench_memory_model.py
+	$(BIN)/python scripts/bench_train.py
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_parallel.py
 
 clean-demo:

@@ -1,0 +1,735 @@
+"""Training-step time of the paired model at mm10's real shapes, by component, against
+the FLOP floor, with the old attention kernel and plan beside the new ones.
+
+Shapes (``--shapes``, resolution:strata) are built from a chrom.sizes file the way the
+workflow builds them, without contact data (a step's cost depends on shapes, not on
+values): anchors are the bins of the kept chromosomes (mm10 chr1-19, X), Hi-C features
+every cis bin pair ``(b, b + k)`` for ``k < strata``
+(:func:`ampflow.prepare.strata.candidate_index`, all candidates kept, as a few hundred
+cells keep nearly all of them), ``--genes`` genes, and a guidance graph of genes and
+anchors (each gene linked to one anchor, ``--graph-degree`` cis contact edges per
+anchor, both directions, self-loops). Counts are Poisson: RNA with per-gene
+log-normal rates and ``--umis`` per cell, Hi-C with ``--contacts`` per cell, a feature
+of stratum ``k`` getting a share that falls as ``1/(k+1)``. The model is
+:class:`~ampflow.model.paired.PairedModel` with the config's defaults, trained by Adam
+as the trainer trains it (``model.train()``, pretraining loss weights).
+
+Two variants run on every shape, each on a freshly built model with the same seed:
+
+* new: the banded kernel (:func:`~ampflow.model.attention.local_attention`, the model's
+  default) under the plan that :func:`ampflow.amp.diagnose.diagnose` makes today for
+  one device of ``--memory-gib`` (its chunk size and key-first decode), applied with
+  :func:`ampflow.parallel.parallelize.parallelize` as the trainer applies it;
+* old: the same plan with chunk ``--old-chunk`` (2048, what the planner picked at
+  1 Mb when it took the largest power of two that fits) run by the kernel the model
+  dispatched to before the banded one, :func:`~ampflow.model.attention.local_attention_chunked`
+  (``local_attention_full`` for chunk 0). The switch rebinds the kernel name the
+  Hi-C decoder calls for the duration of that variant only; the model's default is
+  untouched. Where the old kernel's saved probabilities, ``H * sum(C_i * (C_i + 2w))``
+  floats per stratum over the clipped chunks, would exceed ``--max-old-gib`` in all
+  strata together, the old variant is skipped and the estimate is printed.
+
+Per shape: one warm-up step of each variant, which counts FLOPs, then rounds of one
+instrumented step of each variant followed by one plain step of each, on the same
+batches: taking turns, the variants share whatever load other processes put on the
+CPU. ``--steps`` rounds, or fewer (at least one) where the warm-ups say that they would
+take more than ``--shape-seconds``. Medians over the rounds are reported:
+
+* seconds by component: ``encoders`` (``PairedModel.encode``: input transforms and both
+  encoders), ``graph`` (graph encoder and node sample, and the graph loss), each
+  stratum's attention block (``StratumBlock.forward``: norms, projections, the kernel,
+  the feed-forward), ``decode`` (the Hi-C decoder less its blocks, and the RNA
+  decoder), ``likelihood`` (``NB``/``ZINB.log_prob``), ``other forward`` (what the
+  forward does outside those: KL and alignment terms, the samples), ``backward``
+  (``loss.backward()``, whole) and ``optimizer`` (``zero_grad`` + ``Adam.step``).
+  Times are exclusive (a block's time is not counted in ``decode``) and measured by
+  forward hooks and wrappers that the benchmark installs and removes; with
+  ``--threads`` > 1 the clock stops when the caller's thread does, which is when the
+  op's threads are done (CPU ops are synchronous);
+* the plain step's wall time, with nothing installed: the check that the components
+  add up (their sum over the plain step is printed, of the medians and of the fastest
+  steps, the latter being what other processes' load disturbs least);
+* the FLOP floor: the step's FLOPs, as :class:`torch.utils.flop_counter.FlopCounterMode`
+  counts them (matrix products only: ``mm``, ``addmm``, ``bmm``, convolutions,
+  forward and backward, ``2 m n k`` each; elementwise work, softmax, ``lgamma``, gathers
+  and scatters count zero) in the new variant, plus the band attention's products,
+  which the banded kernel does elementwise and the counter does not see:
+  ``4 D P`` forward and ``8 D P`` backward per stratum, ``P`` being the in-window
+  (query, key) pairs. That is the work the model's math needs, whichever kernel runs,
+  so it is one floor for both variants. Divided by this CPU's rate on a
+  ``--matmul``-square fp32 matrix product (best of 5, same threads, measured in this
+  run) it gives the floor in seconds; the ratio printed is floor / measured (1.0 = at
+  the floor). Per component the forward FLOPs are attributed by module
+  (``backward`` gets the step's backward FLOPs; ``likelihood`` and ``optimizer`` have
+  none the counter sees, so no ratio). The old kernel's own matrix products
+  (``chunk + 2w`` scores per query) are printed as what its blocks execute;
+* a plain step's CPU seconds (``time.process_time``, all threads), split into user and
+  system time, and its minor page faults (``getrusage``): system time there is mostly
+  the kernel zero-filling pages of large tensors that the allocator maps afresh each
+  step. On a CPU that other processes share, wall time also counts the time this
+  process waits for a core, CPU time does not: the speed-up and the floor ratio are
+  printed in both (the CPU floor divides the FLOPs by the product's GFLOP per CPU
+  second). With one thread the CPU figures hardly depend on the load; with more, an
+  idle thread's spinning at a barrier counts as CPU time too.
+
+Threads: ``torch.set_num_threads(--threads)`` once for the whole run (default: the
+cores this process may use); the matrix-product rate is measured with the same count,
+once per shape. On a CPU shared with other work, more threads than idle cores slow the
+many small operations of the attention blocks most (each waits for its slowest thread);
+``--threads 1`` then gives steadier figures.
+Progress goes to stderr; the tables to stdout.
+
+Examples::
+
+    python scripts/bench_train.py                                # a few minutes on 2 cores
+    python scripts/bench_train.py --shapes 1000000:10 --steps 5
+    python scripts/bench_train.py --threads 1 --cells 512 --batch 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+try:
+    import ampflow  # noqa: F401
+except ImportError:  # run from a checkout without installing the package
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from ampflow.amp.diagnose import diagnose
+from ampflow.io.genome import make_bins, read_chromsizes, resolution_label
+from ampflow.model import decoders, paired, prob
+from ampflow.model.attention import (
+    band_offsets,
+    chunk_blocks,
+    local_attention_chunked,
+    local_attention_full,
+)
+from ampflow.model.paired import GraphSpec, PairedModel
+from ampflow.parallel.parallelize import parallelize
+from ampflow.prepare.strata import candidate_index
+from ampflow.spec.config import ModelConfig, TrainConfig
+from ampflow.spec.profile import ProfileTrain
+
+log = logging.getLogger("bench_train")
+
+REPO = Path(__file__).resolve().parents[1]
+# the shared data folder, as the tests find it (AMPFLOW_SHARED_DATA, else shared/ beside the checkout)
+SHARED_DATA = Path(os.environ.get("AMPFLOW_SHARED_DATA") or REPO.parent / "shared" / "data")
+DEFAULT_SIZES = SHARED_DATA / "annotation" / "mm10.chrom.sizes"
+MM10_CHROMS = [f"chr{i}" for i in range(1, 20)] + ["chrX"]
+GIB = 2**30
+
+# rows of the table, in order; the attention rows ("attention k=..") go after "graph"
+HEAD = ["encoders", "graph"]
+TAIL = ["decode", "likelihood", "other forward", "backward", "optimizer"]
+
+
+# ------------------------------------------------------------------------ shapes
+@dataclass
+class Shape:
+    """The tensors one resolution gives the model."""
+
+    label: str
+    n_strata: int
+    feature_anchor: torch.Tensor  # (F,) stratum-major
+    feature_stratum: torch.Tensor  # (F,)
+    graph: GraphSpec
+    n_genes: int
+
+    @property
+    def n_anchors(self) -> int:
+        return int((self.feature_stratum == 0).sum())
+
+    @property
+    def features_per_stratum(self) -> list[int]:
+        return torch.bincount(self.feature_stratum, minlength=self.n_strata).tolist()
+
+
+def build_shape(sizes: dict[str, int], resolution: int, n_strata: int, n_genes: int, degree: int, seed: int) -> Shape:
+    """Strata features and a guidance graph of mm10 at ``resolution`` (see the module doc)."""
+    bins = make_bins(sizes, resolution)
+    _, var = candidate_index(bins, list(sizes), n_strata)
+    anchor = torch.from_numpy(var["anchor"].to_numpy(np.int64))
+    stratum = torch.from_numpy(var["stratum"].to_numpy(np.int64))
+    g = torch.Generator().manual_seed(seed)
+    n = int((stratum == 0).sum())
+    # contact edges stay on each anchor's chromosome: a partner drawn from its range
+    chrom_codes = torch.from_numpy(bins["chrom"].cat.codes.to_numpy(np.int64))
+    starts = torch.searchsorted(chrom_codes, torch.arange(len(sizes)))
+    ends = torch.cat([starts[1:], torch.tensor([n])])
+    a = torch.arange(n).repeat(degree)
+    lo, hi = starts[chrom_codes[a]], ends[chrom_codes[a]]
+    b = lo + (torch.rand(a.numel(), generator=g) * (hi - lo)).long()
+    keep = a != b
+    a, b = a[keep], b[keep]
+    genes = torch.arange(n_genes)
+    gene_anchor = torch.randint(n, (n_genes,), generator=g)
+    one_src = torch.cat([genes, n_genes + a])
+    one_dst = torch.cat([n_genes + gene_anchor, n_genes + b])
+    n_nodes = n_genes + n
+    loops = torch.arange(n_nodes)
+    src = torch.cat([one_src, one_dst, loops])
+    dst = torch.cat([one_dst, one_src, loops])
+    weight = torch.cat([torch.ones(n_genes), torch.rand(a.numel(), generator=g) * 0.9 + 0.1])
+    weight = torch.cat([weight, weight, torch.ones(n_nodes)])
+    graph = GraphSpec(
+        src=src, dst=dst, weight=weight, sign=torch.ones(src.numel()), n_nodes=n_nodes,
+        gene_nodes=torch.arange(n_genes), anchor_nodes=torch.arange(n_genes, n_nodes),
+    )  # fmt: skip
+    return Shape(f"{resolution_label(resolution)}/{n_strata}", n_strata, anchor, stratum, graph, n_genes)
+
+
+class Cells:
+    """Poisson counts of a pool of ``n`` cells, drawn batch by batch (the same batch
+    index always gives the same cells' counts)."""
+
+    def __init__(self, shape: Shape, n: int, batch: int, umis: float, contacts: float, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        self.n, self.batch, self.seed = n, batch, seed
+        rate = torch.exp(torch.randn(shape.n_genes, generator=g) * 1.5)
+        self.gene_share = rate / rate.sum()
+        # a feature's expected share of a cell's contacts falls with its distance as 1/(k+1)
+        decay = 1.0 / (shape.feature_stratum.double() + 1.0)
+        self.feature_share = (decay / decay.sum()).float()
+        self.umis, self.contacts = umis, contacts
+
+    def __len__(self) -> int:
+        return max(1, self.n // self.batch)
+
+    def get(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + i % len(self))
+        depth = torch.exp(torch.randn(self.batch, 1, generator=g) * 0.4)
+        rna = torch.poisson(depth * self.umis * self.gene_share, generator=g)
+        hic = torch.poisson(depth * self.contacts * self.feature_share, generator=g)
+        return rna, hic
+
+
+# ------------------------------------------------------------------------ plans and kernels
+def shape_profile(shape: Shape, batch: int) -> dict:
+    """The profile (:func:`ampflow.amp.profile.profile_data`'s fields that the diagnosis
+    reads) of ``shape`` under the default model and training settings."""
+    cfg = ModelConfig()
+    fps = shape.features_per_stratum
+    cells = 1000
+    return {
+        "version": 1,
+        "modalities": {
+            "rna": {"prob_model": "NB", "n_features": shape.n_genes, "n_cells": cells},
+            "hic": {
+                "prob_model": "HiCZINB",
+                "n_features": sum(fps),
+                "n_cells": cells,
+                "n_strata": shape.n_strata,
+                "n_anchors": shape.n_anchors,
+                "features_per_stratum": fps,
+                "attention": cfg.attention,
+                "window": cfg.window,
+                "heads": cfg.heads,
+            },
+        },
+        "graph": {"n_nodes": shape.graph.n_nodes, "n_edges": int(shape.graph.src.numel())},
+        "model": cfg.to_dict(),
+        "train": ProfileTrain.from_config(TrainConfig(batch_size=batch)).to_dict(),
+    }
+
+
+def old_local_attention(q, k, v, window, chunk=None, scale=None):
+    """What ``local_attention`` ran before the banded kernel: full masked attention
+    without a chunk, else the chunked kernel (``chunk + 2w`` scores per query)."""
+    if not chunk:
+        return local_attention_full(q, k, v, window, scale)
+    return local_attention_chunked(q, k, v, window, chunk, scale)
+
+
+@contextlib.contextmanager
+def kernel(fn):
+    """The Hi-C decoder's attention kernel is ``fn`` inside the block."""
+    saved = decoders.local_attention
+    decoders.local_attention = fn
+    try:
+        yield
+    finally:
+        decoders.local_attention = saved
+
+
+def band_pairs(n: int, window: int) -> int:
+    """In-window (query, key) pairs of a sequence of ``n``."""
+    return sum(hi - lo for _, _, lo, hi in band_offsets(0, n, n, window))
+
+
+def chunked_pairs(n: int, window: int, chunk: int) -> int:
+    """(query, key) scores the chunked kernel computes: ``sum (e - s)(ke - ks)``."""
+    return sum((e - s) * (ke - ks) for s, e, ks, ke in chunk_blocks(n, window, chunk))
+
+
+# ------------------------------------------------------------------------ timing
+class Clock:
+    """Exclusive seconds per label of nested regions (a region's children are not
+    counted in it)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._stack: list[list] = []
+
+    def enter(self, label: str) -> None:
+        self._stack.append([label, time.perf_counter(), 0.0])
+
+    def exit(self, label: str) -> None:
+        name, t0, inner = self._stack.pop()
+        if name != label:
+            raise RuntimeError(f"timed regions out of order: {label} closed inside {name}")
+        dt = time.perf_counter() - t0
+        self.seconds[label] = self.seconds.get(label, 0.0) + dt - inner
+        if self._stack:
+            self._stack[-1][2] += dt
+
+    @contextlib.contextmanager
+    def region(self, label: str):
+        self.enter(label)
+        try:
+            yield
+        finally:
+            self.exit(label)
+
+    def wrap(self, fn, label: str):
+        def timed(*args, **kwargs):
+            with self.region(label):
+                return fn(*args, **kwargs)
+
+        return timed
+
+
+def attention_label(k: int) -> str:
+    return f"attention k={k}"
+
+
+@contextlib.contextmanager
+def instrumented(model: PairedModel, clock: Clock):
+    """Hooks and wrappers that time the model's components on ``clock``; all removed
+    on exit."""
+    handles = []
+
+    def hook(module, label):
+        handles.append(module.register_forward_pre_hook(lambda m, a: clock.enter(label)))
+        handles.append(module.register_forward_hook(lambda m, a, o: clock.exit(label)))
+
+    hook(model.hic_decoder, "decode")
+    if model.has_rna:
+        hook(model.rna_decoder, "decode")
+    for k, block in enumerate(model.hic_decoder.blocks, 1):
+        hook(block, attention_label(k))
+    # methods and functions, not modules: wrapped on the instance, the module or the class
+    model.encode = clock.wrap(PairedModel.encode.__get__(model), "encoders")
+    model.node_latents = clock.wrap(PairedModel.node_latents.__get__(model), "graph")
+    saved = (paired.graph_nll, prob.NB.log_prob, prob.ZINB.log_prob)
+    paired.graph_nll = clock.wrap(saved[0], "graph")
+    prob.NB.log_prob = clock.wrap(saved[1], "likelihood")
+    prob.ZINB.log_prob = clock.wrap(saved[2], "likelihood")
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        del model.encode, model.node_latents
+        paired.graph_nll, prob.NB.log_prob, prob.ZINB.log_prob = saved
+
+
+def train_step(model, optimizer, rna, hic, weights, generator, clock: Clock | None = None) -> None:
+    """One training step as the trainer runs it in one process (timed on ``clock``)."""
+    clock = clock or Clock()
+    with clock.region("optimizer"):
+        optimizer.zero_grad(set_to_none=True)
+    with clock.region("other forward"):
+        terms = model(rna, hic, weights, generator=generator)
+    with clock.region("backward"):
+        terms["total"].backward()
+    with clock.region("optimizer"):
+        optimizer.step()
+
+
+def counted_step(model, optimizer, rna, hic, weights, generator) -> tuple[dict[str, int], dict[str, int]]:
+    """One step under FlopCounterMode: FLOPs by module (inclusive) of the forward, and
+    of forward + backward (only its ``Global`` total is read)."""
+    optimizer.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as both:
+        with FlopCounterMode(display=False) as fwd:
+            terms = model(rna, hic, weights, generator=generator)
+        terms["total"].backward()
+    optimizer.step()
+
+    def by_module(counter):
+        return {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+
+    return by_module(fwd), by_module(both)
+
+
+def forward_flops_by_component(by_module: dict[str, int], n_blocks: int, root: str = "PairedModel") -> dict[str, int]:
+    """The counter's inclusive per-module forward FLOPs as the table's components."""
+
+    def f(name: str) -> int:
+        return by_module.get(f"{root}.{name}" if name else root, 0)
+
+    blocks = {attention_label(k): f(f"hic_decoder.blocks.{k - 1}") for k in range(1, n_blocks + 1)}
+    out = {
+        "encoders": f("rna_encoder") + f("hic_encoder"),
+        "graph": f("graph_encoder"),
+        **blocks,
+        "decode": f("hic_decoder") - sum(blocks.values()) + f("rna_decoder"),
+        "likelihood": 0,
+    }
+    out["other forward"] = f("") - sum(out.values())
+    return out
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A matrix product's best rate: GFLOP per second of wall time, and per CPU second
+    of this process (all its threads)."""
+
+    wall: float
+    cpu: float
+
+
+def matmul_rate(n: int, repeats: int = 5) -> Rate:
+    """This CPU's best fp32 rate on an ``n x n @ n x n`` product."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a @ b  # first touch
+    wall = cpu = math.inf
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        a @ b
+        wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
+    return Rate(2 * n**3 / wall / 1e9, 2 * n**3 / cpu / 1e9)
+
+
+# ------------------------------------------------------------------------ the variants
+@dataclass
+class Result:
+    seconds: dict[str, float]  # component -> median seconds per step
+    step: float  # median plain step
+    step_min: float  # fastest plain step
+    cpu_s: float  # median CPU seconds (all threads) of a plain step
+    usage: tuple[float, float, float]  # median user s, system s, minor page faults of a plain step
+    instrumented: float  # median instrumented step (sum of components)
+    instrumented_min: float  # fastest instrumented step
+    forward_flops: dict[str, int]  # component -> counted forward FLOPs
+    step_flops: int  # counted forward + backward FLOPs
+    block_flops: int  # counted forward FLOPs of the attention blocks x 3 (with backward)
+
+
+class Variant:
+    """A model built under ``plan`` whose blocks run ``attention_fn``, with its own
+    optimizer and sampling generator (the same seeds for every variant)."""
+
+    def __init__(self, tag: str, shape: Shape, plan, attention_fn, seed: int):
+        self.tag, self.fn, self.n_blocks = tag, attention_fn, shape.n_strata - 1
+        torch.manual_seed(seed)
+        model = PairedModel(
+            ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph
+        )
+        self.model = parallelize(model, plan)
+        self.model.train()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=TrainConfig().pretrain.lr)
+        self.weights = TrainConfig().pretrain.weights
+        self.gen = torch.Generator().manual_seed(seed)
+        self.per_step: list[dict[str, float]] = []
+        self.plain: list[float] = []
+        self.cpu: list[float] = []
+        self.usage: list[tuple[float, float, float]] = []
+
+    def warm_up(self, rna, hic) -> None:
+        """The first step, counting FLOPs (the optimizer's state is created here)."""
+        with kernel(self.fn):
+            fwd, both = counted_step(self.model, self.optimizer, rna, hic, self.weights, self.gen)
+        self.fwd = forward_flops_by_component(fwd, self.n_blocks)
+        self.step_flops = both.get("Global", 0)
+        # forward x 3: every product in a block has two in backward (a gradient for each
+        # operand). The counter's own per-module backward attribution is not used: the
+        # blocks share their input, and it assigns each block's backward to the others too.
+        self.block_flops = 3 * sum(self.fwd[attention_label(k)] for k in range(1, self.n_blocks + 1))
+
+    def step(self, rna, hic, timed: bool) -> float:
+        """One step, by component (``timed``) or whole; returns its seconds."""
+        with kernel(self.fn):
+            if timed:
+                clock = Clock()
+                with instrumented(self.model, clock):
+                    train_step(self.model, self.optimizer, rna, hic, self.weights, self.gen, clock)
+                self.per_step.append(clock.seconds)
+                return sum(clock.seconds.values())
+            r0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
+            train_step(self.model, self.optimizer, rna, hic, self.weights, self.gen)
+            self.plain.append(time.perf_counter() - t0)
+            self.cpu.append(time.process_time() - c0)
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            self.usage.append((r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt))
+            return self.plain[-1]
+
+    def result(self) -> Result:
+        labels = sorted({k for s in self.per_step for k in s})
+        return Result(
+            seconds={k: statistics.median(s.get(k, 0.0) for s in self.per_step) for k in labels},
+            step=statistics.median(self.plain),
+            step_min=min(self.plain),
+            cpu_s=statistics.median(self.cpu),
+            usage=tuple(statistics.median(u[i] for u in self.usage) for i in range(3)),
+            instrumented=statistics.median(sum(s.values()) for s in self.per_step),
+            instrumented_min=min(sum(s.values()) for s in self.per_step),
+            forward_flops=self.fwd,
+            step_flops=self.step_flops,
+            block_flops=self.block_flops,
+        )
+
+
+def measure(label: str, variants: list[Variant], cells: Cells, steps: int, seconds: float) -> tuple[dict[str, Result], int]:
+    """Warm up every variant, then time them in turns on the same batches: a round is
+    one instrumented step of each variant, then one plain step of each, so that the
+    load other processes put on a shared CPU falls on all of them alike.
+
+    Rounds: ``steps``, or fewer (at least one) where the warm-up steps say that
+    ``steps`` rounds would take more than ``seconds``. Returns the results and the
+    rounds run."""
+    warm = 0.0
+    for v in variants:
+        t0 = time.perf_counter()
+        v.warm_up(*cells.get(0))
+        warm += time.perf_counter() - t0
+        log.info("%s %s: warm-up step (FLOPs counted) %.2f s", label, v.tag, time.perf_counter() - t0)
+    rounds = max(1, min(steps, int(seconds // (2 * warm))))
+    if rounds < steps:
+        log.info("%s: %d timed round(s) instead of %d: a round takes about %.0f s (--shape-seconds %g)",
+                 label, rounds, steps, 2 * warm, seconds)  # fmt: skip
+    steps = rounds
+    for i in range(steps):
+        rna, hic = cells.get(1 + i)
+        for timed in (True, False):
+            for v in variants:
+                s = v.step(rna, hic, timed)
+                log.info("%s %s: %s step %d/%d %.2f s", label, v.tag, "instrumented" if timed else "plain", i + 1, steps, s)
+    return {v.tag: v.result() for v in variants}, steps
+
+
+# ------------------------------------------------------------------------ the report
+def floor_flops(new: Result, n_anchors: int, window: int, D: int) -> dict[str, int]:
+    """FLOPs of each component that the model's math needs (see the module doc): the
+    new variant's counted forward FLOPs, ``backward`` the rest of its counted step, and
+    each stratum's band products added (``4 D P`` forward, ``8 D P`` backward)."""
+    band = 4 * D * band_pairs(n_anchors, window)
+    out = dict(new.forward_flops)
+    blocks = [k for k in out if k.startswith("attention")]
+    for k in blocks:
+        out[k] += band
+    out["backward"] = new.step_flops - sum(new.forward_flops.values()) + 2 * band * len(blocks)
+    out["optimizer"] = 0
+    return out
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def ratio(flops: int, rate: float, seconds: float) -> float | None:
+    """Floor over measured: ``flops / rate`` seconds against ``seconds``."""
+    return flops / (rate * 1e9) / seconds if flops and seconds > 0 else None
+
+
+def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], rates: Rate) -> list[str]:
+    """The table of one shape (a column pair per variant) and its summary lines."""
+    rows = HEAD + [attention_label(k) for k in range(1, shape.n_strata)] + TAIL
+    total = sum(floor.values())
+    rate = rates.wall
+    cols = [(tag, res[tag]) for tag in ("old", "new") if tag in res]
+    head = f"  {'component':<18} {'GFLOP':>8}"
+    for tag, _ in cols:
+        head += f" {tag + ' s/step':>12} {'floor ratio':>11}"
+    lines = [head]
+    for row in rows:
+        line = f"  {row:<18} {floor.get(row, 0) / 1e9:>8.3f}"
+        for _, r in cols:
+            s = r.seconds.get(row, 0.0)
+            line += f" {s:>12.4f} {fmt_ratio(ratio(floor.get(row, 0), rate, s)):>11}"
+        lines.append(line)
+    line = f"  {'sum of components':<18} {'':>8}"
+    for _, r in cols:
+        line += f" {r.instrumented:>12.4f} {'':>11}"
+    lines.append(line)
+    line = f"  {'plain step':<18} {total / 1e9:>8.3f}"
+    for _, r in cols:
+        line += f" {r.step:>12.4f} {fmt_ratio(ratio(total, rate, r.step)):>11}"
+    lines.append(line)
+    floor_s = total / (rate * 1e9)
+    floor_cpu = total / (rates.cpu * 1e9)
+    lines.append("")
+    for tag, r in cols:
+        user, system, faults = r.usage
+        lines.append(
+            f"  {tag}: step {r.step:.4f} s; floor {floor_s:.4f} s ({total / 1e9:.2f} GFLOP at {rate:.1f} GFLOP/s): "
+            f"floor ratio {floor_s / r.step:.3f}; its components sum to {r.instrumented / r.step:.2f}x its plain step "
+            f"(medians; fastest steps: {r.instrumented_min / r.step_min:.2f}x)"
+        )
+        lines.append(
+            f"  {tag}: CPU {r.cpu_s:.4f} s per step ({user:.3f} user, {system:.3f} system, all threads; "
+            f"{faults:,.0f} minor page faults); CPU floor {floor_cpu:.4f} s ({rates.cpu:.1f} GFLOP per CPU s): "
+            f"ratio {floor_cpu / r.cpu_s:.3f}"
+        )
+    if "old" in res:
+        needed = sum(floor[attention_label(k)] for k in range(1, shape.n_strata)) * 3  # forward + backward (2x)
+        lines.append(
+            f"  old: its attention blocks execute {res['old'].block_flops / 1e9:.2f} GFLOP of matrix products "
+            f"(forward + backward) where the band needs {needed / 1e9:.2f}"
+        )
+    if "old" in res and "new" in res:
+        old, new = res["old"], res["new"]
+        lines.append(
+            f"  new / old speed-up: {old.step / new.step:.1f}x wall, {old.cpu_s / new.cpu_s:.1f}x CPU seconds "
+            f"(plain steps, same run)"
+        )
+    return lines
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    try:
+        res, strata = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RESOLUTION:STRATA, got {text!r}") from None
+    if res < 1 or strata < 1:
+        raise argparse.ArgumentTypeError(f"resolution and strata must be >= 1, got {text!r}")
+    return res, strata
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * GIB
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--chrom-sizes", type=Path, default=DEFAULT_SIZES, help="chrom.sizes (default: the shared mm10 one)")
+    p.add_argument("--chroms", nargs="+", default=MM10_CHROMS, help="chromosomes whose bins are anchors")
+    p.add_argument("--shapes", type=parse_shape, nargs="+", default=[(1_000_000, 10), (500_000, 20), (100_000, 30)],
+                   metavar="RES:STRATA", help="resolution in bp and number of strata")  # fmt: skip
+    p.add_argument("--genes", type=int, default=2000)
+    p.add_argument("--graph-degree", type=int, default=10, help="cis contact edges per anchor in the guidance graph")
+    p.add_argument("--cells", type=int, default=256, help="cells in the pool the batches are drawn from")
+    p.add_argument("--batch", type=int, default=TrainConfig.batch_size, help="cells per step")
+    p.add_argument("--umis", type=float, default=5000.0, help="mean RNA counts per cell")
+    p.add_argument("--contacts", type=float, default=100_000.0, help="mean Hi-C contacts per cell within the strata")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per variant (median reported), after 1 warm-up")
+    p.add_argument("--shape-seconds", type=float, default=90.0,
+                   help="fewer steps (at least 1) on a shape whose warm-up says --steps would take longer")  # fmt: skip
+    p.add_argument("--old-chunk", type=int, default=2048, help="chunk of the old plan (run by the chunked kernel)")
+    p.add_argument("--max-old-gib", type=float, default=6.0,
+                   help="skip the old kernel where its saved probabilities would exceed this many GiB")  # fmt: skip
+    p.add_argument("--memory-gib", type=float, default=None, help="device memory the plan is made for (default: this machine's)")
+    p.add_argument("--matmul", type=int, default=2048, help="size of the square product that measures the CPU's rate")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the whole run (default: usable cores)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if min(args.genes, args.cells, args.steps, args.matmul) < 1 or args.batch < 2 or args.old_chunk < 0:
+        p.error("genes, cells, steps and matmul must be >= 1, batch >= 2 and old-chunk >= 0")
+    if args.cells < args.batch:
+        p.error("--cells must be at least --batch")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    torch.set_num_threads(args.threads or usable_cores())
+    memory = int(args.memory_gib * GIB) if args.memory_gib else physical_memory()
+    sizes = read_chromsizes(args.chrom_sizes, args.chroms)
+    genome = args.chrom_sizes.name.split(".")[0]
+    cfg = ModelConfig()
+    print(
+        f"paired-model training step by component; torch {torch.__version__}, threads {torch.get_num_threads()}, "
+        f"fp32, CPU; model defaults (latent {cfg.latent_dim}, D {cfg.D}, {cfg.heads} heads, window {cfg.window}, "
+        f"hidden {cfg.hidden_dim}); batch {args.batch} of {args.cells} cells; {args.genes} genes"
+    )
+    if hasattr(os, "getloadavg"):
+        print(f"load average (1 min) before the run: {os.getloadavg()[0]:.2f} on {usable_cores()} usable cores")
+    summary = []
+    for resolution, n_strata in args.shapes:
+        t0 = time.perf_counter()
+        shape = build_shape(sizes, resolution, n_strata, args.genes, args.graph_degree, args.seed)
+        cells = Cells(shape, args.cells, args.batch, args.umis, args.contacts, args.seed)
+        plan = diagnose(shape_profile(shape, args.batch), 1, memory)
+        old_plan = replace(plan, chunk_size=args.old_chunk or None)
+        n, w, h = shape.n_anchors, cfg.window, cfg.heads
+        log.info("%s: shape built in %.1f s", shape.label, time.perf_counter() - t0)
+        print(
+            f"\n{genome} {shape.label}: {n:,} anchors, {sum(shape.features_per_stratum):,} Hi-C features, "
+            f"{args.genes:,} genes, graph {shape.graph.n_nodes:,} nodes / {shape.graph.src.numel():,} edges"
+        )
+        print(f"  new: banded kernel, {plan.summary()}")
+        variants = [Variant("new", shape, plan, decoders.local_attention, args.seed)]
+        old_chunk = old_plan.chunk
+        pairs = chunked_pairs(n, w, old_chunk) if old_chunk else n * n
+        old_bytes = h * pairs * 4 * (n_strata - 1)
+        if old_bytes > args.max_old_gib * GIB:
+            print(
+                f"  old: skipped: the {'chunked' if old_chunk else 'full'} kernel (chunk {old_chunk or '-'}) would save "
+                f"{old_bytes / GIB:.1f} GiB of probabilities ({h} heads x {pairs:,} scores x 4 B x {n_strata - 1} strata) "
+                f"> --max-old-gib {args.max_old_gib:g}"
+            )
+        else:
+            print(f"  old: chunked kernel, {old_plan.summary()}")
+            variants.insert(0, Variant("old", shape, old_plan, old_local_attention, args.seed))
+        rates = matmul_rate(args.matmul)
+        res, rounds = measure(shape.label, variants, cells, args.steps, args.shape_seconds)
+        print(
+            f"  matrix-product rate {rates.wall:.1f} GFLOP/s wall, {rates.cpu:.1f} GFLOP per CPU s "
+            f"({args.matmul}^2 fp32 @, best of 5, before the steps)"
+        )
+        print(f"  medians of {rounds} step(s) per variant after 1 warm-up")
+        del variants
+        floor = floor_flops(res["new"], n, w, cfg.D)
+        for line in shape_report(shape, res, floor, rates):
+            print(line)
+        sys.stdout.flush()
+        summary.append((shape.label, res, sum(floor.values()), rates))
+    print("\nsummary: plain steps, median seconds (fastest); CPU seconds count all threads")
+    print(
+        f"  {'shape':<10} {'new s/step':>16} {'old s/step':>16} {'speed-up':>8} {'new CPU s':>9} {'old CPU s':>9} "
+        f"{'speed-up':>8} {'floor s':>8} {'floor ratio':>11} {'by CPU s':>8}"
+    )
+    for label, res, flops, rates in summary:
+        new, old = res["new"], res.get("old")
+        floor_s, floor_cpu = flops / (rates.wall * 1e9), flops / (rates.cpu * 1e9)
+        line = f"  {label:<10} {f'{new.step:.3f} ({new.step_min:.3f})':>16}"
+        if old is None:
+            line += f" {'skipped':>16} {'-':>8} {new.cpu_s:>9.3f} {'-':>9} {'-':>8}"
+        else:
+            line += (
+                f" {f'{old.step:.3f} ({old.step_min:.3f})':>16} {f'{old.step / new.step:.1f}x':>8}"
+                f" {new.cpu_s:>9.3f} {old.cpu_s:>9.3f} {f'{old.cpu_s / new.cpu_s:.1f}x':>8}"
+            )
+        print(f"{line} {floor_s:>8.4f} {floor_s / new.step:>11.3f} {floor_cpu / new.cpu_s:>8.3f}")
+    if hasattr(os, "getloadavg"):
+        print(f"load average (1 min) after the run: {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
