@@ -177,7 +177,7 @@ def test_identical_inputs_give_byte_identical_plans(tmp_path):
         plans.append(out.read_bytes())
     assert plans[0] == plans[1]
     plan = Plan.read(tmp_path / "plan0.json")
-    assert plan.version == 2 and plan.cost_model["source"] == f"calibrated on {doc['device']}"
+    assert plan.version == 3 and plan.cost_model["source"] == f"calibrated on {doc['device']}"
     assert plan.cost_model["constants"] == doc["constants"]
     assert plan.predicted_step_seconds == plan.cost_model["terms"]["seconds"] > 0
     assert any("calibrated on cpu" in r for r in plan.reasons)

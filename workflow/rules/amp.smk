@@ -35,9 +35,10 @@ rule diagnose:
         memory=config["amp"]["device_memory_gb"],
         fraction=config["amp"]["budget_fraction"],
         ratio=config["amp"]["dimensionality_ratio"],
+        train=json_arg("train"),
     shell:
         "ampflow diagnose {input.profile} --devices {params.devices}"
-        " --device-memory {params.memory} --devices-file {input.devices}"
+        " --device-memory {params.memory} --devices-file {input.devices} --train {params.train}"
         " --budget-fraction {params.fraction} --dimensionality-ratio {params.ratio}"
         " --calibration {input.calibration} --out {output} > {log} 2>&1"
 
@@ -60,7 +61,8 @@ rule train:
         f"{LOGS}/train.{{cfg}}.log",
     conda:
         "../../envs/prepare.yaml"
-    threads: config["train"]["threads"]
+    # the cores the plan divides among its processes (devices.json records them)
+    threads: train_cores()
     resources:
         gpu=config["train"]["gpus"],
         mem_mb=16000,

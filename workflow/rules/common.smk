@@ -1,9 +1,11 @@
 # Config and cell-sheet validation, derived names, and input functions.
 import json
+import os
 import re
 import shlex
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
@@ -262,3 +264,25 @@ def extract_threads():
         EXTRACT_SETTINGS.gpus if extract_uses_gpus() else EXTRACT_SETTINGS.cpu_workers
     )
     return EXTRACT_SETTINGS.threads * max(workers, 1)
+
+
+def train_cores():
+    """Cores a training job reserves (and the devices rule, which probes such an
+    allocation): train.threads per process times the amp.devices processes; for
+    train.threads auto, the cores Snakemake has (--cores; on a cluster, what the profile's
+    set-threads gives), which the plan divides among the processes."""
+    threads = config["train"]["threads"]
+    if threads != "auto":
+        return int(threads) * int(config["amp"]["devices"])
+    try:
+        cores = workflow.cores
+    except WorkflowError:  # no --cores (a cluster run given --jobs)
+        cores = None
+    return max(1, min(cores or os.cpu_count() or 1, os.cpu_count() or 1))
+
+
+def embed_threads():
+    """Torch threads of an embedding job (one process): train.threads, or for auto the
+    cores a training job reserves."""
+    threads = config["train"]["threads"]
+    return int(threads) if threads != "auto" else train_cores()

@@ -22,7 +22,7 @@ rule embed:
         f"{LOGS}/embed.{{cfg}}.log",
     conda:
         "../../envs/prepare.yaml"
-    threads: config["train"]["threads"]
+    threads: embed_threads()
     resources:
         mem_mb=8000,
         runtime=60,
@@ -45,7 +45,7 @@ rule embed_cells:
         f"{LOGS}/embed.{{cfg}}.{{cells}}.log",
     conda:
         "../../envs/prepare.yaml"
-    threads: config["train"]["threads"]
+    threads: embed_threads()
     resources:
         mem_mb=8000,
         runtime=60,

@@ -207,7 +207,8 @@ rule graph:
 
 # What a training allocation sees, and the cost model's constants measured on it (a
 # micro-benchmark of the attention kernel with the model's heads, width and window, on
-# the training device and threads): the diagnosis chooses the chunk size by them.
+# the training device and threads): the diagnosis chooses the chunk size by them, and on
+# CPU the threads per process from the cores it records.
 rule devices:
     output:
         devices=f"{RESULTS}/amp/devices.json",
@@ -216,13 +217,18 @@ rule devices:
         f"{LOGS}/devices.log",
     conda:
         "../../envs/prepare.yaml"
+    # as many cores as a training job: devices.json records them, the plan divides them
+    threads: train_cores()
     resources:
         gpu=config["train"]["gpus"],
         runtime=10,
     params:
         model=json_arg("model"),
         train=json_arg("train"),
+        processes=config["amp"]["devices"],
+    # the calibration times with the threads the plan will give each process
     shell:
-        "(ampflow devices --out {output.devices}"
+        "(ampflow devices --cores {threads} --out {output.devices}"
         " && ampflow calibrate --model {params.model} --train {params.train}"
+        " --devices-file {output.devices} --processes {params.processes}"
         " --out {output.calibration}) > {log} 2>&1"

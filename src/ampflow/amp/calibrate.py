@@ -60,7 +60,7 @@ def _timer(dev: torch.device):
 
 
 def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None, anchors: int = ANCHORS,
-              blocks: int = BLOCKS, reps: int = 5, seed: int = 0) -> dict:  # fmt: skip
+              blocks: int = BLOCKS, reps: int = 5, seed: int = 0, threads: int | None = None) -> dict:  # fmt: skip
     """Run the micro-benchmark; return the calibration document (JSON-able).
 
     Parameters
@@ -77,6 +77,10 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
     reps : int
         Timed runs per setting; the fastest counts.
     seed : int
+    threads : int, optional
+        CPU threads to time with: those the plan will give each training process
+        (:func:`ampflow.amp.cpu.threads_per_process`); default ``train.threads`` when it
+        is an integer, else 1.
 
     Returns
     -------
@@ -92,7 +96,7 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
         raise ValueError(f"need anchors >= blocks >= 2, got anchors={anchors}, blocks={blocks}")
     dev = _device(train)
     threads_before = torch.get_num_threads()
-    threads = int(train.threads)
+    threads = int(threads or train.explicit_threads or 1)
     if dev.type == "cpu":
         torch.set_num_threads(threads)
     try:

@@ -27,7 +27,10 @@ What a plan says holds for the plan as written:
   the bytes of the left-out data batch and short-lived tensors;
 * ``predicted_step_seconds`` and ``cost_model`` give the cost model's prediction for
   the plan, its constants and where they come from (a calibration file or the
-  documented defaults), and every chunk candidate considered.
+  documented defaults), and every chunk candidate considered;
+* ``cpu``, for a run on CPU, gives the torch threads per process (the allocation's
+  cores over the mesh's processes, or an explicit ``train.threads``) and checks the
+  configured batch against the host's available memory (:mod:`.cpu`).
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ from dataclasses import dataclass, field
 
 from ..io.errors import InputError
 from ..progress import human_bytes
+from ..spec.config import TrainConfig
 from ..spec.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
 from ..spec.profile import model_config, profile_hash, train_settings
 from ..spec.strategies import HIDDEN_PARALLEL
+from .cpu import cpu_plan
 from .cost_model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
 from .memory_spec import DTYPE_BYTES
 from .signals import evaluate_signals
@@ -270,7 +275,7 @@ def peak_scope(profile: dict, dp: int, est) -> dict:
 
 
 def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None,
-             constants: CostConstants | None = None) -> Plan:  # fmt: skip
+             constants: CostConstants | None = None, train: TrainConfig | None = None, host: dict | None = None) -> Plan:  # fmt: skip
     """The plan for running ``profile``'s configuration on ``devices`` devices.
 
     Parameters
@@ -290,6 +295,12 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     constants : CostConstants, optional
         The cost model's constants (:func:`ampflow.amp.cost_model.read_calibration`);
         default :data:`~ampflow.amp.cost_model.DEFAULT_CONSTANTS`, and the plan says so.
+    train : TrainConfig, optional
+        ``device`` and ``threads`` of the run (default the defaults): whether it trains on
+        CPU and where its threads come from.
+    host : dict, optional
+        ``devices.json`` (:func:`ampflow.devices.probe_devices`): its GPUs, CPU cores and
+        host memory. With neither ``train`` nor ``host`` the plan has no ``cpu`` section.
     """
     from .memory_model import estimate_for_profile
 
@@ -349,6 +360,18 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     else:
         reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits; this plan is for {devices} "
                        f"and does not fit: plan again with {recommended}.")  # fmt: skip
+    cpu, cpu_reasons = {}, []
+    if train is not None or host is not None:
+        dp, tp = mesh["dp"], mesh["tp"]
+
+        def per_process(p: dict) -> int:
+            # one process at its peak with profile p's batch: held bytes, one query
+            # block's scores, its data batch
+            e = estimate(p, tuple(names), dp, tp, chunk)
+            return int(e.total) + int(getattr(e, "transient", {}).get("attention_scores", 0)) + data_batch_bytes(p, dp)
+
+        cpu, cpu_reasons = cpu_plan(profile, train or TrainConfig(), host, dp * tp, budget_fraction, per_process)
+    reasons.extend(cpu_reasons)
     hic = profile["modalities"].get("hic", {})
     cost_model = {}
     if step is not None:
@@ -385,6 +408,7 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         peak_scope=peak_scope(profile, mesh["dp"], est),
         predicted_step_seconds=seconds,
         cost_model=cost_model,
+        cpu=cpu,
         reasons=tuple(reasons),
     )
 
@@ -405,6 +429,8 @@ def explain(plan: Plan) -> str:
         ("M(L)", f"{hb(plan.M_base_bytes)} + (L-1) x {hb(plan.M_stratum_bytes)} (L = {plan.n_strata}; stratum 0 has no attention block)"),
         ("fits", "yes" if plan.fits else "NO"),
         ("recommended devices", plan.recommended_text()),
+        ("cpu threads", plan.threads_text()),
+        ("host memory", plan.host_memory_text()),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["plan", "----"] + [f"{k.ljust(width)}  {v}" for k, v in rows]

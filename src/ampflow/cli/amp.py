@@ -58,13 +58,28 @@ def cmd_diagnose(a):
 
     from ..amp.cost_model import read_calibration
 
+    from ..devices import probe_devices
+    from ..spec.config import TrainConfig
+
     settings = {"dimensionality_ratio": a.dimensionality_ratio}
     constants = read_calibration(a.calibration) if a.calibration else None
     memory = _device_memory(a.device_memory, a.devices_file)
-    plan = diagnose(read_profile(a.profile), a.devices, memory, a.budget_fraction, settings=settings, constants=constants)
+    train = TrainConfig.from_dict(_settings(a.train, a.model_config, "train"))
+    # the plan is a function of the devices record; without one, of this host's GPUs and
+    # cores (not its available memory, which changes from one moment to the next)
+    if a.devices_file:
+        host = json.loads(Path(a.devices_file).read_text())
+    else:
+        host = probe_devices()
+        host["cpu"] = {k: v for k, v in host["cpu"].items() if k != "memory_available_bytes"}
+    plan = diagnose(read_profile(a.profile), a.devices, memory, a.budget_fraction, settings=settings, constants=constants,
+                    train=train, host=host)  # fmt: skip
     plan.write(a.out)
     names = ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"
-    log.info("plan: %s; mesh dp %d x tp %d; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, plan.fits, a.out)
+    threads = f"; {plan.threads} torch thread(s) per process" if plan.threads else ""
+    log.info("plan: %s; mesh dp %d x tp %d%s; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, threads, plan.fits, a.out)
+    if plan.cpu.get("host_fits") is False:
+        log.warning("%s", plan.host_memory_text())
 
 
 def cmd_plan_explain(a):
@@ -78,7 +93,7 @@ def cmd_devices(a):
     from ..devices import probe_devices
     from ..io.atomic import write_text_atomic
 
-    info = probe_devices()
+    info = probe_devices(a.cores)
     write_text_atomic(a.out, json.dumps(info, indent=2, sort_keys=True) + "\n")
     log.info("devices: %s", json.dumps(info))
 
@@ -90,7 +105,14 @@ def cmd_calibrate(a):
 
     model = ModelConfig.from_dict(_settings(a.model, a.model_config, "model"))
     train = TrainConfig.from_dict(_settings(a.train, a.model_config, "train"))
-    doc = calibrate(model, train, anchors=a.anchors, blocks=a.blocks, reps=a.reps)
+    threads = train.explicit_threads
+    if threads is None and a.devices_file:
+        from ..amp.cpu import threads_per_process
+
+        # time with the threads the plan will give each of its processes
+        cores = (json.loads(Path(a.devices_file).read_text()).get("cpu") or {}).get("cores")
+        threads = threads_per_process(cores, a.processes) if cores else None
+    doc = calibrate(model, train, anchors=a.anchors, blocks=a.blocks, reps=a.reps, threads=threads)
     write_calibration(a.out, doc)
     log.info("calibration (%s): %s -> %s", doc["device"], json.dumps(doc["constants"], sort_keys=True), a.out)
 
@@ -109,7 +131,10 @@ def add_commands(sub) -> None:
     s.add_argument("profile")
     s.add_argument("--devices", type=int, required=True)
     s.add_argument("--device-memory", required=True, help="GB per device, or 'auto' (free memory from NVML)")
-    s.add_argument("--devices-file", default=None, help="devices.json from `ampflow devices`, for --device-memory auto")
+    s.add_argument("--devices-file", default=None, help="devices.json from `ampflow devices`: GPUs (for --device-memory auto), "
+                   "CPU cores and host memory (threads and batch check of a CPU run); default: probe this host")  # fmt: skip
+    s.add_argument("--model-config", default=None, help="YAML/JSON with a 'train' section (device, threads)")
+    s.add_argument("--train", default="", help="training settings as JSON: device and threads (CPU runs: threads per process)")
     s.add_argument("--budget-fraction", type=float, default=0.9)
     s.add_argument("--dimensionality-ratio", type=float, default=10.0, help="HIGH_INPUT_DIMENSIONALITY threshold")
     s.add_argument("--calibration", default=None, help="calibration.json from `ampflow calibrate` (default: the cost model's documented constants)")
@@ -120,7 +145,8 @@ def add_commands(sub) -> None:
     s.add_argument("plan")
     s.set_defaults(func=cmd_plan_explain)
 
-    s = sub.add_parser("devices", help="record the visible accelerators (NVML) as JSON")
+    s = sub.add_parser("devices", help="record the visible accelerators (NVML), CPU cores and host memory as JSON")
+    s.add_argument("--cores", type=int, default=None, help="cap on the CPU cores recorded (those the job was granted); default: this process's affinity")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_devices)
 
@@ -131,5 +157,7 @@ def add_commands(sub) -> None:
     s.add_argument("--anchors", type=int, default=4096, help="sequence length timed")
     s.add_argument("--blocks", type=int, default=64, help="query chunks of the chunked timing")
     s.add_argument("--reps", type=int, default=5, help="timed runs per setting (the fastest counts)")
+    s.add_argument("--devices-file", default=None, help="devices.json: with train.threads auto, time with its cores / --processes threads")
+    s.add_argument("--processes", type=int, default=1, help="training processes (amp.devices) sharing those cores")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_calibrate)

@@ -185,7 +185,10 @@ def load_trained(model_path, device: str | torch.device = "cpu") -> TrainedModel
         except RuntimeError as e:
             raise InputError(f"weights do not fit the model's genes and features: {e}", path=path, key=f"state_dict.{name}") from None
     enc.eval()
-    return TrainedModel(enc, [str(g) for g in m["genes"]], [str(f) for f in m["features"]], dtype, int(train.get("threads", 1)), int(m.get("steps", 0)), cfg.shared_dim)
+    # the threads it trained with: as it ran (train.threads may say "auto")
+    threads = m.get("threads") or train.get("threads", 1)
+    threads = threads if isinstance(threads, int) else 1
+    return TrainedModel(enc, [str(g) for g in m["genes"]], [str(f) for f in m["features"]], dtype, threads, int(m.get("steps", 0)), cfg.shared_dim)
 
 
 def _read(path, what: str) -> ad.AnnData:

@@ -115,15 +115,26 @@ class StageConfig:
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
+#: ``train.threads`` that takes the plan's figure (:attr:`ampflow.spec.plan.Plan.threads`).
+AUTO_THREADS = "auto"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one training run (config section ``train``)."""
+    """Settings of one training run (config section ``train``).
+
+    ``threads`` is the torch CPU threads of each training process: an integer, or
+    ``"auto"``, the plan's figure (on CPU: the cores the allocation gives divided by the
+    mesh's processes; see :mod:`ampflow.amp.cpu`), and 1 where the plan has none. Both
+    repeat for identical inputs: the plan is a pure function of the profile,
+    ``devices.json`` and the calibration.
+    """
 
     seed: int = 0
     batch_size: int = 32
     checkpoint_every: int = 50
     keep_checkpoints: int = 3
-    threads: int = 1
+    threads: int | str = AUTO_THREADS
     device: str = "auto"
     dtype: str = "float32"
     gpus: int = 1
@@ -133,12 +144,20 @@ class TrainConfig:
     def __post_init__(self):
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 2:
             raise InputError("must be an integer >= 2 (batch normalisation needs two cells)", key="train.batch_size", value=self.batch_size)
-        if self.checkpoint_every < 1 or self.keep_checkpoints < 1 or self.threads < 1:
-            raise InputError("checkpoint_every, keep_checkpoints and threads must be >= 1", key="train", value=asdict(self))
+        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
+            raise InputError("checkpoint_every and keep_checkpoints must be >= 1", key="train", value=asdict(self))
+        t = self.threads
+        if t != AUTO_THREADS and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+            raise InputError(f"must be an integer >= 1 or {AUTO_THREADS!r}", key="train.threads", value=t)
         if self.device not in ("auto", "cpu", "cuda"):
             raise InputError("must be auto, cpu or cuda", key="train.device", value=self.device)
         if self.dtype not in DTYPE_BYTES:
             raise InputError(f"must be one of {', '.join(DTYPE_BYTES)}", key="train.dtype", value=self.dtype)
+
+    @property
+    def explicit_threads(self) -> int | None:
+        """``threads`` when it is an integer; None for ``"auto"``."""
+        return None if self.threads == AUTO_THREADS else int(self.threads)
 
     @property
     def stages(self) -> list[tuple[str, StageConfig]]:

@@ -8,7 +8,8 @@ Identical plans give identical bytes (:meth:`Plan.dumps`).
 
 Format versions: 1, the strategies, mesh, chunk, memory prediction and reasons; 2 adds
 ``predicted_step_seconds`` and ``cost_model`` (the cost model's prediction, constants
-and chunk candidates). Both read: a version 1 plan has them empty.
+and chunk candidates); 3 adds ``cpu`` (threads per process and the host-memory check of
+the batch, for a run on CPU). All read: an older plan has the added keys empty.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..io.errors import InputError
 from ..progress import human_bytes
 from .strategies import KEY_FIRST_DECODE
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 
 #: What the predicted peak counts: what the trainer measures as ``peak_bytes`` on CPU
 #: (DESIGN §4, :mod:`ampflow.train.memory`).
@@ -118,6 +119,15 @@ class Plan:
         prediction by term) and ``candidates`` (each chunk considered, ``null`` = one
         block: predicted seconds, bytes needed with its transient scores, fits). Empty
         without a Hi-C decoder or in a version 1 plan.
+    cpu : dict
+        For a run on CPU (:mod:`ampflow.amp.cpu`): ``cores`` (of the allocation, from
+        ``devices.json``), ``processes`` (dp x tp), ``threads`` (torch threads per
+        process) and ``threads_source`` (``"plan"``: cores / processes; ``"train.threads"``:
+        the explicit setting; ``"default"``: 1, no cores known); the batch check:
+        ``batch_size``, ``host_need_bytes`` (all processes), ``host_available_bytes``,
+        ``host_budget_bytes``, ``host_fits`` (None: not checked) and
+        ``largest_fitting_batch`` (when it does not fit). Empty for a GPU run or in a
+        plan before version 3.
     """
 
     version: int = PLAN_VERSION
@@ -139,6 +149,7 @@ class Plan:
     peak_scope: dict = field(default_factory=dict)
     predicted_step_seconds: float | None = None
     cost_model: dict = field(default_factory=dict)
+    cpu: dict = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -190,6 +201,36 @@ class Plan:
             return f"{rec} (the devices this mesh uses, dp {self.mesh.dp} x tp {self.mesh.tp}{more})"
         return f"{rec} (the fewest that fit; this mesh, for {self.world}, does not)"
 
+    @property
+    def threads(self) -> int | None:
+        """Torch threads per process for a run on CPU; None when the plan gives none."""
+        t = (self.cpu or {}).get("threads")
+        return int(t) if t else None
+
+    def threads_text(self) -> str:
+        """Threads per process, where the figure comes from and the cores it divides."""
+        cpu = self.cpu or {}
+        if not cpu.get("threads"):
+            return "not planned (GPU run, or a plan before version 3)"
+        why = {"plan": "cores / processes", "train.threads": "train.threads, explicit", "default": "no cores recorded"}.get(cpu.get("threads_source"), "")
+        cores = f"{cpu['cores']} cores, " if cpu.get("cores") else ""
+        return f"{cpu['threads']} per process ({cores}{cpu.get('processes', self.world)} process(es); {why})"
+
+    def host_memory_text(self) -> str:
+        """The host-memory check of the batch (CPU runs)."""
+        cpu = self.cpu or {}
+        if not cpu:
+            return "not checked (GPU run)"
+        need = human_bytes(cpu.get("host_need_bytes", 0))
+        if cpu.get("host_fits") is None:
+            return f"batch {cpu.get('batch_size')} needs {need}; not checked (no available memory recorded)"
+        budget = human_bytes(cpu.get("host_budget_bytes", 0))
+        if cpu["host_fits"]:
+            return f"batch {cpu.get('batch_size')} needs {need} of {budget}: fits"
+        best = cpu.get("largest_fitting_batch")
+        alt = f"; batch {best} would" if best else "; no batch would"
+        return f"batch {cpu.get('batch_size')} needs {need} of {budget}: does NOT fit{alt}"
+
     def step_text(self) -> str:
         """The predicted seconds per step and where the cost model's constants come from."""
         if self.predicted_step_seconds is None:
@@ -233,6 +274,7 @@ class Plan:
             "peak_scope": self.peak_scope,
             "predicted_step_seconds": self.predicted_step_seconds,
             "cost_model": self.cost_model,
+            "cpu": self.cpu,
             "reasons": list(self.reasons),
         }
 
@@ -252,9 +294,10 @@ class Plan:
             kw = {k: d[k] for k in ("version", "signals", "world_size", "chunk_size", "key_first", "predicted_peak_bytes",
                                      "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",
                                      "recommended_devices", "min_fitting_devices", "peak_scope", "predicted_step_seconds",
-                                     "cost_model") if k in d}  # fmt: skip
-            if "cost_model" in kw and kw["cost_model"] is None:
-                kw["cost_model"] = {}
+                                     "cost_model", "cpu") if k in d}  # fmt: skip
+            for key in ("cost_model", "cpu"):
+                if key in kw and kw[key] is None:
+                    kw[key] = {}
             return cls(
                 inputs=inputs,
                 strategies=strategies,

@@ -95,6 +95,16 @@ def plan_mesh(plan: Plan | None) -> Mesh:
     return Mesh.build(dp, tp)
 
 
+def run_threads(cfg: TrainConfig, plan: Plan | None, device: torch.device) -> tuple[int, str]:
+    """Torch threads of this process and why: an explicit ``train.threads``; for
+    ``auto``, the plan's figure on CPU (:attr:`Plan.threads`), else 1."""
+    if cfg.explicit_threads is not None:
+        return cfg.explicit_threads, "train.threads"
+    if device.type == "cpu" and plan is not None and plan.threads:
+        return plan.threads, "the plan's, train.threads auto"
+    return 1, "train.threads auto and no planned figure" + (" for a CPU run" if device.type == "cpu" else " on a GPU")
+
+
 def seed_everything(seed: int) -> torch.Generator:
     random.seed(seed)
     np.random.seed(seed)
@@ -127,7 +137,9 @@ class Trainer:
             self.device = torch.device("cuda")
         else:
             self.device = torch.device("cpu")
-        torch.set_num_threads(train_cfg.threads)
+        self.threads, why = run_threads(train_cfg, self.plan, self.device)
+        torch.set_num_threads(self.threads)
+        log.info("torch threads: %d per process (%s)", torch.get_num_threads(), why)
         self.generator = seed_everything(train_cfg.seed)
         self.dtype = getattr(torch, train_cfg.dtype)
         self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), self.plan, self.mesh)
@@ -155,6 +167,7 @@ class Trainer:
             h.update(np.asarray(m.shape, dtype=np.int64).tobytes())
             h.update(np.asarray([m.nnz, float(m.data.sum(dtype=np.float64))]).tobytes())
         train = {k: v for k, v in self.cfg.to_dict().items() if k not in ("checkpoint_every", "keep_checkpoints", "gpus")}
+        train["threads"] = self.threads  # as it runs: CPU reductions split by thread count
         h.update(json.dumps([self.model_cfg.to_dict(), _plain(train)], sort_keys=True).encode())
         if self.plan.chunk or self.plan.uses_key_first:  # they change the rounding
             h.update(json.dumps(self.applied_settings(), sort_keys=True).encode())
@@ -280,6 +293,7 @@ class Trainer:
             "cells_per_s": n_cells / seconds,
             "peak_bytes": int(peak),
             "stratum_bytes": [int(x) for x in per_stratum[: self.data.n_strata]],
+            "threads": torch.get_num_threads(),
             **extra,
         }
 
@@ -395,6 +409,7 @@ class Trainer:
                     "model_config": self.model_cfg.to_dict(),
                     "train_config": _plain(self.cfg.to_dict()),
                     "plan_settings": self.applied_settings(),
+                    "threads": self.threads,
                     "steps": self.step,
                     # what ``ampflow embed`` maps other files' columns onto, in order
                     "genes": list(self.data.genes),
