@@ -35,6 +35,7 @@ from ampflow.io.genome import read_chromsizes
 from ampflow.spec.config import ModelConfig
 from ampflow.train import checkpoint
 from ampflow.spec.config import TrainConfig
+from ampflow.spec.plan import Plan
 from ampflow.train.data import PairedData, load_paired
 from ampflow.io.errors import InputError
 from ampflow.prepare.split import read_split, write_split
@@ -254,6 +255,21 @@ def test_resumed_run_shows_each_step_once(paired, reference, tmp_path, deleted):
     assert seen == [list(range(1, k + 1)) for k in range(6, N_STEPS)]
     assert_same_metrics(reference, out)
     assert (out / "checkpoints" / "metrics.partial.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
+
+
+# ------------------------------------------------------------------ threads
+@pytest.mark.parametrize("configured, planned, expected", [("auto", 3, 3), (1, 3, 1), ("auto", None, 1)], ids=["plan", "explicit", "none"])
+def test_runs_with_the_plans_threads(paired, tmp_path, configured, planned, expected):
+    """train.threads auto runs with the plan's threads per process, an explicit integer
+    wins, and with neither it is 1: as torch reports them inside each step (metrics rows)."""
+    cpu = {"cores": 3 * planned, "processes": 1, "threads": planned, "threads_source": "plan"} if planned else {}
+    cfg = dataclasses.replace(TRAIN, threads=configured)
+    before = torch.get_num_threads()
+    try:
+        assert Trainer(paired, MODEL, cfg, tmp_path / "run", stop_after=2, plan=Plan(cpu=cpu)).fit() is False
+    finally:
+        torch.set_num_threads(before)  # the other tests' numbers assume theirs
+    assert [r["threads"] for r in metrics(tmp_path / "run")] == [expected, expected]
 
 
 # ------------------------------------------------------------------ held-out cells
