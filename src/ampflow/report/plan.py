@@ -4,7 +4,8 @@
 strategies and why (and why a strategy whose signal is raised was not taken), the
 mesh, chunk size, the predicted seconds per step with the cost model's chunk
 candidates, predicted peak against the budget with what it counts and leaves out,
-the recommended device count and the memory model's components.
+the recommended device count, for a CPU run the torch threads per process and the
+host-memory check of the batch, and the memory model's components.
 
 :func:`measured_memory` reads ``metrics.jsonl``: per rank, the bytes held after each
 Hi-C stratum (``stratum_bytes``) and the step peak (``peak_bytes``), each the maximum
@@ -71,6 +72,8 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
             ("the peak leaves out", plan.peak_leaves_out_text()),
             ("fits", "yes" if fits else "NO"),
             ("recommended devices", plan.recommended_text()),
+            ("CPU threads per process", plan.threads_text()),
+            ("host memory (CPU run)", plan.host_memory_text()),
             ("memory model", f"M(L) = {human_bytes(plan.M_base_bytes)} + (L - 1) x {human_bytes(plan.M_stratum_bytes)}, L = {plan.n_strata}"),
         ],
         columns=["plan", "value"],
