@@ -180,3 +180,24 @@ def test_calibration_times_with_the_plans_threads(tmp_path):
                  "--devices-file", str(fake), "--processes", "2", "--anchors", "256", "--blocks", "4", "--reps", "1",
                  "--out", str(cal)]) == 0  # fmt: skip
     assert json.loads(cal.read_text())["device"] == "cpu (2 threads)"  # 4 cores / 2 processes
+
+
+def test_plan_page_shows_threads(tmp_path):
+    from ampflow.report.plan import plan_page
+
+    page = plan_page(plan_for(2, {"device": "cpu"}, host(16, available=20000)), tmp_path / "plan.html", "cpu").read_text()
+    assert "CPU threads per process" in page and "8 per process (16 cores, 2 process(es); cores / processes)" in page
+    assert "does NOT fit; batch 42 would" in page
+
+
+def test_a_calibration_timed_with_other_threads_is_named():
+    from dataclasses import replace
+
+    from ampflow.amp.cost_model import DEFAULT_CONSTANTS
+
+    def with_source(source):
+        c = replace(DEFAULT_CONSTANTS, source=source)
+        return diagnose(profile(), 2, 80 * GIB, 1.0, estimate=linear_estimate, constants=c, train=TrainConfig(device="cpu"), host=host(16))
+
+    assert any("timed with 1 thread(s) per process, this plan gives 8" in r for r in with_source("calibrated on cpu (1 thread)").reasons)
+    assert not any("timed with" in r for r in with_source("calibrated on cpu (8 threads)").reasons)

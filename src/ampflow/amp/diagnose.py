@@ -36,6 +36,7 @@ What a plan says holds for the plan as written:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from ..io.errors import InputError
@@ -371,6 +372,10 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
             return int(e.total) + int(getattr(e, "transient", {}).get("attention_scores", 0)) + data_batch_bytes(p, dp)
 
         cpu, cpu_reasons = cpu_plan(profile, train or TrainConfig(), host, dp * tp, budget_fraction, per_process)
+        timed = re.search(r"calibrated on cpu \((\d+) threads?\)", constants.source or "")
+        if cpu and timed and int(timed.group(1)) != cpu["threads"]:
+            cpu_reasons.append(f"the cost model's constants were timed with {timed.group(1)} thread(s) per process, this plan "
+                               f"gives {cpu['threads']}: calibrate again with these threads for step times that hold.")  # fmt: skip
     reasons.extend(cpu_reasons)
     hic = profile["modalities"].get("hic", {})
     cost_model = {}
