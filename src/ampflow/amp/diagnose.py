@@ -15,8 +15,10 @@ What a plan says holds for the plan as written:
   (``dp x tp``) when the plan fits, else the fewest with which it would fit;
   ``min_fitting_devices`` is the fewest (a power of two, or the devices given) with
   which it fits;
-* ``peak_scope`` says what ``predicted_peak_bytes`` counts and what it leaves out, with
-  the bytes of the left-out data batch and short-lived tensors.
+* ``peak_scope`` says what ``predicted_peak_bytes`` counts (the allocator's peak of a
+  steady-state step: state, the data batch, saved activations, gradients and the
+  transients of the backward pass and the optimizer step), the predicted peak of each
+  phase, and what it leaves out.
 """
 
 from __future__ import annotations
@@ -125,20 +127,19 @@ def data_batch_bytes(profile: dict, dp: int) -> int:
 
 
 def peak_scope(profile: dict, dp: int, est) -> dict:
-    """What ``predicted_peak_bytes`` counts and what it leaves out (JSON, integers only).
+    """What ``predicted_peak_bytes`` counts, each phase's predicted peak and what the
+    peak leaves out (JSON, integers only).
 
-    ``leaves_out`` gives bytes for what the profile decides (the data batch, the
-    tensors that live only for a moment of the forward pass) and names what it does
-    not (:data:`~ampflow.spec.plan.PEAK_NOT_MODELLED`).
+    ``leaves_out`` names what no profile can tell
+    (:data:`~ampflow.spec.plan.PEAK_NOT_MODELLED`); the data batch is counted, and its
+    bytes are given as ``data_batch_bytes``.
     """
-    transient = {k: int(v) for k, v in sorted(getattr(est, "transient", {}).items())}
     return {
         "counts": list(PEAK_COUNTS),
-        "leaves_out": {
-            "data_batch_bytes": data_batch_bytes(profile, dp),
-            "transient_bytes": transient,
-            "not_modelled": list(PEAK_NOT_MODELLED),
-        },
+        "phases": {k: int(v) for k, v in (getattr(est, "phases", None) or {}).items()},
+        "peak_phase": str(getattr(est, "peak_phase", "")),
+        "data_batch_bytes": data_batch_bytes(profile, dp),
+        "leaves_out": {"not_modelled": list(PEAK_NOT_MODELLED)},
     }
 
 
@@ -247,6 +248,7 @@ def explain(plan: Plan) -> str:
         ("chunk size", str(plan.chunk_size or "-")),
         ("predicted peak", f"{hb(plan.predicted_peak_bytes)} per device"),
         ("  counts", plan.peak_counts_text()),
+        ("  phases", plan.peak_phase_text()),
         ("  leaves out", plan.peak_leaves_out_text()),
         ("M(L)", f"{hb(plan.M_base_bytes)} + (L-1) x {hb(plan.M_stratum_bytes)} (L = {plan.n_strata}; stratum 0 has no attention block)"),
         ("fits", "yes" if plan.fits else "NO"),

@@ -66,6 +66,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
             ("key-first decode (S4)", "yes" if plan.key_first else "no"),
             ("predicted peak per device", f"{human_bytes(peak)}"),
             ("the peak counts", plan.peak_counts_text()),
+            ("phases of the step", plan.peak_phase_text()),
             ("the peak leaves out", plan.peak_leaves_out_text()),
             ("fits", "yes" if fits else "NO"),
             ("recommended devices", plan.recommended_text()),
