@@ -175,11 +175,11 @@ class _Params:
     step."""
 
     def __init__(self, led: Ledger, dev: Device):
-        self.led, self.dev = led, dev
+        self.led = led
         self.b = dev.spec.dtype_bytes
         self.grads: Shares = []
 
-    def add(self, component: str, elems: int, tensors: int, stratum: int | None = None, used: bool = True) -> None:
+    def add(self, elems: int, tensors: int, stratum: int | None = None, used: bool = True) -> None:
         """``elems`` parameter elements in ``tensors`` tensors; ``used=False``: no
         gradient reaches them (``set_to_none`` leaves their ``.grad`` None and Adam
         keeps no state for them)."""
@@ -239,12 +239,12 @@ def encoder_terms(led: Ledger, name: str, dev: Device, widths: list[int]) -> Non
     shard = FEATURE_PARALLEL if name == "hic_encoder" else None
     params = _Params(led, dev)
     enc0 = encoder_params(0, h, d, shard)
-    params.add(name, _local(enc0, dev), len(enc0))
+    params.add(_local(enc0, dev), len(enc0))
     weight = []
     for k, width in enumerate(widths):
         led.add(name, dev.fp(B * width) * b if shard else B * width * b, k or None)  # first Linear's input
         cols = _per_stratum(enc0, encoder_params(width, h, d, shard), dev)
-        params.add(name, cols, 0, k or None)
+        params.add(cols, 0, k or None)
         weight.append((cols * b, k or None))
         step.transient.append((cols * b, k or None))
     params.tensor(weight)  # the first Linear's weight, one column block per stratum
@@ -278,7 +278,7 @@ def graph_encoder_terms(led: Ledger, dev: Device) -> BackwardStep:
     step = led.step("graph_encoder")
     params = _Params(led, dev)
     graph = graph_encoder_params(N, d)
-    params.add("graph_encoder", _local(graph, dev), len(graph))
+    params.add(_local(graph, dev), len(graph))
     params.tensor([(_largest(graph, dev) * b, None)])
     led.add("graph_encoder", 2 * E * d * b)  # the two convolutions' messages
     led.add("graph_encoder", 3 * N * d * b)  # SELU input, Normal-head input, softplus input
@@ -304,7 +304,7 @@ def rna_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     if first:
         params = _Params(led, dev)
         nb = nb_decoder_params(G)
-        params.add("rna_decoder", _local(nb, dev), len(nb))
+        params.add(_local(nb, dev), len(nb))
         step.kept.extend(params.grads)
         led.add("rna_decoder", B * d * b + G * d * b + B * b)  # u, gathered gene latents, library
     # u v^T and its softmax, softplus scale, theta; NB: log input, theta-weighted
@@ -348,13 +348,13 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         # stratum they get no gradient, so neither a gradient nor Adam state exists
         unused = {m: p for m, p in head0.items() if p.shard == HIDDEN_PARALLEL} if L == 1 else {}
         used = {m: p for m, p in head0.items() if m not in unused}
-        params.add("hic_decoder_head", _local(used, dev), len(used))
-        params.add("hic_decoder_head", _local(unused, dev), len(unused), used=False)
+        params.add(_local(used, dev), len(used))
+        params.add(_local(unused, dev), len(unused), used=False)
         vectors = []
         for k, fk in enumerate(fps):
             # per-feature vectors and the strata head's row
             head = _per_stratum(head0, hic_decoder_shared_params(d, D, 1, fk), dev)
-            params.add("hic_decoder_head", head, 0, k or None)
+            params.add(head, 0, k or None)
             vectors.append((fp(fk) * b, k or None))
         params.tensor(vectors)
         head_step.kept.extend(params.grads)
@@ -379,7 +379,7 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
             step = led.step("stratum_block")
             if first:
                 bp = _Params(led, dev)
-                bp.add("stratum_block", _local(block, dev), len(block), k)
+                bp.add(_local(block, dev), len(block), k)
                 bp.tensor([(_largest(block, dev) * b, k)])
                 step.kept.extend(bp.grads)
             led.add("stratum_norms", n * d * b + 4 * n * b, k, at(k))
