@@ -37,9 +37,11 @@ class Est:
 
 
 def linear_estimate(p, names, dp, tp, chunk):
-    """Predicted peak 1000 + 10 x batch bytes per process, whatever the mesh."""
+    """Predicted peak 1000 + 10 x batch bytes per process, plus the process's data batch
+    (ceil(batch / dp) cells x 400 bytes), which the memory model's peak counts."""
     b = p["train"]["batch_size"]
-    return Est(1000 + 10 * b, 1000 + 10 * b, 0)
+    total = 1000 + 10 * b + -(-b // dp) * RNA_FEATURES * 4
+    return Est(total, total, 0)
 
 
 def host(cores: int | None = 16, available: int | None = 64 * GIB, gpus: int = 0) -> dict:

@@ -4,12 +4,14 @@ the Hi-C-only model, and its parallel strategies against one process.
 
 The referees are independent of the code under test: QC decisions are recomputed from
 the contact table, the graph from ``hic.h5ad``, the memory prediction is compared with
-the bytes a real training step holds (:func:`~ampflow.train.memory.measured_step`), and
+the allocator's peak of a real steady-state training step
+(:func:`~ampflow.train.memory.measured_step`), and
 the sharded steps with the single-process model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -199,7 +201,8 @@ def _model(n, L, B, cfg, dtype=torch.float32, seed=0):
     hic = torch.poisson(torch.full((B, len(anchor)), 0.5), generator=g).to(dtype)
     fps = torch.bincount(stratum, minlength=L).tolist()
     spec = ShapeSpec.from_model(cfg, B, 0, fps, n, graph.n_nodes, graph.src.numel(), dtype_bytes=torch.finfo(dtype).bits // 8)
-    return model, torch.zeros(B, 0, dtype=dtype), hic, spec
+    # torch.optim.Adam on CPU steps one parameter at a time
+    return model, torch.zeros(B, 0, dtype=dtype), hic, dataclasses.replace(spec, optimizer_foreach=False)
 
 
 @pytest.mark.parametrize(
@@ -207,19 +210,22 @@ def _model(n, L, B, cfg, dtype=torch.float32, seed=0):
     [(2, 0, False, None, torch.float32), (5, 8, True, 32, torch.float32), (4, 6, False, None, torch.float64)],
 )
 def test_hic_only_prediction_matches_a_measured_training_step(L, chunk, key_first, decoder_dim, dtype):
-    """The memory model of a spec with no genes against the bytes a real Hi-C-only
-    training step holds (saved tensors + state), total and after every stratum."""
+    """The memory model of a spec with no genes against the allocator's peak of a real
+    Hi-C-only training step in the steady state (the second: Adam's moments exist),
+    total and after every stratum, within 10 %."""
     cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, chunk=chunk, key_first=key_first)
     model, rna, hic, spec = _model(60, L, 8, cfg, dtype)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     # a cross weight is ignored: with one modality there is nothing to cross
-    terms, measured, marks = measured_step(model, opt, rna, hic, LossWeights(cross=1.0), torch.Generator().manual_seed(1))
+    for seed in (1, 2):
+        terms, memory = measured_step(model, opt, rna, hic, LossWeights(cross=1.0), torch.Generator().manual_seed(seed))
     assert set(terms) == HIC_TERMS
+    measured, marks = memory.peak, memory.marks
     est = predict(spec, chunk=chunk, key_first=key_first)
-    assert abs(est.total - measured) <= 0.05 * measured, (est.total, measured)
+    assert abs(est.total - measured) <= 0.10 * measured, (est.total, measured)
     assert len(est.marks) == len(marks) == L
     for p, m in zip(est.marks, marks):
-        assert abs(p - m) <= 0.05 * m
+        assert abs(p - m) <= 0.10 * m
     assert not {"rna_encoder", "rna_decoder"} & set(est.components)
 
 

@@ -1,5 +1,6 @@
-"""The analytic memory model against measured training steps (small shapes), its
-linearity in the number of strata, and the strategies' effects on its terms."""
+"""The analytic memory model against the allocator's peak of steady-state training
+steps (small shapes, float32 and float64), its linearity in the number of strata, and
+the strategies' effects on its terms."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from ampflow.spec.model_shapes import paired_model_params, stratum_block_params
 from ampflow.spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from ampflow.train.memory import measured_step
 
+#: The largest relative distance allowed between the prediction and the allocator.
+TOLERANCE = 0.10
+
 
 def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0):
     """A PairedModel on random shapes: all anchors at stratum 0, a random half of the
@@ -31,24 +35,32 @@ def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0):
     hic = torch.poisson(torch.full((B, len(anchor)), 0.5), generator=g).to(dtype)
     fps = torch.bincount(stratum, minlength=L).tolist()
     spec = ShapeSpec.from_model(cfg, B, G, fps, n, graph.n_nodes, graph.src.numel(), dtype_bytes=torch.finfo(dtype).bits // 8)
-    return model, rna, hic, spec
+    # torch.optim.Adam on CPU steps one parameter at a time
+    return model, rna, hic, replace(spec, optimizer_foreach=False)
 
 
 def _measure(model, rna, hic, weights=None):
-    """One step as the trainer runs it on CPU: (peak bytes, per-stratum marks)."""
+    """Two steps as the trainer runs them on CPU; the allocator's peak of the second
+    (steady state: Adam's moments exist) and its bytes after each stratum."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    _, peak, marks = measured_step(model, opt, rna, hic, weights or LossWeights(), torch.Generator().manual_seed(1))
-    return peak, marks
+    first = None
+    for seed in (1, 2):
+        _, memory = measured_step(model, opt, rna, hic, weights or LossWeights(), torch.Generator().manual_seed(seed))
+        first = first or memory
+    assert memory.source == "allocator" and first.peak < memory.peak  # no Adam state in the first step
+    return memory.peak, memory.marks
 
 
 def _assert_matches(est, measured, marks):
-    """The prediction against a measured step: total and every per-stratum mark."""
-    assert abs(est.total - measured) <= 0.05 * measured
+    """The prediction against the allocator: the steady-state peak and every per-stratum
+    mark within :data:`TOLERANCE`."""
+    assert abs(est.total - measured) <= TOLERANCE * measured, (est.total, measured, est.peak_part)
     assert len(est.marks) == len(marks)
     for p, m in zip(est.marks, marks):
-        assert abs(p - m) <= 0.05 * m
+        assert abs(p - m) <= TOLERANCE * m, (est.marks, marks)
     assert sum(est.components.values()) == est.total
     assert est.total == est.base + sum(est.strata)
+    assert est.total == max(est.phases.values()) == est.phases[est.peak_phase]
 
 
 def _profile(cfg: ModelConfig, spec: ShapeSpec, dtype="float32", cross=False) -> dict:
@@ -97,18 +109,22 @@ def test_cross_reconstruction_matches_a_measured_training_step(L, chunk, key_fir
     cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, chunk=chunk, key_first=key_first)
     model, rna, hic, spec = _model(60, L, 8, cfg)
     measured, marks = _measure(model, rna, hic, LossWeights(cross=1.0))
-    est = predict(spec_from_profile(_profile(cfg, spec, cross=True)), chunk=chunk, key_first=key_first)
+    planned = spec_from_profile(_profile(cfg, spec, cross=True))
+    assert planned == replace(spec, cross=True, optimizer_foreach=True)
+    est = predict(replace(planned, optimizer_foreach=False), chunk=chunk, key_first=key_first)
     _assert_matches(est, measured, marks)
-    assert spec_from_profile(_profile(cfg, spec, cross=True)) == replace(spec, cross=True)
-    # the second pass comes after the per-stratum marks of the first
+    # the second pass comes after the per-stratum marks of the first, and is held at
+    # the end of the forward pass
     plain = predict(spec, chunk=chunk, key_first=key_first)
-    assert est.marks == plain.marks and est.total > plain.total
+    assert est.marks == plain.marks and est.total >= plain.total
+    assert est.phases["end_of_forward"] > plain.phases["end_of_forward"]
 
 
 #: Components held entirely in the training dtype (no int64 indices, bool masks or
 #: float32 Adam steps among them).
 FLOAT_ONLY = {
-    "parameters", "gradients", "rna_encoder", "hic_encoder", "cell_latents", "stratum0_decode",
+    "parameters", "gradients", "data_batch", "rna_encoder", "hic_encoder", "cell_latents", "stratum0_decode",
+    "graph_encoder", "rna_decoder", "hic_decoder_head",  # their indices are buffers
     "stratum_norms", "stratum_projections", "stratum_feed_forward", "stratum_decode",
     "stratum_attention_scores",  # the banded kernel keeps no mask, chunked or not
 }  # fmt: skip
@@ -121,14 +137,18 @@ def test_float64_run_doubles_the_float_terms_and_matches_a_measured_step(L, chun
     and the prediction is that of a float64 training step."""
     cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, chunk=chunk, key_first=key_first)
     model, rna, hic, spec = _model(60, L, 8, cfg, dtype=torch.float64)
-    f32 = predict(spec_from_profile(_profile(cfg, spec, "float32", cross)), chunk=chunk, key_first=key_first)
-    f64 = predict(spec_from_profile(_profile(cfg, spec, "float64", cross)), chunk=chunk, key_first=key_first)
-    float_only = FLOAT_ONLY
-    assert float_only <= set(f32.components) and f32.components.keys() == f64.components.keys()
+    cpu = dict(optimizer_foreach=False)
+    f32 = predict(replace(spec_from_profile(_profile(cfg, spec, "float32", cross)), **cpu), chunk=chunk, key_first=key_first)
+    f64 = predict(replace(spec_from_profile(_profile(cfg, spec, "float64", cross)), **cpu), chunk=chunk, key_first=key_first)
+    assert f32.peak_part == f64.peak_part
+    # at a peak early in the backward pass no gradient is held yet
+    assert FLOAT_ONLY - {"gradients"} <= set(f32.components) and f32.components.keys() == f64.components.keys()
     for name, b32 in f32.components.items():
-        if name in float_only:
+        if name in FLOAT_ONLY:
             assert f64.components[name] == 2 * b32, name
-        else:
+        elif name == "backward_transient":  # float temporaries, less a freed bool mask
+            assert 1.9 < f64.components[name] / b32 < 2.1, name
+        else:  # indices, masks and step counters do not double
             assert b32 < f64.components[name] < 2 * b32, name
     assert 1.9 < f64.total / f32.total <= 2.0
     measured, marks = _measure(model, rna, hic, LossWeights(cross=float(cross)))
@@ -151,7 +171,7 @@ def test_the_shape_description_is_the_models(L, attention, decoder_dim):
     for b in model.hic_decoder.blocks:
         assert {n: tuple(p.shape) for n, p in b.named_parameters()} == {n: p.shape for n, p in block.items()}
     est = predict(spec)
-    assert est.components["parameters"] == est.components["gradients"] == 4 * sum(p.numel() for p in model.parameters())
+    assert est.components["parameters"] == 4 * sum(p.numel() for p in model.parameters())
     parts = {HIDDEN_PARALLEL: 2, FEATURE_PARALLEL: 2}
     two = predict(spec, tp=2, strategies=set(parts))
     assert two.components["parameters"] == 4 * sum(p.local_numel(parts) for p in described.values())

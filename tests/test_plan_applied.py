@@ -5,7 +5,7 @@ chunked attention (S3) and key-first decode (S4), which only the command line ap
 and the profile once planned every run as float32, so a float64 run was planned with half
 its memory. The referees are independent of the plan code: the model's own config path
 (``ModelConfig(chunk=..., key_first=...)``, no plan), and the bytes the trainer measures
-on the CPU (what autograd saved plus parameters, gradients and optimizer state).
+on the CPU (the allocator's peak of a step, from the profiler's allocation timeline).
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def _profile(data_dir: Path, train: dict) -> dict:
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_plan_predicts_the_measured_peak_of_the_runs_dtype(data_dir, paired, tmp_path, dtype):
     """The plan for a float64 run predicts what a float64 step holds, about twice the
-    float32 plan's bytes (index tensors and Adam's step counters stay as they are)."""
+    float32 plan's bytes (index tensors and Adam's step counters stay as they are):
+    the allocator's peak of a steady-state step within 10 %."""
     settings = {**SHORT, "dtype": dtype}
     plan = diagnose(_profile(data_dir, settings), 1, 64 * 2**30)
     if dtype == "float64":
@@ -95,5 +96,6 @@ def test_plan_predicts_the_measured_peak_of_the_runs_dtype(data_dir, paired, tmp
         assert 1.9 < ratio <= 2.0, ratio
     out = tmp_path / dtype
     assert Trainer(paired, MODEL, TrainConfig.from_dict(settings), out, plan=plan).fit()
-    first = rows(out)[0]  # a full batch of batch_size cells
-    assert first["peak_bytes"] == plan.predicted_peak_bytes
+    steady = rows(out)[1]  # after the first optimizer step, a full batch of batch_size cells
+    assert steady["peak_source"] == "allocator"
+    assert abs(steady["peak_bytes"] - plan.predicted_peak_bytes) <= 0.10 * steady["peak_bytes"], (steady, plan.peak_scope)

@@ -28,7 +28,7 @@ from ampflow.demo import write_demo
 from ampflow.parallel.data_parallel import draw_noise
 from ampflow.parallel.parallelize import parallelize
 from ampflow.train.data import load_paired
-from ampflow.train.trainer import build_model, epoch_batches, seed_everything
+from ampflow.train.trainer import MEASURED_STEPS, build_model, epoch_batches, seed_everything
 from ampflow.spec.config import TrainConfig
 from ampflow.spec.plan import Plan
 from ampflow.spec.strategies import BUILT_IN, DATA_PARALLEL
@@ -135,8 +135,11 @@ def test_only_rank0_writes(dp_run):
     rows = metrics(dp_run)
     assert [r["step"] for r in rows] == list(range(1, N_STEPS + 1))  # one writer: each step once
     for r in rows:
-        assert len(r["rank_peak_bytes"]) == 2 and all(p > 0 for p in r["rank_peak_bytes"])
-        assert r["peak_bytes"] == max(r["rank_peak_bytes"])
+        # the allocator's peak is measured on the first steps only (the profiler slows a step)
+        assert ("rank_peak_bytes" in r) == (r["step"] <= MEASURED_STEPS)
+        if "rank_peak_bytes" in r:
+            assert len(r["rank_peak_bytes"]) == 2 and all(p > 0 for p in r["rank_peak_bytes"])
+            assert r["peak_bytes"] == max(r["rank_peak_bytes"])
         assert len(r["rank_work"]) == 2 and r["work_ratio"] == pytest.approx(max(r["rank_work"]))
         assert sum(r["rank_cells"]) in (8, 7) and min(r["rank_cells"]) >= 1
     state = torch.load(dp_run / "checkpoints" / "step-00000009.pt", map_location="cpu", weights_only=True)
@@ -207,9 +210,10 @@ def test_tp_run_follows_one_process(tp_run, data_dir, tp_plan, tmp_path):
     for a, b in zip(got, ref):
         for term, value in b["loss"].items():
             assert a["loss"][term] == pytest.approx(value, rel=1e-8, abs=1e-12), f"step {a['step']} {term}"
-    for r in got:  # every rank's per-stratum bytes, and the mesh
+    for r in got:  # every rank's per-stratum bytes (on the measured steps), and the mesh
         assert r["mesh"] == {"dp": 1, "tp": 2}
-        assert len(r["rank_stratum_bytes"]) == 2 and all(len(m) == len(r["stratum_bytes"]) for m in r["rank_stratum_bytes"])
+        if r["step"] <= MEASURED_STEPS:
+            assert len(r["rank_stratum_bytes"]) == 2 and all(len(m) == len(r["stratum_bytes"]) for m in r["rank_stratum_bytes"])
     # the consolidated model has the single-process names and shapes
     sa, sb = torch.load(tp_run / "model.pt", weights_only=True)["state_dict"], torch.load(one / "model.pt", weights_only=True)["state_dict"]
     assert {k: v.shape for k, v in sa.items()} == {k: v.shape for k, v in sb.items()}

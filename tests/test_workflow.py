@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ampflow.train.trainer import MEASURED_STEPS
 from conftest import workflow_copy
 
 pytestmark = pytest.mark.slow
@@ -124,7 +125,8 @@ def test_heavy_plan_trains_sharded_like_one_process(run_dir, tmp_path):
     assert len(rows) >= 20
     for r in rows:
         assert r["mesh"] == mesh
-        assert len(r["rank_stratum_bytes"]) == mesh["dp"] * mesh["tp"]
+        if r["step"] <= MEASURED_STEPS:  # the allocator's peak is measured on the first steps
+            assert len(r["rank_stratum_bytes"]) == mesh["dp"] * mesh["tp"]
     config = (run_dir / "results/demo/train/250kb_s12/config.yaml").read_text()
     import yaml
 

@@ -8,8 +8,8 @@ No process gets more threads than the cores it has: on a few shared cores a seco
 thread per process makes small operations wait for the slower thread.
 
 The batch is checked, not changed (a batch size changes what the model learns): every
-process on the host holds its predicted peak, one query block's transient attention
-scores and its data batch; when the host's available memory (``cpu.memory_available_bytes``,
+process on the host holds its predicted peak (which counts its data batch) and one
+query block's transient attention scores; when the host's available memory (``cpu.memory_available_bytes``,
 times the budget fraction) holds less than that, the plan says so and names the
 largest batch that would fit.
 
@@ -45,7 +45,7 @@ def trains_on_cpu(device: str, host: dict | None) -> bool:
 
 @dataclass(frozen=True)
 class BatchNeed:
-    """Host bytes a batch size needs over all processes: ``processes x (peak + scores + batch)``."""
+    """Host bytes a batch size needs over all processes: ``processes x (peak + scores)``."""
 
     batch_size: int
     need: int
@@ -95,7 +95,7 @@ def cpu_plan(profile: dict, train: TrainConfig, host: dict | None, processes: in
         Share of the host's available memory the check allows.
     per_process : callable
         ``per_process(profile) -> bytes`` one process holds at its peak with that
-        profile's batch (predicted peak, transient scores, data batch).
+        profile's batch (predicted peak, which counts the data batch, and transient scores).
     """
     if not trains_on_cpu(train.device, host):
         return {}, []
@@ -128,8 +128,8 @@ def cpu_plan(profile: dict, train: TrainConfig, host: dict | None, processes: in
         allowed = int(available * budget_fraction)
         fits = need <= allowed
         section.update({"host_budget_bytes": allowed, "host_fits": fits})
-        head = (f"host memory: batch {batch} needs {human_bytes(need)} over {processes} process(es) (peak, transient scores "
-                f"and data batch each) against {human_bytes(allowed)} ({budget_fraction:g} of {human_bytes(available)} available)")  # fmt: skip
+        head = (f"host memory: batch {batch} needs {human_bytes(need)} over {processes} process(es) (peak with its data "
+                f"batch, and transient scores, each) against {human_bytes(allowed)} ({budget_fraction:g} of {human_bytes(available)} available)")  # fmt: skip
         if fits:
             reasons.append(head + ": fits.")
         else:

@@ -23,8 +23,10 @@ What a plan says holds for the plan as written:
   (``dp x tp``) when the plan fits, else the fewest with which it would fit;
   ``min_fitting_devices`` is the fewest (a power of two, or the devices given) with
   which it fits;
-* ``peak_scope`` says what ``predicted_peak_bytes`` counts and what it leaves out, with
-  the bytes of the left-out data batch and short-lived tensors;
+* ``peak_scope`` says what ``predicted_peak_bytes`` counts (the allocator's peak of a
+  steady-state step: state, the data batch, saved activations, gradients and the
+  transients of the backward pass and the optimizer step), the predicted peak of each
+  phase, and what it leaves out.
 * ``predicted_step_seconds`` and ``cost_model`` give the cost model's prediction for
   the plan, its constants and where they come from (a calibration file or the
   documented defaults), and every chunk candidate considered;
@@ -258,20 +260,19 @@ def data_batch_bytes(profile: dict, dp: int) -> int:
 
 
 def peak_scope(profile: dict, dp: int, est) -> dict:
-    """What ``predicted_peak_bytes`` counts and what it leaves out (JSON, integers only).
+    """What ``predicted_peak_bytes`` counts, each phase's predicted peak and what the
+    peak leaves out (JSON, integers only).
 
-    ``leaves_out`` gives bytes for what the profile decides (the data batch, the
-    tensors that live only for a moment of the forward pass) and names what it does
-    not (:data:`~ampflow.spec.plan.PEAK_NOT_MODELLED`).
+    ``leaves_out`` names what no profile can tell
+    (:data:`~ampflow.spec.plan.PEAK_NOT_MODELLED`); the data batch is counted, and its
+    bytes are given as ``data_batch_bytes``.
     """
-    transient = {k: int(v) for k, v in sorted(getattr(est, "transient", {}).items())}
     return {
         "counts": list(PEAK_COUNTS),
-        "leaves_out": {
-            "data_batch_bytes": data_batch_bytes(profile, dp),
-            "transient_bytes": transient,
-            "not_modelled": list(PEAK_NOT_MODELLED),
-        },
+        "phases": {k: int(v) for k, v in (getattr(est, "phases", None) or {}).items()},
+        "peak_phase": str(getattr(est, "peak_phase", "")),
+        "data_batch_bytes": data_batch_bytes(profile, dp),
+        "leaves_out": {"not_modelled": list(PEAK_NOT_MODELLED)},
     }
 
 
@@ -366,10 +367,10 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         dp, tp = mesh["dp"], mesh["tp"]
 
         def per_process(p: dict) -> int:
-            # one process at its peak with profile p's batch: held bytes, one query
-            # block's scores, its data batch
+            # one process at its peak with profile p's batch (the predicted peak counts
+            # the data batch) and one query block's scores beside it
             e = estimate(p, tuple(names), dp, tp, chunk)
-            return int(e.total) + int(getattr(e, "transient", {}).get("attention_scores", 0)) + data_batch_bytes(p, dp)
+            return int(e.total) + int(getattr(e, "transient", {}).get("attention_scores", 0))
 
         cpu, cpu_reasons = cpu_plan(profile, train or TrainConfig(), host, dp * tp, budget_fraction, per_process)
         timed = re.search(r"calibrated on cpu \((\d+) threads?\)", constants.source or "")
@@ -430,6 +431,7 @@ def explain(plan: Plan) -> str:
         ("predicted step", plan.step_text()),
         ("predicted peak", f"{hb(plan.predicted_peak_bytes)} per device"),
         ("  counts", plan.peak_counts_text()),
+        ("  phases", plan.peak_phase_text()),
         ("  leaves out", plan.peak_leaves_out_text()),
         ("M(L)", f"{hb(plan.M_base_bytes)} + (L-1) x {hb(plan.M_stratum_bytes)} (L = {plan.n_strata}; stratum 0 has no attention block)"),
         ("fits", "yes" if plan.fits else "NO"),

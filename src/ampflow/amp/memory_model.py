@@ -1,74 +1,89 @@
 """Analytic memory model (EPM) of one training step of the paired model, from shapes only.
 
-The per-device peak of a training step is predicted without building a tensor or
-running a forward pass. On CPU the trainer measures the peak as what is held at the
-end of the forward pass (DESIGN §4, :mod:`ampflow.train.memory`):
+The per-device peak of a steady-state training step (after the first optimizer
+step: Adam's moments exist, and the step begins by freeing the previous gradients,
+``zero_grad(set_to_none=True)``) is predicted without building a tensor or running a
+forward pass. The referee is the allocator: the profiler's allocation timeline on CPU,
+``max_memory_allocated`` on CUDA (:func:`ampflow.train.memory.measure_step`, what the
+trainer reports as ``peak_bytes``). Three phases are modelled, and the peak is the
+largest:
 
-* **state**: parameters + gradients (one per parameter) + optimizer state;
-* **saved activations**: every tensor autograd keeps for backward, reduced to the
-  storages backing it and counted once per storage at the storage's full size;
-  parameters and the data batch (``rna``, ``hic``) do not count.
+* **end of the forward pass**: the state (parameters, buffers, optimizer state, the
+  data batch) plus every tensor autograd keeps for backward, reduced to the storages
+  backing it and counted once per storage at the storage's full size;
+* **backward pass**: the parts of the forward pass in reverse, each adding its
+  transient (the gradient buffers and derivative temporaries it allocates while its
+  saved tensors are still alive) to what is held when it begins; after it, its saved
+  tensors are freed and the gradients it produced stay. The largest is usually an
+  early step: the graph decoder's gathered-latent gradients (``2 en x d``) or the ZINB
+  likelihood's eight ``B x F`` temporaries;
+* **optimizer step**: the state, every gradient, and Adam's temporaries: the square
+  root of the second moments, as large as all parameters with foreach kernels (CUDA),
+  or twice the largest parameter when Adam steps one parameter at a time (CPU;
+  :attr:`ShapeSpec.optimizer_foreach`). Under data parallelism the gradients are
+  all-reduced through one flat buffer of all of them first.
 
-This module reproduces that sum op by op from what PyTorch saves for each operation
-the model uses (``Linear``: its input; ``LayerNorm``: input, mean and rstd;
-``BatchNorm`` in training: input, running mean/var, save_mean, save_invstd; softmax:
-its output; LeakyReLU/SELU/GELU/softplus/log/lgamma/square: their input; dropout on
-CPU: a mask of the input's dtype; indexing: its int64 indices; ``index_add_``: indices
-and source; ``masked_fill``/``where``: the bool mask; the banded-attention Function:
-``q_s``, ``k``, ``v`` and the ``(H, n, 2w + 1)`` probabilities). The formulas are closed-form in
-the shapes (:mod:`ampflow.amp.memory_terms`); the state is counted from the model's
-own shape description (:mod:`ampflow.spec.model_shapes`), the one its modules are
-built from. ``scripts/bench_memory_model.py`` checks them against real training steps.
+Saved activations follow from what PyTorch saves for each operation the model uses
+(``Linear``: its input; ``LayerNorm``: input, mean and rstd; ``BatchNorm`` in training:
+input, running mean/var, save_mean, save_invstd; softmax: its output;
+LeakyReLU/SELU/GELU/softplus/log/lgamma/square: their input; dropout on CPU: a mask of
+the input's dtype; indexing: its int64 indices (a buffer of the model where it indexes
+by one); ``index_add_``: indices and source; ``masked_fill``/``where``: the bool mask; the
+banded-attention Function: ``q_s``, ``k``, ``v`` and the ``(H, n, 2w + 1)``
+probabilities). The formulas are closed-form in the shapes and in the dtype's bytes
+(:mod:`ampflow.amp.memory_terms`); the state is counted from the model's own shape
+description (:mod:`ampflow.spec.model_shapes`), the one its modules are built from.
+``scripts/bench_memory_model.py`` checks the prediction against the allocator.
 
-Structure: ``M(L) = M_base + (L - 1) * M_stratum``. Stratum 0 has no attention block
-(its keys are the anchor latents), so it belongs to the base; every attention stratum
-``k >= 1`` adds its block's parameters, optimizer state and saved activations, its
-decode and likelihood terms (``B x |F_k|``) and its share of the feature-indexed terms.
-With equal ``|F_k|`` the model is exactly linear in ``L``.
-
-What is *not* in ``total``: tensors that live only for a moment of the forward pass
-(the naive decode's ``B x n`` scores, one query block's ``H x rows x (2w + 1)``
-attention scores before the softmax). A device allocator sees them on top of ``total`` while they exist; they are
-reported in :attr:`Estimate.transient`.
+Structure: ``M(L) = M_base + (L - 1) * M_stratum`` within one phase. Stratum 0 has no
+attention block (its keys are the anchor latents), so it belongs to the base; every
+attention stratum ``k >= 1`` adds its block's parameters, optimizer state and saved
+activations, its decode and likelihood terms (``B x |F_k|``), its share of the
+feature-indexed terms and of the transients proportional to them. With equal
+``|F_k|`` the model is exactly linear in ``L`` as long as the same part holds the peak.
 
 Cross-reconstruction (:attr:`ShapeSpec.cross`, ``LossWeights.cross > 0``) decodes each
 modality from the other's latent: a second pass through the RNA decoder and through the
 whole Hi-C decoder, every stratum block included. Its activations come after the last
 per-stratum mark, and each stratum's share of them belongs to that stratum, so
-``M(L)`` stays linear.
+``M(L)`` stays linear; its likelihood is the first part of the backward pass.
 
-Assumptions (those of the trainer): Adam keeps two moments
-per parameter plus a float32 ``step`` scalar per parameter tensor; index buffers
-(``feature_anchor``, node indices, edge lists) are standalone int64 tensors. Dropout is
-counted as on CPU (a mask in the input's dtype); CUDA's fused dropout keeps a 1-byte
-mask instead, a difference of ``4 B h (b - 1)`` bytes.
+Assumptions (those of the trainer): Adam keeps two moments per parameter plus a
+float32 ``step`` scalar per parameter tensor; a parameter no gradient reaches (``u_proj``
+with one stratum) has neither a gradient nor optimizer state. Dropout is counted as on
+CPU (a mask in the input's dtype); CUDA's fused dropout keeps a 1-byte mask instead, a
+difference of ``4 B h (b - 1)`` bytes. Not modelled: the first step (no optimizer
+state; its peak is lower), the CUDA runtime, allocator caching and fragmentation,
+communication buffers of the tensor-parallel collectives.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..spec.profile import model_config, train_settings
 from ..spec.strategies import BUILT_IN, CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
-from .memory_spec import DTYPE_BYTES, OPTIMIZERS, Estimate, ShapeSpec
+from .memory_spec import DTYPE_BYTES, OPTIMIZERS, PHASES, Estimate, ShapeSpec
 from .memory_terms import (
     INDEX_BYTES,
-    POST,
     PRE,
     STATE,
     STEP_BYTES,
     Device,
     Ledger,
-    ceil_div,
     banded_score_elements,
+    buffer_terms,
+    ceil_div,
+    cell_kl_terms,
+    cell_noise_terms,
     chunked_score_elements,
     encoder_terms,
     graph_decoder_terms,
     graph_encoder_terms,
     hic_decoder_terms,
     rna_decoder_terms,
-    state_terms,
 )
 
 __all__ = [
@@ -138,37 +153,33 @@ def predict(
         key_first=bool(key_first) or KEY_FIRST_DECODE in strategies,
         hp_div=tp if HIDDEN_PARALLEL in strategies else 1,
         fp_div=tp if FEATURE_PARALLEL in strategies else 1,
+        dp=dp,
     )
     led = _ledger(dev)
     return _summarise(led, dev)
 
 
 def _ledger(dev: Device) -> Ledger:
-    """Every term of one step, in forward order."""
-    s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
+    """State, then every part of the forward pass in the order the model runs them
+    (the backward pass runs them in reverse)."""
+    s = dev.spec
     has_rna, has_hic = s.n_genes > 0, s.n_features > 0
-    d = s.latent
     led = Ledger()
-    state_terms(led, dev)
-    graph_encoder_terms(led, dev)
+    buffer_terms(led, dev)
+    if has_hic:
+        encoder_terms(led, "hic_encoder", dev, list(s.features_per_stratum))
     if has_rna:
-        led.add("rna_encoder", B * s.n_genes * b)  # first Linear's input
-        encoder_terms(led, "rna_encoder", dev)
-        led.add("cell_latents", B * d * b)  # noise
+        encoder_terms(led, "rna_encoder", dev, [s.n_genes])
+        cell_noise_terms(led, dev)
+    if has_hic:
+        cell_noise_terms(led, dev)
+    nodes = graph_encoder_terms(led, dev)
+    if has_rna:
         rna_decoder_terms(led, dev)
     if has_hic:
-        for k, fk in enumerate(s.features_per_stratum):
-            led.add("hic_encoder", dev.fp(B * fk) * b, k or None)  # first Linear's input
-        encoder_terms(led, "hic_encoder", dev)
-        led.add("cell_latents", B * d * b)  # noise
         hic_decoder_terms(led, dev)
-        led.add("cell_latents", 3 * B * d * b, None, POST)  # KL
-    if has_rna:
-        led.add("cell_latents", 3 * B * d * b, None, POST)  # KL
-        if has_hic:
-            aligned = d if s.shared is None else s.shared
-            led.add("cell_latents", B * aligned * b, None, POST)  # alignment difference (shared dims)
-    graph_decoder_terms(led, dev)
+    cell_kl_terms(led, dev)
+    graph_decoder_terms(led, dev, nodes)
     # each modality decoded from the other's latent; needs both (as the model does)
     if s.cross and has_rna and has_hic:
         rna_decoder_terms(led, dev, first=False)
@@ -176,24 +187,98 @@ def _ledger(dev: Device) -> Ledger:
     return led
 
 
+def _sum(shares) -> int:
+    return sum(x for x, _ in shares)
+
+
+def _phases(led: Ledger, dev: Device) -> tuple[dict[str, int], dict[str, Callable[[], list]], str]:
+    """The held bytes of each phase's peak (:data:`PHASES`); for each phase a function
+    giving the breakdown of that peak as ``(component, stratum, bytes)`` entries; and
+    the part of the model whose backward holds the backward peak."""
+    state = [(c, k, x) for c, k, _, x, owner in led.items if owner is None]
+    saved: list[list] = [[] for _ in led.steps]
+    for c, k, _, x, owner in led.items:
+        if owner is not None:
+            saved[owner].append((c, k, x))
+    state_total = sum(x for *_, x in state)
+    saved_totals = [sum(x for *_, x in items) for items in saved]
+    forward = state_total + sum(saved_totals)
+
+    # backward: the steps in reverse, each at its peak above what is held when it begins
+    held, best, best_at = forward, -1, None
+    for i in range(len(led.steps) - 1, -1, -1):
+        step = led.steps[i]
+        here = held + _sum(step.transient)
+        if here > best:
+            best, best_at = here, i
+        held += _sum(step.kept) - _sum(step.release) - saved_totals[i]
+    grads = _sum(led.param_grads)
+    all_reduce = grads if dev.dp > 1 else 0  # one flat buffer of every gradient (sum_gradients)
+    if state_total + grads + all_reduce > best:
+        best, best_at = state_total + grads + all_reduce, None
+
+    largest = _sum(led.largest_param)
+    step_transient = grads if dev.spec.optimizer_foreach else 2 * largest
+    phases = {
+        "end_of_forward": forward,
+        "backward": best,
+        "optimizer_step": state_total + grads + step_transient,
+    }
+
+    def end_of_forward():
+        return state + [e for items in saved for e in items]
+
+    def backward():
+        if best_at is None:
+            return state + [("gradients", k, x) for x, k in led.param_grads] + [("gradient_all_reduce", None, all_reduce)]
+        out = list(state)
+        for items in saved[: best_at + 1]:  # the parts the backward pass has not reached
+            out += items
+        for step in led.steps[best_at + 1 :]:
+            out += [("gradients", k, x) for x, k in step.kept] + [("gradients", k, -x) for x, k in step.release]
+        step = led.steps[best_at]
+        return out + [("backward_transient", k, x) for x, k in step.transient]
+
+    def optimizer_step():
+        shares = led.param_grads if dev.spec.optimizer_foreach else [(2 * x, k) for x, k in led.largest_param]
+        return state + [("gradients", k, x) for x, k in led.param_grads] + [("optimizer_transient", k, x) for x, k in shares]
+
+    breakdown = {"end_of_forward": end_of_forward, "backward": backward, "optimizer_step": optimizer_step}
+    part = led.steps[best_at].component if best_at is not None else ("gradient_all_reduce" if dev.dp > 1 else "gradients")
+    return phases, breakdown, part
+
+
 def _summarise(led: Ledger, dev: Device) -> Estimate:
-    """Totals, components, per-stratum shares, marks and transients of a ledger."""
+    """Phases, total, components, per-stratum shares, marks and transients of a ledger."""
     s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
     L, n, H = s.n_strata, s.n_anchors, s.heads
     has_hic = s.n_features > 0
-    total = sum(x for *_, x in led.items)
+    phases, breakdown, part = _phases(led, dev)
+    # the first phase holding the largest peak (ties go to the earlier phase)
+    peak_phase = max(PHASES, key=lambda p: (phases[p], -PHASES.index(p)))
+    entries = breakdown[peak_phase]()
+    total = phases[peak_phase]
     components: dict[str, int] = {}
-    for comp, _, _, x in led.items:
-        components[comp] = components.get(comp, 0) + x
     strata = [0] * max(L - 1, 0)
-    for _, k, _, x in led.items:
+    for comp, k, x in entries:
+        components[comp] = components.get(comp, 0) + x
         if k:
             strata[k - 1] += x
+    components = {c: x for c, x in components.items() if x}
+    assert sum(components.values()) == total, (components, total)
     base = total - sum(strata)
     marks = []
-    fixed = sum(x for _, _, ph, x in led.items if ph in (STATE, PRE))
+    fixed = sum(x for _, _, ph, x, _ in led.items if ph in (STATE, PRE))
+    # the node latents (sample, loc, std) are alive through the decoders, saved only
+    # by the terms after them (the sample not at all); each stratum's mean (B x |F_k|) waits in a list for the
+    # concatenation
+    fixed += 3 * s.n_nodes * s.latent * b
+    if has_hic and dev.key_first and L == 1:  # the anchor latents, never saved
+        fixed += n * s.latent * b
+    means = 0
     for k in range(L if has_hic else 0):
-        marks.append(fixed + sum(x for _, _, ph, x in led.items if isinstance(ph, int) and ph <= k))
+        means += dev.fp(B * s.features_per_stratum[k]) * b
+        marks.append(fixed + means + sum(x for _, _, ph, x, _ in led.items if isinstance(ph, int) and ph <= k))
     transient = {"decode_scores": 0, "attention_scores": 0}
     if has_hic:
         if not dev.key_first:
@@ -211,6 +296,9 @@ def _summarise(led: Ledger, dev: Device) -> Estimate:
         strata=tuple(strata),
         marks=tuple(marks),
         transient=transient,
+        phases=phases,
+        peak_phase=peak_phase,
+        peak_part=part if peak_phase == "backward" else peak_phase,
     )
 
 
@@ -296,9 +384,10 @@ def profile_memory(profile: dict) -> dict:
     -------
     dict
         ``model`` (the formula), ``n_strata``, ``dtype_bytes``, ``batch_size``,
-        ``chunk``, ``key_first``, ``cross_reconstruction``, ``total_bytes``,
+        ``chunk``, ``key_first``, ``cross_reconstruction``, ``total_bytes`` (the
+        steady-state peak), ``peak_phase``, ``phases`` (each phase's peak),
         ``M_base_bytes``, ``M_stratum_bytes`` (rounded mean), ``strata_bytes``,
-        ``components`` and ``transient`` (bytes).
+        ``components`` (of the peak) and ``transient`` (bytes).
     """
     spec = spec_from_profile(profile)
     cfg = model_config(profile)
@@ -312,6 +401,8 @@ def profile_memory(profile: dict) -> dict:
         "key_first": cfg.key_first,
         "cross_reconstruction": spec.cross,
         "total_bytes": int(est.total),
+        "peak_phase": est.peak_phase,
+        "phases": {k: int(v) for k, v in est.phases.items()},
         "M_base_bytes": int(est.base),
         "M_stratum_bytes": int(math.floor(est.per_stratum + 0.5)),
         "strata_bytes": [int(x) for x in est.strata],

@@ -16,6 +16,8 @@ from ..spec.config import ModelConfig
 DTYPE_BYTES = {**TRAIN_DTYPE_BYTES, "bfloat16": 2, "float16": 2}
 #: Optimizers whose state the model counts (Adam and AdamW keep the same state).
 OPTIMIZERS = ("adam", "adamw")
+#: The phases of a training step whose peaks the model predicts, in order.
+PHASES = ("end_of_forward", "backward", "optimizer_step")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,12 @@ class ShapeSpec:
     shared : int or None
         The latent dimensions the alignment term compares (``latent - private_dim``);
         None: all ``latent``.
+    optimizer_foreach : bool
+        Whether the optimizer updates all parameters in one pass of foreach kernels,
+        as ``torch.optim.Adam`` does on CUDA (its temporary, ``sqrt`` of the second
+        moments, is as large as all parameters), or one parameter at a time, as it does
+        on CPU (two temporaries the size of the parameter). Plans are for accelerators:
+        True by default; a CPU run is described with False.
     """
 
     n_cells_batch: int
@@ -92,6 +100,7 @@ class ShapeSpec:
     dropout: float = 0.1
     cross: bool = False
     shared: int | None = None
+    optimizer_foreach: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "features_per_stratum", tuple(int(x) for x in self.features_per_stratum))
@@ -156,33 +165,53 @@ class ShapeSpec:
 
 @dataclass(frozen=True)
 class Estimate:
-    """Predicted bytes of one training step on one device.
+    """Predicted bytes of one steady-state training step on one device.
 
     Attributes
     ----------
     total : int
-        State + saved activations at the end of the forward pass (what the trainer
-        reports as ``peak_bytes`` on CPU). ``total == base + sum(strata)``.
+        The allocator's peak of the step: the largest of :attr:`phases` (what the
+        trainer reports as ``peak_bytes``). ``total == base + sum(strata)``.
     base : int
-        Everything not attributable to an attention stratum: state of the encoders,
-        graph and shared decoder parts, their activations, and stratum 0's decode and
-        likelihood terms.
+        Everything of the peak not attributable to an attention stratum: state of the
+        encoders, graph and shared decoder parts, their activations, gradients and
+        transients, and stratum 0's decode and likelihood terms.
     per_stratum : float
         Mean of :attr:`strata` (0 when ``L = 1``), so that
         ``total == base + (L - 1) * per_stratum`` up to rounding. The slope of a line
         fitted to ``total`` against ``L`` estimates it; the intercept estimates
         ``base - per_stratum``.
     strata : tuple of int
-        Marginal bytes of each attention stratum ``k = 1 .. L-1``: its block's
-        parameters, gradients and optimizer state, its saved activations, and every
+        Marginal bytes of each attention stratum ``k = 1 .. L-1`` at the peak: its
+        block's parameters, optimizer state (and gradients, when the peak holds
+        them), its saved activations (those still held), and every
         term proportional to ``|F_k|`` (encoder input columns and weights, per-feature
         parameters, decode, likelihood, index entries) or to the stratum count (its
         row of the strata head and column of the strata weights).
     components : dict of str to int
-        ``total`` broken down by what holds the bytes (sums to ``total``):
+        ``total`` broken down by what holds the bytes at the peak (sums to
+        ``total``; the saved activations of parts that the backward pass has already
+        run are gone, and a phase without gradients has none):
 
-        ``parameters``, ``gradients``, ``optimizer_state``
+        ``parameters``, ``optimizer_state``
             Model state (Adam: two moments per parameter, a 4-byte step per tensor).
+        ``buffers``
+            The model's buffers: int64 indices (feature anchors and strata, anchor and
+            gene nodes, edge lists), edge weights, signs and coefficients, BatchNorm
+            running statistics.
+        ``data_batch``
+            The dense input batch, ``B x (G + F)`` in the run's dtype.
+        ``gradients``
+            Gradients held at the peak: of the parameters, and of activations still to
+            be consumed (the mean of the ZINB, the node latents).
+        ``backward_transient``
+            At a backward peak: what the part holding it (:attr:`peak_part`)
+            allocates above what was held when its backward began.
+        ``optimizer_transient``
+            At an optimizer-step peak: Adam's temporaries.
+        ``gradient_all_reduce``
+            Under data parallelism, when the all-reduce of the gradients holds the
+            peak: its flat buffer of every gradient.
         ``rna_encoder``, ``hic_encoder``
             MLP activations: input (``B x G`` / ``B x F``, saved by the first
             Linear), per layer the LeakyReLU input, BatchNorm input and its four
@@ -192,18 +221,17 @@ class Estimate:
             Reparameterisation noise of both cell latents, their KL terms (``loc``,
             ``std``, ``std + eps``) and the alignment difference.
         ``graph_encoder``
-            Two graph convolutions (edge indices, coefficients, messages ``E x d``),
-            SELU, Normal head, node noise and node KL terms.
+            Two graph convolutions (messages ``E x d``; their edge indices and
+            coefficients are buffers), SELU, Normal head, node noise and node KL terms.
         ``graph_decoder``
             Sampled edges and negatives: gathered node latents, signs, logits,
             targets, weights and their int64 indices.
         ``rna_decoder``
-            NB decoder (``u``, gathered gene latents, ``B x G`` product and softmax,
-            gene index) and the NB likelihood's ``B x G`` intermediates.
+            NB decoder (``u``, gathered gene latents, ``B x G`` product and softmax)
+            and the NB likelihood's ``B x G`` intermediates.
         ``hic_decoder_head``
             The Hi-C decoder's shared inputs: ``u`` (and ``u_D`` when ``D != d``),
-            strata weights ``B x L``, library, anchor latents and indices,
-            ``feature_anchor`` (int64, ``F``).
+            strata weights ``B x L``, library, anchor latents.
         ``stratum0_decode``
             Stratum 0's logits, softmax and per-feature softplus scale.
         ``stratum_norms``
@@ -233,13 +261,25 @@ class Estimate:
         latents, libraries and index tensors it reads are already held).
     marks : tuple of int
         Predicted bytes held after stratum ``k``'s part of the forward pass
-        (``k = 0 .. L-1``): the trainer's ``stratum_bytes`` on CPU. The
-        cross-reconstruction pass comes after the last mark.
+        (``k = 0 .. L-1``): the state, the activations saved so far and the strata
+        means waiting for their concatenation (``B x |F_j|``, ``j <= k``); the
+        trainer's ``stratum_bytes``. The cross-reconstruction pass comes after the last
+        mark.
     transient : dict of str to int
-        Short-lived forward intermediates not in ``total``: ``decode_scores``
-        (the naive decode's ``B x n`` product, removed by S4) and
-        ``attention_scores`` (one query block's ``H x rows x (2w + 1)`` scores
-        before the softmax: ``rows = n`` without S3, the chunk with it).
+        Short-lived forward intermediates: ``decode_scores`` (the naive decode's
+        ``B x n`` product, removed by S4) and ``attention_scores`` (one query block's
+        ``H x rows x (2w + 1)`` scores before the softmax: ``rows = n`` without S3, the
+        chunk with it). Their backward counterparts, alive when more is held, are the
+        ones the backward phase counts.
+    phases : dict of str to int
+        The predicted peak of each phase: ``end_of_forward`` (state and saved
+        activations), ``backward`` (the largest over the backward pass's parts) and
+        ``optimizer_step``.
+    peak_phase : str
+        The phase holding :attr:`total`.
+    peak_part : str
+        At a backward peak, the part of the model whose backward holds it
+        (``zinb_likelihood``, ``graph_decoder``, ...); else :attr:`peak_phase`.
     """
 
     total: int
@@ -249,3 +289,6 @@ class Estimate:
     strata: tuple = ()
     marks: tuple = ()
     transient: dict = field(default_factory=dict)
+    phases: dict = field(default_factory=dict)
+    peak_phase: str = ""
+    peak_part: str = ""

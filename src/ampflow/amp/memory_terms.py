@@ -1,16 +1,29 @@
 """The terms of the memory model, component by component.
 
-Each function adds to a :class:`Ledger` the bytes one part of the paired model holds at
-the end of a training step's forward pass on one device (see
-:mod:`ampflow.amp.memory_model` for what counts and why). State (parameters, gradients,
-optimizer state) is counted from the model's own shape description,
-:mod:`ampflow.spec.model_shapes`; saved activations are closed-form in the shapes, from
-what PyTorch saves for each operation the model runs.
+The functions here fill a :class:`Ledger` with what one device holds during a
+training step of the paired model (see :mod:`ampflow.amp.memory_model` for the
+phases and how they are combined):
+
+* **state**, held throughout: parameters, buffers, optimizer state and the data batch,
+  counted from the model's own shape description (:mod:`ampflow.spec.model_shapes`);
+* **saved activations**: what autograd keeps for backward, closed-form in the shapes
+  from what PyTorch saves for each operation the model runs;
+* **backward steps**: one per part of the forward pass, in forward order. The backward
+  pass runs them in reverse; each holds a transient above what was held when it began
+  (gradient buffers of its inputs and parameters, temporaries of its derivative
+  formulas), frees the activations its part saved, and leaves behind the gradients it
+  produced (of parameters, and of activations that an earlier part still has to
+  consume).
+
+The transients were counted operator by operator against the allocator (the
+profiler's allocation timeline of each part's backward, ``scripts/bench_memory_model.py``
+checks the sum): they are what the derivative formulas of the operations allocate
+while the part's saved tensors are still alive.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..spec.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
 from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
@@ -27,17 +40,59 @@ STEP_BYTES = 4
 # alignment, cross-reconstruction) comes after the loop.
 STATE, PRE, POST = "state", "pre", "post"
 
+#: ``(bytes, stratum)`` pieces: a stratum ``k >= 1`` or None (the base).
+Shares = list[tuple[int, "int | None"]]
+
+
+@dataclass
+class BackwardStep:
+    """The backward pass of one part of the forward pass.
+
+    Attributes
+    ----------
+    component : str
+        What the part is (``zinb_likelihood``, ``stratum_block``, ...).
+    transient : list of (int, stratum)
+        Bytes above what was held when the step began, at the step's peak (its saved
+        tensors are still alive then).
+    kept : list of (int, stratum)
+        Bytes the step leaves allocated: gradients of its parameters, and gradients of
+        activations that an earlier part consumes (freed by that part: ``release``).
+    release : list of (int, stratum)
+        Bytes kept by later steps that this step consumes and frees.
+
+    The part's saved activations are the :class:`Ledger` items added after the step
+    was opened (:meth:`Ledger.step`); the step frees them.
+    """
+
+    component: str
+    transient: Shares = field(default_factory=list)
+    kept: Shares = field(default_factory=list)
+    release: Shares = field(default_factory=list)
+
 
 class Ledger:
-    """Byte entries tagged with a component, the stratum they belong to (None: base)
-    and the phase of the forward pass in which they appear."""
+    """Byte entries tagged with a component, the stratum they belong to (None: base),
+    the phase of the forward pass in which they appear and the backward step that
+    frees them (None: state, never freed), plus the backward steps in forward order."""
 
     def __init__(self):
-        self.items: list[tuple[str, int | None, object, int]] = []
+        self.items: list[tuple[str, int | None, object, int, int | None]] = []
+        self.steps: list[BackwardStep] = []
+        self.param_grads: Shares = []  # every used parameter's gradient, for the optimizer phase
+        self.largest_param: Shares = []  # the largest used parameter tensor, by stratum share
+
+    def step(self, component: str) -> BackwardStep:
+        """Open the backward step of the next part of the forward pass: the items added
+        from now on are its saved activations."""
+        self.steps.append(BackwardStep(component))
+        return self.steps[-1]
 
     def add(self, component: str, nbytes: int, stratum: int | None = None, phase: object = PRE) -> None:
+        """A saved activation of the current step (or, with ``phase=STATE``, state)."""
         if nbytes:
-            self.items.append((component, stratum, phase, int(nbytes)))
+            owner = None if phase == STATE else len(self.steps) - 1
+            self.items.append((component, stratum, phase, int(nbytes), owner))
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -49,7 +104,8 @@ class Device:
     """One device's view of a :class:`ShapeSpec` under a set of strategies.
 
     ``B`` is this device's cells; ``hp_div`` and ``fp_div`` are the ways S5 and S2 split
-    the D-proportional and the feature-proportional terms (1 when the strategy is off).
+    the D-proportional and the feature-proportional terms (1 when the strategy is off);
+    ``dp`` is the data-parallel degree (gradients are all-reduced when it is > 1).
     """
 
     spec: ShapeSpec
@@ -58,6 +114,7 @@ class Device:
     key_first: bool
     hp_div: int
     fp_div: int
+    dp: int = 1
 
     def hp(self, x: int) -> int:
         """D-proportional elements on one rank."""
@@ -95,16 +152,12 @@ def banded_score_elements(n: int, window: int) -> int:
     return n * (2 * min(int(window), max(int(n) - 1, 0)) + 1) if n else 0
 
 
+def band_width(n: int, window: int) -> int:
+    """Scores per query of the banded kernel, ``2 min(w, n - 1) + 1``."""
+    return banded_score_elements(n, window) // max(int(n), 1)
+
+
 # ---------------------------------------------------------------- state
-def _state(led: Ledger, dev: Device, elems: int, tensors: int, stratum: int | None = None, optimizer: bool = True) -> None:
-    # parameters and gradients take the same bytes; Adam adds two moments and a step
-    b = dev.spec.dtype_bytes
-    led.add("parameters", elems * b, stratum, STATE)
-    led.add("gradients", elems * b, stratum, STATE)
-    if optimizer:
-        led.add("optimizer_state", 2 * elems * b + STEP_BYTES * tensors, stratum, STATE)
-
-
 def _local(params: dict[str, ParamShape], dev: Device) -> int:
     return sum(p.local_numel(dev.parts) for p in params.values())
 
@@ -116,75 +169,149 @@ def _per_stratum(base: dict[str, ParamShape], one: dict[str, ParamShape], dev: D
     return _local(one, dev) - _local(base, dev)
 
 
-def state_terms(led: Ledger, dev: Device) -> None:
-    """Parameters, gradients and optimizer state of every component. A tensor's Adam
-    ``step`` belongs to the base; a stratum's share of the per-stratum and
-    per-feature parameters, and its block, belong to the stratum."""
-    s = dev.spec
-    d, h, fps, L = s.latent, s.hidden, s.features_per_stratum, s.n_strata
-    graph = graph_encoder_params(s.n_nodes, d)
-    _state(led, dev, _local(graph, dev), len(graph))
-    if s.n_genes:
-        rna = {**encoder_params(s.n_genes, h, d), **nb_decoder_params(s.n_genes)}
-        _state(led, dev, _local(rna, dev), len(rna))
-    if not s.n_features:
-        return
-    enc0 = encoder_params(0, h, d, FEATURE_PARALLEL)
-    head0 = hic_decoder_shared_params(d, s.D, 0, 0)
-    # D-proportional head parameters (u_proj) feed only the strata k >= 1: with one
-    # stratum they get no gradient, so Adam keeps no state for them (the trainer still
-    # counts a gradient slot per parameter)
-    unused = {n: p for n, p in head0.items() if p.shard == HIDDEN_PARALLEL} if L == 1 else {}
-    used = {n: p for n, p in head0.items() if n not in unused}
-    _state(led, dev, _local(enc0, dev) + _local(used, dev), len(enc0) + len(used))
-    _state(led, dev, _local(unused, dev), len(unused), optimizer=False)
-    block = stratum_block_params(d, s.D, s.ffn_mult, s.attention)
-    for k, fk in enumerate(fps):
-        # input-projection columns, per-feature vectors, the strata head's row
-        enc = _per_stratum(enc0, encoder_params(fk, h, d, FEATURE_PARALLEL), dev)
-        head = _per_stratum(head0, hic_decoder_shared_params(d, s.D, 1, fk), dev)
-        _state(led, dev, enc + head, 0, k or None)
-        if k:
-            _state(led, dev, _local(block, dev), len(block), k)
+class _Params:
+    """Parameters of one part, by stratum share: their state (parameters and
+    optimizer state) goes to the ledger at once, their gradients to the part's backward
+    step."""
+
+    def __init__(self, led: Ledger, dev: Device):
+        self.led = led
+        self.b = dev.spec.dtype_bytes
+        self.grads: Shares = []
+
+    def add(self, elems: int, tensors: int, stratum: int | None = None, used: bool = True) -> None:
+        """``elems`` parameter elements in ``tensors`` tensors; ``used=False``: no
+        gradient reaches them (``set_to_none`` leaves their ``.grad`` None and Adam
+        keeps no state for them)."""
+        b, led = self.b, self.led
+        led.add("parameters", elems * b, stratum, STATE)
+        if not used:
+            return
+        led.add("optimizer_state", 2 * elems * b + STEP_BYTES * tensors, stratum, STATE)
+        self.grads.append((elems * b, stratum))
+        led.param_grads.append((elems * b, stratum))
+
+    def tensor(self, shares: Shares) -> None:
+        """A candidate for the largest parameter tensor (its bytes by stratum share)."""
+        if sum(x for x, _ in shares) > sum(x for x, _ in self.led.largest_param):
+            self.led.largest_param = list(shares)
 
 
-# ---------------------------------------------------------------- activations
-def encoder_terms(led: Ledger, name: str, dev: Device) -> None:
-    """Saved activations of an :class:`~ampflow.model.encoders.Encoder`'s body and
-    heads, without its input (added by the caller, which knows how it is sharded)."""
+def _largest(params: dict[str, ParamShape], dev: Device) -> int:
+    return max((p.local_numel(dev.parts) for p in params.values()), default=0)
+
+
+def buffer_terms(led: Ledger, dev: Device) -> None:
+    """The model's buffers (index tensors, edge lists, BatchNorm running statistics)
+    and the data batch, held throughout the step."""
     s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
-    h = s.hidden
+    E, h = s.n_edges, s.hidden
+    # edge src/dst (shared by the model and its graph convolution), weight, sign, coef
+    n = 2 * E * INDEX_BYTES + 3 * E * b + s.n_genes * INDEX_BYTES
+    bn = 2 * (2 * h * b + INDEX_BYTES)  # two BatchNorm layers: running mean, var, count
+    n += bn * (2 if s.n_genes else 1)
+    if s.n_features:
+        # anchor nodes, feature strata (the model), feature anchors (the decoder)
+        n += s.n_anchors * INDEX_BYTES
+        led.add("buffers", n, None, STATE)
+        for k, fk in enumerate(s.features_per_stratum):
+            led.add("buffers", 2 * fk * INDEX_BYTES, k or None, STATE)
+            # every tp rank holds the dense batch with all features
+            led.add("data_batch", B * fk * b, k or None, STATE)
+    else:
+        led.add("buffers", n, None, STATE)
+    led.add("data_batch", B * s.n_genes * b, None, STATE)
+
+
+# ---------------------------------------------------------------- parts of the forward pass
+def encoder_terms(led: Ledger, name: str, dev: Device, widths: list[int]) -> None:
+    """An :class:`~ampflow.model.encoders.Encoder` on ``sum(widths)`` input columns
+    (``widths[k]`` of stratum ``k``; one entry for the RNA encoder): its saved
+    activations, parameters and backward step.
+
+    Backward: the first Linear's weight gradient (``h x n_in``) is allocated while the
+    input it is computed from is still alive; the hidden layers' gradients (``B x h``)
+    are small beside it.
+    """
+    s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
+    h, d = s.hidden, s.latent
+    step = led.step(name)
+    shard = FEATURE_PARALLEL if name == "hic_encoder" else None
+    params = _Params(led, dev)
+    enc0 = encoder_params(0, h, d, shard)
+    params.add(_local(enc0, dev), len(enc0))
+    weight = []
+    for k, width in enumerate(widths):
+        led.add(name, dev.fp(B * width) * b if shard else B * width * b, k or None)  # first Linear's input
+        cols = _per_stratum(enc0, encoder_params(width, h, d, shard), dev)
+        params.add(cols, 0, k or None)
+        weight.append((cols * b, k or None))
+        step.transient.append((cols * b, k or None))
+    params.tensor(weight)  # the first Linear's weight, one column block per stratum
+    params.tensor([(_largest(enc0, dev) * b, None)])  # the others (enc0 has no input columns)
     # LeakyReLU input, BatchNorm input, dropout mask, next layer's input; dropout(p=0)
     # returns its input unchanged, so it saves no mask
     per_b_h = 4 if s.dropout > 0 else 3
     for _ in range(2):
         led.add(name, per_b_h * B * h * b)
         led.add(name, 4 * h * b)  # running mean/var, save_mean, save_invstd
-    led.add(name, B * s.latent * b)  # softplus input of the std head
+    led.add(name, B * d * b)  # softplus input of the std head
+    step.transient.append((2 * B * h * b, None))
+    step.kept.extend(params.grads)
 
 
-def graph_encoder_terms(led: Ledger, dev: Device) -> None:
-    """Two graph convolutions, SELU, the Normal head and the node noise."""
+def cell_noise_terms(led: Ledger, dev: Device) -> None:
+    """The reparameterised cell latent ``loc + std * eps``: the noise is saved."""
+    led.step("cell_latents")
+    led.add("cell_latents", dev.B * dev.spec.latent * dev.spec.dtype_bytes)
+
+
+def graph_encoder_terms(led: Ledger, dev: Device) -> BackwardStep:
+    """Two graph convolutions, SELU, the Normal head and the node noise.
+
+    Backward: each convolution's message gradient (``E x d``, gathered along the edges)
+    and the node gradient it is scattered into (``N x d``). The step consumes the node
+    gradients the graph decoder and the node KL left.
+    """
     s, b = dev.spec, dev.spec.dtype_bytes
-    E, gd = s.n_edges, s.n_nodes * s.latent * b
-    led.add("graph_encoder", 2 * E * INDEX_BYTES + E * b + 2 * E * s.latent * b)  # src, dst, coef, 2 messages
-    led.add("graph_encoder", 3 * gd)  # SELU input, Normal-head input, softplus input
-    led.add("graph_encoder", gd)  # node noise
+    E, N, d = s.n_edges, s.n_nodes, s.latent
+    step = led.step("graph_encoder")
+    params = _Params(led, dev)
+    graph = graph_encoder_params(N, d)
+    params.add(_local(graph, dev), len(graph))
+    params.tensor([(_largest(graph, dev) * b, None)])
+    led.add("graph_encoder", 2 * E * d * b)  # the two convolutions' messages
+    led.add("graph_encoder", 3 * N * d * b)  # SELU input, Normal-head input, softplus input
+    led.add("graph_encoder", N * d * b)  # node noise
+    step.transient.append((E * d * b + N * d * b, None))
+    step.kept.extend(params.grads)
+    return step
 
 
 def rna_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     """The NB decoder and likelihood. ``first=False``: the cross-reconstruction pass
     (from the Hi-C latent), which reads the gene latents, the library and a cell latent
-    that the first passes already hold."""
+    that the first passes already hold.
+
+    Backward: the NB log-likelihood's derivatives hold four ``B x G`` temporaries above
+    its saved tensors at their peak (the gradient of the mean, of ``log(theta + mu)``
+    and the two terms of each ``log`` / ``lgamma`` derivative).
+    """
     s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
     G, d = s.n_genes, s.latent
     phase = PRE if first else POST
-    if first:  # gene index, u, gathered gene latents, library
-        led.add("rna_decoder", G * INDEX_BYTES + B * d * b + G * d * b + B * b)
+    step = led.step("rna_decoder")
+    if first:
+        params = _Params(led, dev)
+        nb = nb_decoder_params(G)
+        params.add(_local(nb, dev), len(nb))
+        step.kept.extend(params.grads)
+        led.add("rna_decoder", B * d * b + G * d * b + B * b)  # u, gathered gene latents, library
     # u v^T and its softmax, softplus scale, theta; NB: log input, theta-weighted
     # difference, log(mu) input, lgamma input, log(theta) input
     led.add("rna_decoder", 2 * B * G * b + 2 * G * b, None, phase)
     led.add("rna_decoder", 4 * B * G * b + G * b, None, phase)
+    step.transient.append((4 * B * G * b, None))
 
 
 def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
@@ -194,6 +321,15 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     it computes is new (``u_D``, strata weights, every block's activations, decode and
     likelihood) and comes after the last mark; the cell latent, anchor latents,
     library and feature indices it reads are already held.
+
+    Backward, in reverse: the ZINB log-likelihood first, whose derivatives hold eight
+    ``B x F`` temporaries above its saved tensors at their peak (the zero mask already
+    freed), and leave the gradient of the mean (``B x F``) for the strata to consume;
+    then each stratum's decode (the softmax and scale gradients, ``B x |F_k|``, and the
+    naive decode's scattered ``B x n`` score gradient or key-first's ``n x D`` key
+    gradient) and block (the hand-written attention backward's ``dq``, ``dk``, ``dv``
+    and two ``H x rows x (2w + 1)`` score blocks, or the feed-forward's ``2 f n D``
+    gradient, whichever is larger).
     """
     s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
     hp, fp, key_first = dev.hp, dev.fp, dev.key_first
@@ -203,50 +339,112 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     def at(k):  # phase of stratum k's terms: its place in the loop, or after the loop
         return k if first else POST
 
+    head_step = led.step("hic_decoder_head")
+    block = stratum_block_params(d, D, f, s.attention)
     if first:
-        led.add("hic_decoder_head", n * INDEX_BYTES + B * d * b)  # anchor index, u
-        # The anchor latents are first saved by stratum 0's product (naive) or by
-        # block 1's LayerNorm (key-first); with key-first and one stratum, never.
-        if not key_first:
-            led.add("hic_decoder_head", n * d * b, None, 0)
-        elif L > 1:
-            led.add("hic_decoder_head", n * d * b, None, 1)
-        led.add("hic_decoder_head", B * b, None, 0)  # library
+        params = _Params(led, dev)
+        head0 = hic_decoder_shared_params(d, D, 0, 0)
+        # D-proportional head parameters (u_proj) feed only the strata k >= 1: with one
+        # stratum they get no gradient, so neither a gradient nor Adam state exists
+        unused = {m: p for m, p in head0.items() if p.shard == HIDDEN_PARALLEL} if L == 1 else {}
+        used = {m: p for m, p in head0.items() if m not in unused}
+        params.add(_local(used, dev), len(used))
+        params.add(_local(unused, dev), len(unused), used=False)
+        vectors = []
         for k, fk in enumerate(fps):
-            led.add("hic_decoder_head", fp(fk) * INDEX_BYTES, k or None, 0)  # feature_anchor slice
+            # per-feature vectors and the strata head's row
+            head = _per_stratum(head0, hic_decoder_shared_params(d, D, 1, fk), dev)
+            params.add(head, 0, k or None)
+            vectors.append((fp(fk) * b, k or None))
+        params.tensor(vectors)
+        head_step.kept.extend(params.grads)
+        led.add("hic_decoder_head", B * d * b)  # u
+        # The anchor latents are gathered before the decoder runs and saved by stratum
+        # 0's product (naive) or by block 1's LayerNorm (key-first); with key-first and
+        # one stratum, never (they are then freed with the forward pass's locals).
+        if not key_first or L > 1:
+            led.add("hic_decoder_head", n * d * b)
+        led.add("hic_decoder_head", B * b, None, 0)  # library
     if D != d and L > 1:
         led.add("hic_decoder_head", hp(B * D) * b, None, at(1))  # u_D, first saved by stratum 1
     for k in range(L):
         led.add("hic_decoder_head", B * b, k or None, PRE if first else POST)  # strata weights (B, L)
 
-    fk = fps[0]  # logits, softmax, softplus scale, strata-weighted library
-    led.add("stratum0_decode", 2 * fp(B * fk) * b + fp(fk) * b + B * b, None, at(0))
-    if key_first:
-        led.add("stratum0_decode", fp(fk * d) * b, None, at(0))  # gathered anchor latents
-    # The banded kernel keeps (H, n, 2w + 1) probabilities and no mask, chunked or not.
-    scores = H * banded_score_elements(n, s.window) * b
-    for k in range(1, L):
+    width = band_width(n, s.window)
+    rows = min(dev.chunk, n) if dev.chunk else n
+    scores = H * banded_score_elements(n, s.window) * b  # (H, n, 2w + 1), no mask, chunked or not
+    for k in range(L):
         fk = fps[k]
-        led.add("stratum_norms", n * d * b + 4 * n * b, k, at(k))
-        if s.attention:
-            led.add("stratum_projections", 5 * hp(n * D) * b, k, at(k))
-            led.add("stratum_attention_scores", scores, k, at(k))
+        if k:
+            step = led.step("stratum_block")
+            if first:
+                bp = _Params(led, dev)
+                bp.add(_local(block, dev), len(block), k)
+                bp.tensor([(_largest(block, dev) * b, k)])
+                step.kept.extend(bp.grads)
+            led.add("stratum_norms", n * d * b + 4 * n * b, k, at(k))
+            feed_forward = 2 * f * hp(n * D) * b
+            if s.attention:
+                led.add("stratum_projections", 5 * hp(n * D) * b, k, at(k))
+                led.add("stratum_attention_scores", scores, k, at(k))
+                attention = 3 * hp(n * D) * b + 2 * H * rows * width * b
+                step.transient.append((max(feed_forward, attention), k))
+            else:
+                led.add("stratum_projections", 2 * hp(n * D) * b, k, at(k))
+                step.transient.append((feed_forward, k))
+            led.add("stratum_feed_forward", 4 * f * hp(n * D) * b, k, at(k))
+        step = led.step("stratum_decode")
+        # the scattered gradient of the gathered keys (key-first) or of the B x n scores,
+        # and the keys' gradient
+        width_k = hp(D) if k else d
+        scatter = (fp(fk) * width_k if key_first else B * n) * b + n * width_k * b
+        step.transient.append((2 * fp(B * fk) * b + scatter, k or None))
+        if k == 0:
+            step.release.append((fp(B * s.n_features) * b, None))  # the mean's gradient
+        if k == 0:  # logits, softmax, softplus scale, strata-weighted library
+            led.add("stratum0_decode", 2 * fp(B * fk) * b + fp(fk) * b + B * b, None, at(0))
+            if key_first:
+                led.add("stratum0_decode", fp(fk * d) * b, None, at(0))  # gathered anchor latents
         else:
-            led.add("stratum_projections", 2 * hp(n * D) * b, k, at(k))
-        led.add("stratum_feed_forward", 4 * f * hp(n * D) * b, k, at(k))
-        keys = ceil_div(fk * D, max(dev.hp_div, dev.fp_div)) if key_first else hp(n * D)
-        led.add("stratum_decode", keys * b + 2 * fp(B * fk) * b + fp(fk) * b + B * b, k, at(k))
+            keys = ceil_div(fk * D, max(dev.hp_div, dev.fp_div)) if key_first else hp(n * D)
+            led.add("stratum_decode", keys * b + 2 * fp(B * fk) * b + fp(fk) * b + B * b, k, at(k))
 
+    step = led.step("zinb_likelihood")
     for k, fk in enumerate(fps):
         # five float (B, F) intermediates + the bool zero mask; theta and log input
         led.add("zinb_likelihood", 5 * fp(B * fk) * b + fp(B * fk) + 2 * fp(fk) * b, k or None, POST)
+        step.transient.append((8 * fp(B * fk) * b - fp(B * fk), k or None))
+    step.kept.append((fp(B * s.n_features) * b, None))  # the mean's gradient, consumed by the strata
 
 
-def graph_decoder_terms(led: Ledger, dev: Device) -> None:
-    """Sampled edges and negatives of the graph loss, and the node KL."""
+def cell_kl_terms(led: Ledger, dev: Device) -> None:
+    """KL terms of both cell latents (``loc``, ``std``, ``std + eps``) and the
+    alignment difference (shared dimensions)."""
+    s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
+    d = s.latent
+    led.step("cell_latents")
+    if s.n_features:
+        led.add("cell_latents", 3 * B * d * b, None, POST)
+    if s.n_genes:
+        led.add("cell_latents", 3 * B * d * b, None, POST)
+        if s.n_features:
+            aligned = d if s.shared is None else s.shared
+            led.add("cell_latents", B * aligned * b, None, POST)
+
+
+def graph_decoder_terms(led: Ledger, dev: Device, nodes: BackwardStep) -> None:
+    """Sampled edges and negatives of the graph loss, and the node KL.
+
+    Backward: the product of gathered node latents gets two gradients (``en x d`` for
+    the negatives, then ``es x d`` for the positives), scattered into one node gradient
+    (``N x d``) that stays until the graph encoder consumes it; the node KL leaves the
+    gradients of ``loc`` and ``std`` (``N x d`` each) after four ``N x d``
+    temporaries.
+    """
     s, b = dev.spec, dev.spec.dtype_bytes
-    E, d = s.n_edges, s.latent
+    E, d, N = s.n_edges, s.latent, s.n_nodes
     if E:
+        step = led.step("graph_decoder")
         es = min(s.graph_batch, E)
         en = s.neg_samples * es
         # positives: s, t indices; v[s], v[t]; sign, logit, target, weight
@@ -254,4 +452,11 @@ def graph_decoder_terms(led: Ledger, dev: Device) -> None:
         if en:  # negatives: indices, gathered latents, repeated sign, logit, target
             gdec += 2 * en * INDEX_BYTES + 2 * en * d * b + 3 * en * b
         led.add("graph_decoder", gdec, None, POST)
-    led.add("graph_encoder", 3 * s.n_nodes * d * b, None, POST)  # node KL
+        step.transient.append((2 * max(en, es) * d * b, None))
+        step.kept.append((N * d * b, None))
+    step = led.step("graph_encoder")
+    led.add("graph_encoder", 3 * N * d * b, None, POST)  # node KL
+    step.transient.append((4 * N * d * b, None))
+    step.kept.append((2 * N * d * b, None))
+    # the graph encoder's step (``nodes``) consumes the node gradients left here
+    nodes.release.append(((3 if E else 2) * N * d * b, None))

@@ -176,7 +176,7 @@ class DataParallelStep:
 
     def step(self, model: PairedModel, optimizer: torch.optim.Optimizer, rna: torch.Tensor, hic: torch.Tensor,
              weights: LossWeights, rows: torch.Tensor, batch_size: int | None = None,
-             generator: torch.Generator | None = None, on_stratum=None) -> dict:  # fmt: skip
+             generator: torch.Generator | None = None, on_stratum=None, on_phase=None) -> dict:  # fmt: skip
         """Forward on this rank's rows, backward, gradient all-reduce, ``optimizer.step()``.
 
         The model must be in training mode and prepared by :func:`parallelize_data_parallel`.
@@ -201,6 +201,10 @@ class DataParallelStep:
             the plain step.
         on_stratum : callable, optional
             Passed to the model (memory marks).
+        on_phase : callable, optional
+            Called with ``"forward"``, ``"backward"`` and ``"optimizer_step"`` as each
+            phase begins (:func:`ampflow.train.memory.measure_step` measures each
+            phase's peak).
 
         Returns
         -------
@@ -223,12 +227,16 @@ class DataParallelStep:
             local = rows.to(eps_rna.device)
             noise = (eps_rna[local], eps_hic[local], eps_nodes)
 
+        phase = on_phase or (lambda name: None)
         optimizer.zero_grad(set_to_none=True)
+        phase("forward")
         terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, noise=noise)
         cell_scale, shared_scale = n_local / batch_size, 1.0 / dp
         loss = model.weighted_total(terms, weights, cell_scale, shared_scale)
+        phase("backward")
         loss.backward()
         sum_gradients(model.parameters(), self.group)
+        phase("optimizer_step")
         optimizer.step()
         return self._global_terms(terms, loss, cell_scale, shared_scale)
 

@@ -69,6 +69,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
             ("predicted seconds per step", plan.step_text()),
             ("predicted peak per device", f"{human_bytes(peak)}"),
             ("the peak counts", plan.peak_counts_text()),
+            ("phases of the step", plan.peak_phase_text()),
             ("the peak leaves out", plan.peak_leaves_out_text()),
             ("fits", "yes" if fits else "NO"),
             ("recommended devices", plan.recommended_text()),

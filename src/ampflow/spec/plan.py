@@ -25,9 +25,14 @@ from .strategies import KEY_FIRST_DECODE
 
 PLAN_VERSION = 3
 
-#: What the predicted peak counts: what the trainer measures as ``peak_bytes`` on CPU
-#: (DESIGN §4, :mod:`ampflow.train.memory`).
-PEAK_COUNTS = ("parameters", "gradients", "optimizer state", "activations saved for backward (at the end of the forward pass)")
+#: What the predicted peak counts: the allocator's peak of a steady-state training step
+#: (after the first optimizer step), what the trainer measures as ``peak_bytes``
+#: (:mod:`ampflow.train.memory`): the largest of the end of the forward pass, the
+#: backward pass and the optimizer step.
+PEAK_COUNTS = (
+    "parameters and buffers", "optimizer state", "the data batch", "activations saved for backward",
+    "gradients", "transients of the backward pass and of the optimizer step",
+)  # fmt: skip
 #: What it leaves out and no profile can tell: a device adds these on top of it.
 PEAK_NOT_MODELLED = ("CUDA context and kernels (runtime)", "allocator caching and fragmentation", "communication buffers (NCCL)")
 #: What the predicted step seconds count (:mod:`ampflow.amp.cost_model`).
@@ -94,11 +99,13 @@ class Plan:
     predicted_peak_bytes, M_base_bytes, M_stratum_bytes : int
         The memory model's per-device prediction for this plan.
     peak_scope : dict
-        What ``predicted_peak_bytes`` counts (``counts``: :data:`PEAK_COUNTS`) and what
-        it leaves out (``leaves_out``): ``data_batch_bytes``, one device's dense input
-        batch; ``transient_bytes``, tensors alive only for a moment of the forward
-        pass (by name); ``not_modelled``, :data:`PEAK_NOT_MODELLED`. Empty in a plan
-        written without it.
+        What ``predicted_peak_bytes`` counts (``counts``: :data:`PEAK_COUNTS`), the
+        predicted peak of each phase of the step (``phases``: ``end_of_forward``,
+        ``backward``, ``optimizer_step``) and which holds the peak (``peak_phase``),
+        the bytes of one device's dense input batch it includes
+        (``data_batch_bytes``), and what it leaves out (``leaves_out``:
+        ``not_modelled``, :data:`PEAK_NOT_MODELLED`). Empty in a plan written without
+        it.
     signals, memory_components : dict
         Evidence and the prediction's breakdown, as the diagnosis wrote them.
     fits : bool
@@ -246,11 +253,20 @@ class Plan:
         out = self.peak_scope.get("leaves_out") or {}
         if not out:
             return "not stated"
-        parts = [f"the data batch ({human_bytes(out.get('data_batch_bytes', 0))})"]
+        parts = []
+        if "data_batch_bytes" in out:  # a plan of an earlier version, which left the batch out
+            parts.append(f"the data batch ({human_bytes(out['data_batch_bytes'])})")
         transient = {k: v for k, v in (out.get("transient_bytes") or {}).items() if v}
         if transient:
             parts.append("short-lived " + ", ".join(f"{k.replace('_', ' ')} ({human_bytes(v)})" for k, v in sorted(transient.items())))
         return "; ".join(parts + list(out.get("not_modelled", ())))
+
+    def peak_phase_text(self) -> str:
+        """The predicted peak of each phase of the step, the largest marked."""
+        phases, peak = self.peak_scope.get("phases") or {}, self.peak_scope.get("peak_phase")
+        if not phases:
+            return "not stated"
+        return ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}{' (peak)' if k == peak else ''}" for k, v in phases.items())
 
     # ------------------------------------------------------------ conversion
     def to_dict(self) -> dict:

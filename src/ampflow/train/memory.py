@@ -1,31 +1,26 @@
 """Peak-memory measurement for training steps.
 
-On GPU: ``torch.cuda.max_memory_allocated``. On CPU, where no allocator keeps a
-peak, the bytes held at the peak of a step (end of forward) are counted exactly:
-tensors saved for backward (unique storages, via ``saved_tensors_hooks``) plus
-parameters, gradients and optimizer state.
+The peak of a step is the allocator's (:func:`measure_step`): everything allocated,
+transients included. On CUDA, ``torch.cuda.max_memory_allocated`` (reset at each phase
+of the step). On CPU, where no allocator keeps a peak, the profiler records every
+allocation and free of the CPU allocator during the step (``profile_memory=True``);
+summed in time order from the bytes held when the step began (parameters, buffers,
+optimizer state, the batch: :func:`step_held_bytes`) they give the live-bytes curve and
+its true peak (:class:`AllocatorTrace`). Tracing can slow a CPU step up to threefold, so
+the trainer traces only its first steps (:data:`ampflow.train.trainer.MEASURED_STEPS`).
+
+:class:`SavedTensorBytes` counts what autograd saves for backward (unique storages, via
+``saved_tensors_hooks``): one term of the peak, used to check the attention kernels'
+saved bytes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor
-
-
-def tensor_bytes(t: torch.Tensor) -> int:
-    return t.untyped_storage().nbytes()
-
-
-def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
-    """Parameters + gradients (one per parameter, whether allocated yet or not) +
-    optimizer state, in bytes."""
-    n = 2 * sum(tensor_bytes(p) for p in model.parameters())
-    if optimizer is not None:
-        for st in optimizer.state.values():
-            n += sum(tensor_bytes(v) for v in st.values() if torch.is_tensor(v))
-    return n
 
 
 # ----------------------------------------------------------------------------------------
@@ -184,48 +179,251 @@ def saved_activation_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     return saved.nbytes
 
 
-def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None) -> tuple[dict, int, list[int]]:
-    """One optimisation step in train mode, with its memory peak.
+# ----------------------------------------------------------------------------------------
+# The allocator's peak of a training step
+# ----------------------------------------------------------------------------------------
 
-    Returns the loss terms, the peak bytes and the bytes after each Hi-C stratum. On
-    CUDA these are ``max_memory_allocated`` and ``memory_allocated``; on CPU the
-    bytes saved for backward (:class:`SavedTensorBytes`, the batch excluded) plus
-    :func:`state_bytes`. The trainer, the memory-model benchmark and its tests all
-    measure through this one function.
+#: The phases of a training step in order, as
+#: :meth:`~ampflow.parallel.data_parallel.DataParallelStep.step` announces them
+#: (``on_phase``); what comes before the first (``zero_grad``) is the phase ``"start"``.
+PHASES = ("forward", "backward", "optimizer_step")
+#: The mark a step's ``on_stratum`` leaves after each Hi-C stratum.
+STRATUM = "stratum"
+_MARK = "ampflow::mark::"
+
+
+def held_bytes(*tensors: Tensor | None) -> int:
+    """Bytes of the unique storages behind ``tensors`` (None entries skipped); views
+    and aliases of one storage count once, at the storage's full size."""
+    seen: dict[_StorageKey, int] = {}
+    for t in tensors:
+        if t is not None:
+            seen.update(_storages(t))
+    return sum(seen.values())
+
+
+def step_held_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, *batch: Tensor) -> int:
+    """What a training step finds allocated: the model's parameters and buffers, their
+    gradients where they exist, the optimizer's state and the data batch (unique
+    storages)."""
+    tensors: list[Tensor | None] = [*model.parameters(), *model.buffers(), *(p.grad for p in model.parameters()), *batch]
+    if optimizer is not None:
+        for st in optimizer.state.values():
+            tensors += [v for v in st.values() if torch.is_tensor(v)]
+    return held_bytes(*tensors)
+
+
+class AllocatorTrace:
+    """The CPU allocator's live bytes through a block, transients included.
+
+    Inside the block ``torch.profiler`` records every allocation and free of the CPU
+    allocator (``profile_memory=True``); on exit the ``[memory]`` events are summed in
+    time order, starting from ``base`` (the bytes held when the block began, which the
+    profiler does not see), into the live-bytes curve. Its maximum is the allocator's
+    true peak: every tensor, saved or not, for as long as it lived.
+
+    The profiler does not report the free of a block allocated before it started, so
+    everything the block frees must have been allocated inside it (a training step
+    frees its gradients first: call ``zero_grad`` before entering). It costs time: a
+    few microseconds per operator, which in a step of many small operators (the banded
+    attention's per-diagonal loops) can make it up to three times slower.
+
+    Parameters
+    ----------
+    base : int
+        Bytes held when the block begins.
+
+    Attributes
+    ----------
+    peak : int
+        Largest live bytes (after the block).
+    marks : list of (str, int)
+        Each :meth:`mark` with the live bytes at that moment, in order.
+    phase_peaks : dict of str to int
+        The largest live bytes between each mark named in :data:`PHASES` (or
+        ``"start"``: from the beginning) and the next such mark or the end.
+    peak_phase : str
+        The phase in which :attr:`peak` occurred.
     """
-    cuda = rna.is_cuda
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    model.train()
+
+    def __init__(self, base: int = 0):
+        self.base = int(base)
+        self.peak = self.base
+        self.marks: list[tuple[str, int]] = []
+        self.phase_peaks: dict[str, int] = {}
+        self.peak_phase = "start"
+        self._prof = None
+
+    def mark(self, label: str) -> None:
+        """Leave a named mark at this moment (a zero-length profiler range)."""
+        with torch.profiler.record_function(_MARK + str(label)):
+            pass
+
+    def at(self, label: str) -> list[int]:
+        """Live bytes at every mark named ``label``, in order."""
+        return [b for name, b in self.marks if name == label]
+
+    def __enter__(self) -> "AllocatorTrace":
+        activity = torch.profiler.ProfilerActivity.CPU
+        self._prof = torch.profiler.profile(activities=[activity], profile_memory=True, record_shapes=False, with_stack=False)
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        prof, self._prof = self._prof, None
+        prof.__exit__(*exc)
+        if exc[0] is None:
+            self._walk(prof.profiler.kineto_results.events())
+
+    def _walk(self, events) -> None:
+        timeline = []
+        for e in events:
+            name = e.name()
+            if name == "[memory]":
+                if e.device_type() == torch.autograd.DeviceType.CPU:
+                    timeline.append((e.start_ns(), 1, int(e.nbytes()), None))
+            elif name.startswith(_MARK):
+                timeline.append((e.start_ns(), 0, 0, name[len(_MARK) :]))
+        timeline.sort(key=lambda x: (x[0], x[1]))
+        live = peak = self.base
+        phase, phase_peaks, peak_phase = "start", {"start": self.base}, "start"
+        for _, is_memory, nbytes, label in timeline:
+            if is_memory:
+                live += nbytes
+                if live > phase_peaks[phase]:
+                    phase_peaks[phase] = live
+                if live > peak:
+                    peak, peak_phase = live, phase
+                continue
+            self.marks.append((label, live))
+            if label in PHASES:
+                phase = label
+                phase_peaks[phase] = max(phase_peaks.get(phase, live), live)
+        self.peak, self.phase_peaks, self.peak_phase = peak, phase_peaks, peak_phase
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Memory of one training step on one device.
+
+    Attributes
+    ----------
+    peak : int
+        The allocator's peak (bytes): CPU, the live-bytes curve of
+        :class:`AllocatorTrace`; CUDA, ``torch.cuda.max_memory_allocated``. Everything
+        allocated counts: parameters, buffers, gradients, optimizer state, the data
+        batch, saved activations and every transient.
+    phases : dict of str to int
+        The peak within each phase of the step (``"start"``, then :data:`PHASES`).
+    peak_phase : str
+        The phase holding :attr:`peak`.
+    marks : tuple of int
+        Bytes held after each Hi-C stratum of the forward pass.
+    base : int
+        Bytes held when the step began (its gradients already freed).
+    source : str
+        ``"allocator"`` (CPU profiler) or ``"cuda"``.
+    """
+
+    peak: int
+    phases: dict
+    peak_phase: str
+    marks: tuple
+    base: int
+    source: str
+
+
+def measure_step(run: Callable[..., Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, *batch: Tensor) -> tuple[Any, StepMemory]:
+    """Run one training step and measure its memory with the allocator.
+
+    ``run(on_stratum=..., on_phase=...)`` runs the step: it must call
+    ``optimizer.zero_grad(set_to_none=True)`` first (done here before measuring, so
+    the gradients of the previous step are already gone when the trace starts), pass
+    ``on_stratum`` to the model and call ``on_phase(name)`` as each phase of
+    :data:`PHASES` begins. ``batch`` are the step's input tensors, held throughout.
+
+    On CPU the step runs inside an :class:`AllocatorTrace` (the profiler's allocation
+    timeline; slower than the bare step); on CUDA the peak statistics are reset at
+    each phase and read with ``max_memory_allocated`` (no cost).
+
+    Returns
+    -------
+    result
+        What ``run`` returned.
+    StepMemory
+    """
+    cuda = any(t.is_cuda for t in batch) or any(p.is_cuda for p in model.parameters())
     optimizer.zero_grad(set_to_none=True)
-    meter = SavedTensorBytes(exclude=[rna, hic])
-    marks_cuda: list[int] = []
-    on_stratum = (lambda k: marks_cuda.append(torch.cuda.memory_allocated())) if cuda else meter.mark
-    with meter:
-        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum)
-    terms["total"].backward()
-    optimizer.step()
     if cuda:
-        return terms, int(torch.cuda.max_memory_allocated()), marks_cuda
-    base = state_bytes(model, optimizer)
-    return terms, base + meter.nbytes, [base + m for m in meter.marks]
+        return _measure_cuda(run)
+    base = step_held_bytes(model, optimizer, *batch)
+    with AllocatorTrace(base) as trace:
+        result = run(on_stratum=lambda k: trace.mark(STRATUM), on_phase=trace.mark)
+    memory = StepMemory(trace.peak, dict(trace.phase_peaks), trace.peak_phase, tuple(trace.at(STRATUM)), base, "allocator")
+    return result, memory
+
+
+def _measure_cuda(run) -> tuple[Any, StepMemory]:
+    torch.cuda.synchronize()
+    base = int(torch.cuda.memory_allocated())
+    torch.cuda.reset_peak_memory_stats()
+    phases: dict[str, int] = {}
+    marks: list[int] = []
+    current = ["start"]
+
+    def on_phase(name: str) -> None:
+        phases[current[0]] = int(torch.cuda.max_memory_allocated())
+        torch.cuda.reset_peak_memory_stats()
+        current[0] = name
+
+    result = run(on_stratum=lambda k: marks.append(int(torch.cuda.memory_allocated())), on_phase=on_phase)
+    torch.cuda.synchronize()
+    phases[current[0]] = int(torch.cuda.max_memory_allocated())
+    peak_phase = max(phases, key=phases.get)
+    return result, StepMemory(phases[peak_phase], phases, peak_phase, tuple(marks), base, "cuda")
+
+
+def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None) -> tuple[dict, StepMemory]:
+    """One optimisation step in train mode, as the trainer runs it in one process
+    (``zero_grad``, forward, backward, ``optimizer.step()``), with its
+    :class:`StepMemory` (:func:`measure_step`). The trainer, the memory-model benchmark
+    and its tests all measure through :func:`measure_step`.
+
+    Returns
+    -------
+    terms : dict
+        The loss terms.
+    StepMemory
+    """
+    model.train()
+
+    def run(on_stratum, on_phase):
+        optimizer.zero_grad(set_to_none=True)
+        on_phase("forward")
+        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum)
+        on_phase("backward")
+        terms["total"].backward()
+        on_phase("optimizer_step")
+        optimizer.step()
+        return terms
+
+    return measure_step(run, model, optimizer, rna, hic)
 
 
 def measured_dp_step(dp_step, model, optimizer, rna: Tensor, hic: Tensor, weights, rows: Tensor, batch_size: int,
-                     generator) -> tuple[dict, int, list[int]]:  # fmt: skip
-    """:func:`measured_step` for one rank of an S1 data-parallel step
+                     generator, measure: bool = True) -> tuple[dict, StepMemory | None]:  # fmt: skip
+    """One rank's S1 data-parallel step
     (:meth:`~ampflow.parallel.data_parallel.DataParallelStep.step` on this rank's rows
-    ``rna`` / ``hic`` of a batch of ``batch_size`` cells). The peak is this rank's."""
-    cuda = rna.is_cuda
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
+    ``rna`` / ``hic`` of a batch of ``batch_size`` cells) with this rank's
+    :class:`StepMemory`. ``measure=False`` on CPU runs the step untraced (full speed)
+    and returns None for the memory; on CUDA the step is always measured (it costs
+    nothing there)."""
     model.train()
-    meter = SavedTensorBytes(exclude=[rna, hic])
-    marks_cuda: list[int] = []
-    on_stratum = (lambda k: marks_cuda.append(torch.cuda.memory_allocated())) if cuda else meter.mark
-    with meter:  # backward saves nothing new: the count is the forward's
-        terms = dp_step.step(model, optimizer, rna, hic, weights, rows, batch_size=batch_size, generator=generator, on_stratum=on_stratum)
-    if cuda:
-        return terms, int(torch.cuda.max_memory_allocated()), marks_cuda
-    base = state_bytes(model, optimizer)
-    return terms, base + meter.nbytes, [base + m for m in meter.marks]
+
+    def run(on_stratum=None, on_phase=None):
+        return dp_step.step(model, optimizer, rna, hic, weights, rows, batch_size=batch_size, generator=generator,
+                            on_stratum=on_stratum, on_phase=on_phase)  # fmt: skip
+
+    if measure or rna.is_cuda:
+        return measure_step(run, model, optimizer, rna, hic)
+    return run(), None

@@ -57,6 +57,12 @@ from .memory import measured_dp_step
 
 log = logging.getLogger(__name__)
 
+#: On CPU the allocator's peak is measured (through the profiler, which slows a step
+#: up to about threefold) on this many steps of each process: the first (no optimizer
+#: state yet, unless resumed) and the steady state after it. On CUDA every step is
+#: measured (``max_memory_allocated`` costs nothing).
+MEASURED_STEPS = 3
+
 
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
     return PairedModel(
@@ -154,6 +160,7 @@ class Trainer:
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
         self.work_ratios: list[float] = []  # per step, under data parallelism
+        self.measured_steps = 0  # steps of this process whose memory was measured
 
     # ----------------------------------------------------------- state
     def run_key(self) -> str:
@@ -282,20 +289,29 @@ class Trainer:
         training cells, so with none held out the indices are those of every cell."""
         return [self.train_rows[b] for b in epoch_batches(len(self.train_rows), self.cfg.batch_size, self.cfg.seed, stage, epoch)]
 
-    def _metrics_row(self, stage_name, epoch, n_cells, terms, seconds, peak, per_stratum, **extra) -> dict:
-        """One line of metrics.jsonl."""
-        return {
+    def _metrics_row(self, stage_name, epoch, n_cells, terms, seconds, memory, **extra) -> dict:
+        """One line of metrics.jsonl; a step whose memory was measured (``memory``, a
+        :class:`~ampflow.train.memory.StepMemory`) adds ``peak_bytes`` (the allocator's
+        peak of the step), ``peak_phase`` (``forward``, ``backward`` or
+        ``optimizer_step``), ``peak_source`` (``allocator`` on CPU, ``cuda``) and
+        ``stratum_bytes`` (bytes held after each Hi-C stratum of the forward pass)."""
+        row = {
             "stage": stage_name,
             "epoch": epoch,
             "step": self.step,
             "loss": {k: float(v.detach()) for k, v in terms.items()},
             "seconds": seconds,
             "cells_per_s": n_cells / seconds,
-            "peak_bytes": int(peak),
-            "stratum_bytes": [int(x) for x in per_stratum[: self.data.n_strata]],
             "threads": torch.get_num_threads(),
-            **extra,
         }
+        if memory is not None:
+            row.update(
+                peak_bytes=int(memory.peak),
+                peak_phase=memory.peak_phase,
+                peak_source=memory.source,
+                stratum_bytes=[int(x) for x in memory.marks[: self.data.n_strata]],
+            )
+        return {**row, **extra}
 
     def _train_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
         """This dp group's share of the batch (split by Hi-C contacts), one step on the
@@ -306,27 +322,37 @@ class Trainer:
         rows = split[self.mesh.dp_rank]
         rna, hic = self.data.batch(idx[rows.numpy()])
         rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
+        # the same decision on every rank: the step count is
+        measure = self.device.type == "cuda" or self.measured_steps < MEASURED_STEPS
         t0 = time.perf_counter()
-        terms, peak, per_stratum = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx), self.generator)
+        terms, memory = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx),
+                                         self.generator, measure=measure)  # fmt: skip
         seconds = time.perf_counter() - t0
+        self.measured_steps += memory is not None
         if self.mesh.world == 1:
-            return self._metrics_row(stage_name, epoch, len(idx), terms, seconds, peak, per_stratum)
+            return self._metrics_row(stage_name, epoch, len(idx), terms, seconds, memory)
         ranks: list = [None] * self.mesh.world
-        dist.all_gather_object(ranks, (int(peak), seconds, [int(x) for x in per_stratum[: self.data.n_strata]]))
-        seconds = max(s for _, s, _ in ranks)
+        mine = None if memory is None else (int(memory.peak), [int(x) for x in memory.marks[: self.data.n_strata]])
+        dist.all_gather_object(ranks, (seconds, mine))
+        seconds = max(s for s, _ in ranks)
         self.work_ratios.append(work_ratio(contacts, split))
         totals = [float(contacts[r.numpy()].sum()) for r in split]
         mean = sum(totals) / len(totals)
-        # peak over the ranks; stratum_bytes are rank 0's, rank_stratum_bytes every rank's
-        return self._metrics_row(
-            stage_name, epoch, len(idx), terms, seconds, max(p for p, _, _ in ranks), per_stratum,
+        extra = {}
+        if memory is not None:
+            # peak over the ranks; stratum_bytes are rank 0's, rank_stratum_bytes every rank's
+            extra = {"rank_peak_bytes": [m[0] for _, m in ranks], "rank_stratum_bytes": [m[1] for _, m in ranks]}
+        row = self._metrics_row(
+            stage_name, epoch, len(idx), terms, seconds, memory,
             work_ratio=self.work_ratios[-1],
             rank_work=[t / mean if mean > 0 else 1.0 for t in totals],
             rank_cells=[int(r.numel()) for r in split],
-            rank_peak_bytes=[p for p, _, _ in ranks],
-            rank_stratum_bytes=[m for _, _, m in ranks],
+            **extra,
             mesh={"dp": self.mesh.dp, "tp": self.mesh.tp},
         )  # fmt: skip
+        if memory is not None:
+            row["peak_bytes"] = max(extra["rank_peak_bytes"])
+        return row
 
     def fit(self) -> bool:
         """Train to the end (resuming if checkpoints exist). Returns False if stopped early."""
