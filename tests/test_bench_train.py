@@ -7,24 +7,13 @@ nothing installed, apart from the instrumented steps whose components it sums.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import load_script
 
 
-def load_script():
-    """scripts/bench_train.py as a module (scripts/ is no package)."""
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts" / "bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_train", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-bt = load_script()
+bt = load_script("bench_train")
 STRATA = 4
 NUMBER = r"(\d+\.\d+)"
 

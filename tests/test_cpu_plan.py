@@ -6,7 +6,6 @@ feed them. The expected figures are worked out by hand below, not by the code te
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -17,6 +16,7 @@ from ampflow.devices import probe_devices
 from ampflow.io.errors import InputError
 from ampflow.spec.config import TrainConfig
 from ampflow.spec.plan import Plan
+from test_diagnose import Est
 
 GIB = 2**30
 RNA_FEATURES = 100  # float32: 400 bytes per cell of the data batch
@@ -26,14 +26,6 @@ def profile(batch_size: int = 64) -> dict:
     """An RNA-only profile: no signal is raised, so the mesh is dp = devices, tp 1."""
     mods = {"rna": {"prob_model": "NB", "n_features": RNA_FEATURES, "n_cells": 1000}}
     return {"version": 1, "modalities": mods, "graph": {"n_nodes": 100, "n_edges": 1000}, "model": {}, "train": {"batch_size": batch_size}}
-
-
-@dataclass
-class Est:
-    total: float
-    base: float
-    per_stratum: float
-    components: dict = field(default_factory=dict)
 
 
 def linear_estimate(p, names, dp, tp, chunk):

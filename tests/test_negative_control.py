@@ -9,24 +9,13 @@ dilute the joint latent.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import load_script
 
 
-def load_script():
-    """scripts/negative_control.py as a module (scripts/ is no package)."""
-    spec = importlib.util.spec_from_file_location("negative_control", REPO / "scripts" / "negative_control.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("negative_control", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-nc = load_script()
+nc = load_script("negative_control")
 
 
 def result(foscttm_heldout=0.5, joint=0.7, rna=0.72, n=80):

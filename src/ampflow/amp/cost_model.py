@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..io.atomic import write_text_atomic
-from ..io.errors import InputError
+from ..io.errors import InputError, read_json
 from ..spec.profile import model_config, train_settings
 from ..spec.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 
@@ -202,13 +202,7 @@ def constants_from_doc(doc: dict, path=None) -> CostConstants:
 def read_calibration(path) -> CostConstants:
     """The constants of ``calibration.json``; a missing file or bad JSON is an InputError."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError("calibration file does not exist", path=path)
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
-    return constants_from_doc(doc, path)
+    return constants_from_doc(read_json(path, "calibration file"), path)
 
 
 # ---------------------------------------------------------------- the step

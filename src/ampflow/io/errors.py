@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -53,6 +54,16 @@ def require_file(path, what: str = "input file") -> Path:
     if p.is_dir():
         raise InputError(f"{what} is a directory, expected a file", path=p)
     return p
+
+
+def read_json(path, what: str = "input file"):
+    """The parsed JSON of ``path``; a missing file or bad JSON is an InputError naming it
+    (and the line)."""
+    p = require_file(path, what)
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"not valid JSON: {e.msg}", path=p, line=e.lineno) from None
 
 
 def reject_unknown_keys(d: dict, cls, key: str) -> None:

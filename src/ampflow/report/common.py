@@ -49,14 +49,6 @@ def note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666666", wrap=True)
 
 
-def read_json(path, what: str) -> dict:
-    path = require_file(path, what)
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
-
-
 def read_jsonl(path, what: str) -> list[dict]:
     """Rows of a JSON-lines file; blank lines skipped, a malformed line is an InputError."""
     path = require_file(path, what)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..io.atomic import write_text_atomic
-from ..io.errors import InputError
+from ..io.errors import InputError, read_json
 from ..progress import human_bytes
 from .strategies import KEY_FIRST_DECODE
 
@@ -339,10 +339,4 @@ class Plan:
     def read(cls, path) -> "Plan":
         """Read ``plan.json``; a missing file or bad JSON is an InputError naming it."""
         path = Path(path)
-        if not path.is_file():
-            raise InputError("plan does not exist", path=path)
-        try:
-            doc = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
-        return cls.from_dict(doc, path)
+        return cls.from_dict(read_json(path, "plan"), path)

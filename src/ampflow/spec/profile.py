@@ -12,10 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
 from ..io.atomic import write_text_atomic
-from ..io.errors import InputError
+from ..io.errors import InputError, read_json
 from .config import ModelConfig, TrainConfig
 
 PROFILE_VERSION = 1
@@ -74,10 +73,4 @@ def write_profile(path, profile: dict) -> None:
 
 def read_profile(path) -> dict:
     """``profile.json``; a missing file or bad JSON is an InputError naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("profile does not exist", path=path)
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"not valid JSON: {e.msg}", path=path, line=e.lineno) from None
+    return read_json(path, "profile")
