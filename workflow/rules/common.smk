@@ -13,6 +13,8 @@ from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.io.errors import InputError
 from ampflow.io.genome import resolution_label
 from ampflow.io.sheet import read_sheet
+from ampflow.prepare.blocks import block_digest, block_names, block_rows
+from ampflow.prepare.resources import bin_block_mem_mb, bin_block_runtime, gather_runtime
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -34,6 +36,20 @@ if HAS_RNA and not INPUTS.get("genes"):
 # Snakemake itself would only say that an input is missing
 CELLS = read_sheet(INPUTS["cells"])
 validate(CELLS, "../schemas/cells.schema.yaml")
+
+# The binning's jobs: blocks of consecutive sheet rows (cells appended to the sheet
+# change the last block only, or add blocks)
+BLOCK_CELLS = config["prepare"]["block_cells"]
+BLOCKS = block_names(len(CELLS), BLOCK_CELLS)
+
+
+def block_sheet(block):
+    """The sheet rows of a block."""
+    return CELLS.iloc[block_rows(block, BLOCK_CELLS)]
+
+
+def block_folder(block):
+    return f"{RESULTS}/binned/blocks/{block}"
 
 
 TRAIN_CONFIGS = {
@@ -125,6 +141,7 @@ wildcard_constraints:
     name=alternatives(EXTRACT_INPUTS),
     model=alternatives(EXTRACT_MODELS),
     cells=alternatives(EMBED_SETS),
+    block=r"\d+",
 
 
 def cfg_resolution(wildcards):

@@ -3,33 +3,64 @@
 # (HVGs, the strata feature filter, the pseudobulk behind the graph's contact edges).
 
 
-rule bin_cells:
+# One job per block of cells (config prepare.block_cells), so that a cluster spreads
+# the binning over nodes and a grown sheet re-bins only the blocks whose rows changed:
+# the block's rows are a parameter (their digest), not the sheet file, which every
+# block would otherwise depend on.
+rule bin_block:
     input:
-        sheet=INPUTS["cells"],
-        pairs=CELLS["pairs"].tolist(),
+        pairs=lambda wc: block_sheet(wc.block)["pairs"].tolist(),
         chromsizes=INPUTS["chromsizes"],
     output:
-        scool=[f"{RESULTS}/binned/{res}.scool" for res in RESOLUTIONS],
-        stats=f"{RESULTS}/qc/contacts.tsv",
+        scool=[f"{RESULTS}/binned/blocks/{{block}}/{res}.scool" for res in RESOLUTIONS],
+        stats=f"{RESULTS}/binned/blocks/{{block}}/contacts.tsv",
     log:
-        f"{LOGS}/bin_cells.log",
+        f"{LOGS}/bin_block/{{block}}.log",
     conda:
         "../../envs/prepare.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=lambda wc, threads: 2000 + 1500 * threads,
-        runtime=120,
+        mem_mb=lambda wc, input, threads: bin_block_mem_mb(input.pairs, threads),
+        runtime=lambda wc, input, threads: bin_block_runtime(input.pairs, threads),
     params:
+        sheet=INPUTS["cells"],
+        block_cells=BLOCK_CELLS,
+        digest=lambda wc: block_digest(
+            block_sheet(wc.block)["cell_id"], block_sheet(wc.block)["pairs"]
+        ),
         resolutions=" ".join(str(bp) for bp in RESOLUTIONS.values()),
-        # per-cell cache outside the declared outputs: survives failures, so a
-        # re-run (or a grown sheet) bins only new or changed cells
-        cache=f"{RESULTS}/binned/.cache",
         naming=naming_args(),
     shell:
-        "ampflow bin-cells --sheet {input.sheet} --chromsizes {input.chromsizes}"
-        " --resolutions {params.resolutions} --out-scool {output.scool}"
-        " --stats {output.stats} --cache-dir {params.cache} --threads {threads}"
+        "ampflow bin-block --sheet {params.sheet} --block {wildcards.block}"
+        " --block-cells {params.block_cells} --digest {params.digest}"
+        " --chromsizes {input.chromsizes} --resolutions {params.resolutions}"
+        " --out-scool {output.scool} --stats {output.stats} --threads {threads}"
         " {params.naming} > {log} 2>&1"
+
+
+# The blocks' cells into one .scool per resolution (compressed chunks copied as they
+# are) and their contact counts into the QC input
+rule gather_blocks:
+    input:
+        scool=[f"{block_folder(b)}/{res}.scool" for b in BLOCKS for res in RESOLUTIONS],
+        stats=[f"{block_folder(b)}/contacts.tsv" for b in BLOCKS],
+    output:
+        scool=[f"{RESULTS}/binned/{res}.scool" for res in RESOLUTIONS],
+        stats=f"{RESULTS}/qc/contacts.tsv",
+    log:
+        f"{LOGS}/gather_blocks.log",
+    conda:
+        "../../envs/prepare.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=lambda wc, input: gather_runtime(input.size_mb),
+    params:
+        blocks=" ".join(block_folder(b) for b in BLOCKS),
+        labels=" ".join(RESOLUTIONS),
+    shell:
+        "ampflow gather-blocks --blocks {params.blocks} --resolutions {params.labels}"
+        " --out-scool {output.scool} --stats {output.stats} > {log} 2>&1"
 
 
 # RNA rules exist only for datasets with an RNA matrix (see HAS_RNA)
@@ -58,7 +89,7 @@ if HAS_RNA:
 rule qc_cells:
     input:
         sheet=INPUTS["cells"],
-        contacts=rules.bin_cells.output.stats,
+        contacts=rules.gather_blocks.output.stats,
         rna=f"{RESULTS}/qc/rna.tsv" if HAS_RNA else [],
     output:
         f"{RESULTS}/qc/cells.tsv",
@@ -99,7 +130,7 @@ rule split_cells:
 
 rule pseudobulk:
     input:
-        scool=rules.bin_cells.output.scool,
+        scool=rules.gather_blocks.output.scool,
         qc=rules.qc_cells.output[0],
         split=rules.split_cells.output[0],
     output:

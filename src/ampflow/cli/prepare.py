@@ -50,20 +50,18 @@ def cmd_bin_pairs(a):
     log.info("%s: %s -> %s (%d pixels)", a.pairs, contacts.stats, a.out, len(pixels))
 
 
-def cmd_bin_cells(a):
-    from ..io.atomic import atomic_path
+def _parse_options(a):
+    """The binning options of ``bin-cells`` / ``bin-block``: genome, naming, resolutions."""
     from ..io.genome import read_chromsizes
-    from ..io.sheet import read_sheet
-    from ..prepare.cells import ParseOptions, bin_cells, write_scool
+    from ..prepare.cells import ParseOptions
 
-    sheet = read_sheet(a.sheet)
     sizes = read_chromsizes(a.chromsizes)
     keep = _chroms(a.chromosomes)
     if keep:
         read_chromsizes(a.chromsizes, keep)  # validates the names
     if len(a.resolutions) != len(a.out_scool):
         raise InputError("give one --out-scool per --resolutions entry", key="out_scool", value=a.out_scool)
-    opts = ParseOptions(
+    return ParseOptions(
         chromsizes=tuple(sizes.items()),
         keep=tuple(keep) if keep else None,
         strip_prefix=a.strip_prefix,
@@ -71,12 +69,55 @@ def cmd_bin_cells(a):
         columns=a.pairs_columns,
         resolutions=tuple(sorted(set(a.resolutions))),
     )
+
+
+def cmd_bin_cells(a):
+    from ..io.atomic import atomic_path
+    from ..io.sheet import read_sheet
+    from ..prepare.cells import bin_cells, write_scool
+
+    sheet = read_sheet(a.sheet)
+    opts = _parse_options(a)
     stats = bin_cells(sheet, opts, a.cache_dir, threads=a.threads)
     for res, out in zip(a.resolutions, a.out_scool):
         write_scool(out, list(sheet["cell_id"]), a.cache_dir, opts, res)
         log.info("wrote %s (%d cells at %d bp)", out, len(sheet), res)
     with atomic_path(a.stats) as tmp:
         stats.to_csv(tmp, sep="\t")
+
+
+def cmd_bin_block(a):
+    from ..io.sheet import read_sheet
+    from ..prepare.blocks import block_digest, block_rows
+    from ..prepare.cells import bin_block
+
+    opts = _parse_options(a)
+    rows = read_sheet(a.sheet).iloc[block_rows(a.block, a.block_cells)]
+    if rows.empty:
+        raise InputError(f"the sheet has no rows in block {a.block} ({a.block_cells} cells a block)", path=a.sheet)
+    digest = block_digest(rows["cell_id"], rows["pairs"])
+    if a.digest and digest != a.digest:
+        # the sheet changed after the workflow planned this job: its cells are not the planned ones
+        raise InputError(
+            f"block {a.block} changed since the workflow was planned (digest {digest}, planned {a.digest}); run the workflow again",
+            path=a.sheet,
+        )
+    log.info("block %s: sheet rows %d-%d, %d cells", a.block, block_rows(a.block, a.block_cells).start + 1, block_rows(a.block, a.block_cells).start + len(rows), len(rows))
+    out = dict(zip(a.resolutions, a.out_scool))
+    bin_block(rows["cell_id"], rows["pairs"], opts, out, a.stats, threads=a.threads)
+    log.info("block %s: wrote %s and %s", a.block, ", ".join(a.out_scool), a.stats)
+
+
+def cmd_gather_blocks(a):
+    from ..prepare.blocks import gather_scool, gather_stats
+
+    if len(a.resolutions) != len(a.out_scool):
+        raise InputError("give one --out-scool per --resolutions entry", key="out_scool", value=a.out_scool)
+    for label, out in zip(a.resolutions, a.out_scool):
+        n = gather_scool([f"{b}/{label}.scool" for b in a.blocks], out)
+        log.info("wrote %s: %d cells from %d blocks", out, n, len(a.blocks))
+    table = gather_stats([f"{b}/contacts.tsv" for b in a.blocks], a.stats)
+    log.info("wrote %s: %d cells", a.stats, len(table))
 
 
 def cmd_load_rna(a):
@@ -269,6 +310,26 @@ def add_commands(sub) -> None:
     s.add_argument("--threads", type=int, default=1)
     _add_naming(s)
     s.set_defaults(func=cmd_bin_cells)
+
+    s = sub.add_parser("bin-block", help="bin one block of a sheet's cells into .scool files (one per resolution)")
+    s.add_argument("--sheet", required=True)
+    s.add_argument("--block", required=True, help="block name (0000, 0001, ...): sheet rows block*N+1 .. (block+1)*N")
+    s.add_argument("--block-cells", type=int, required=True, help="N, cells a block")
+    s.add_argument("--digest", default=None, help="the block's planned digest: refuse a sheet changed since")
+    s.add_argument("--chromsizes", required=True)
+    s.add_argument("--resolutions", type=int, nargs="+", required=True)
+    s.add_argument("--out-scool", nargs="+", required=True, help="one per resolution, same order")
+    s.add_argument("--stats", required=True, help="per-cell contact stats TSV")
+    s.add_argument("--threads", type=int, default=1)
+    _add_naming(s)
+    s.set_defaults(func=cmd_bin_block)
+
+    s = sub.add_parser("gather-blocks", help="gather block .scool files and contact tables into the dataset's")
+    s.add_argument("--blocks", nargs="+", required=True, help="block folders, each with LABEL.scool and contacts.tsv")
+    s.add_argument("--resolutions", nargs="+", required=True, help="resolution labels (file names in a block folder)")
+    s.add_argument("--out-scool", nargs="+", required=True, help="one per label, same order")
+    s.add_argument("--stats", required=True)
+    s.set_defaults(func=cmd_gather_blocks)
 
     s = sub.add_parser("load-rna", help="read, validate and round an RNA count matrix")
     s.add_argument("rna")

@@ -1,5 +1,11 @@
-"""Bin every cell of a sheet, in parallel, with a per-cell cache so that new cells
-are the only ones binned again when the sheet grows."""
+"""Bin the cells of a sheet into single-cell coolers.
+
+Two ways in: :func:`bin_block` bins one block of a sheet straight into per-resolution
+.scool files (the workflow scatters a large sheet into such blocks, one job each, so a
+grown sheet re-runs only the blocks whose cells changed, and a cluster spreads them over
+nodes); :func:`bin_cells` bins a whole (small) sheet through a per-cell cache, so a
+grown sheet bins only its new cells (the embedding of new cells uses it).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
@@ -24,8 +31,11 @@ from .binning import bin_contacts
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+# 2: compressed, delta-coded pixel keys (version 1 held raw int64 columns, 4.4 MB a cell)
+CACHE_VERSION = 2
 STAT_COLUMNS = ("total", "cis", "trans", "dropped_unknown_chrom", "dropped_excluded")
+# cells handed to cooler per append: bounds memory by a few cells, not by the block
+WRITE_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,98 @@ class ParseOptions:
         return ChromNamer(tuple(n for n, _ in self.chromsizes), self.strip_prefix, self.chr_prefix)
 
 
+def bin_one(pairs: str, opts: ParseOptions) -> tuple[np.ndarray, dict[int, pd.DataFrame]]:
+    """Parse one pairs file; its contact stats (:data:`STAT_COLUMNS`) and its pixels at
+    every resolution."""
+    genome = opts.genome
+    # a worker bins many cells: loading the compiled scanner once pays off
+    contacts = read_pairs(pairs, opts.namer(), genome, keep=opts.keep, columns=opts.columns, engine="compiled")
+    stats = np.array([contacts.stats[c] for c in STAT_COLUMNS], dtype=np.int64)
+    return stats, {res: bin_contacts(contacts, genome, res) for res in opts.resolutions}
+
+
+def _bin_job(job):
+    cell, pairs, opts = job
+    return (cell, *bin_one(pairs, opts))
+
+
+def binned(cells, pairs, opts: ParseOptions, threads: int = 1) -> Iterator[tuple[str, np.ndarray, dict]]:
+    """``(cell, stats, {resolution: pixels})`` for every cell, in the given order, parsed
+    by ``threads`` worker processes (at most a few cells ahead of the consumer)."""
+    jobs = [(c, p, opts) for c, p in zip(cells, pairs)]
+    if threads <= 1:
+        yield from map(_bin_job, jobs)
+        return
+    with ProcessPoolExecutor(max_workers=threads, mp_context=get_context("spawn")) as pool:
+        ahead = 2 * threads
+        futures = [pool.submit(_bin_job, j) for j in jobs[:ahead]]
+        for i in range(len(jobs)):
+            result = futures[i].result()
+            futures[i] = None  # the pixels are the consumer's now
+            if i + ahead < len(jobs):
+                futures.append(pool.submit(_bin_job, jobs[i + ahead]))
+            yield result
+
+
+class ScoolWriter:
+    """Append cells to one .scool per resolution, a batch at a time (cooler's own
+    ``create_scool`` in append mode: it keeps the root bins and hard-links them)."""
+
+    def __init__(self, paths: dict[int, Path], genome: dict[str, int]):
+        self.paths = paths
+        self.genome = genome
+        self.batch: dict[int, dict[str, pd.DataFrame]] = {res: {} for res in paths}
+        self.bins = {res: make_bins(genome, res) for res in paths}
+        self.started = False
+
+    def add(self, cell: str, pixels: dict[int, pd.DataFrame]) -> None:
+        for res in self.paths:
+            self.batch[res][cell] = pixels[res]
+        if len(self.batch[next(iter(self.paths))]) >= WRITE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        import cooler
+
+        for res, path in self.paths.items():
+            if not self.batch[res] and self.started:
+                continue
+            cooler.create_scool(
+                str(path),
+                self.bins[res],
+                self.batch[res],
+                mode="a" if self.started else "w",
+                ordered=True,
+                symmetric_upper=True,
+                dtypes={"count": np.int64},
+                metadata={"resolution": res, "producer": "ampflow"},
+            )
+            self.batch[res] = {}
+        self.started = True
+
+
+def bin_block(cells, pairs, opts: ParseOptions, out_scool: dict[int, str], stats_out, threads: int = 1) -> pd.DataFrame:
+    """Bin ``cells`` (their ``pairs`` files) into one .scool per resolution and their
+    contact stats into a TSV; every output appears under its final name only when all
+    are complete. Memory is a few cells', not the block's."""
+    cells, pairs = list(cells), list(pairs)
+    progress = Progress(len(cells), "cells", log, verb="binned and written")
+    rows = []
+    with ExitStack() as outputs:
+        tmps = {res: outputs.enter_context(atomic_path(path)) for res, path in out_scool.items()}
+        stats_tmp = outputs.enter_context(atomic_path(stats_out))
+        writer = ScoolWriter(tmps, opts.genome)
+        for cell, stats, pixels in binned(cells, pairs, opts, threads):
+            writer.add(cell, pixels)
+            rows.append(stats)
+            progress.update()
+        writer.flush()
+        table = pd.DataFrame(np.vstack(rows), columns=list(STAT_COLUMNS), index=pd.Index(cells, name="cell_id"))
+        table.to_csv(stats_tmp, sep="\t")
+    return table
+
+
+# ------------------------------------------------------------------ per-cell cache
 def _cache_key(pairs: str, opts: ParseOptions) -> str:
     st = os.stat(pairs)
     blob = json.dumps(
@@ -68,6 +170,18 @@ def _cache_valid(path: Path, key: str) -> bool:
         return False
 
 
+def _encode(px: pd.DataFrame, n_bins: int) -> dict[str, np.ndarray]:
+    """Pixels as deltas of their sorted keys lo * n + hi (small numbers, which zlib
+    packs to a byte or two) and counts as uint32."""
+    keys = px["bin1_id"].to_numpy() * n_bins + px["bin2_id"].to_numpy()
+    return {"dkey": np.diff(keys, prepend=0), "count": px["count"].to_numpy().astype(np.uint32)}
+
+
+def _decode(dkey: np.ndarray, count: np.ndarray, n_bins: int) -> pd.DataFrame:
+    keys = np.cumsum(dkey)
+    return pd.DataFrame({"bin1_id": keys // n_bins, "bin2_id": keys % n_bins, "count": count.astype(np.int64)})
+
+
 def bin_one_cell(cell: str, pairs: str, opts: ParseOptions, cache_dir) -> tuple[str, bool]:
     """Parse and bin one cell into its cache file unless a valid cache exists.
 
@@ -77,18 +191,14 @@ def bin_one_cell(cell: str, pairs: str, opts: ParseOptions, cache_dir) -> tuple[
     path = cache_path(cache_dir, cell)
     if _cache_valid(path, key):
         return cell, False
-    genome = opts.genome
-    # a worker bins many cells: loading the compiled scanner once pays off
-    contacts = read_pairs(pairs, opts.namer(), genome, keep=opts.keep, columns=opts.columns, engine="compiled")
-    arrays: dict[str, np.ndarray] = {"key": np.array(key)}
-    arrays["stats"] = np.array([contacts.stats[c] for c in STAT_COLUMNS], dtype=np.int64)
-    for res in opts.resolutions:
-        px = bin_contacts(contacts, genome, res)
-        for col in ("bin1_id", "bin2_id", "count"):
-            arrays[f"{res}/{col}"] = px[col].to_numpy()
+    stats, pixels = bin_one(pairs, opts)
+    arrays: dict[str, np.ndarray] = {"key": np.array(key), "stats": stats}
+    for res, px in pixels.items():
+        for name, arr in _encode(px, len(make_bins(opts.genome, res))).items():
+            arrays[f"{res}/{name}"] = arr
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez_compressed(fh, **arrays)
     return cell, True
 
 
@@ -96,14 +206,17 @@ class CachedPixels(Mapping):
     """Read-only ``{cell: pixels DataFrame}`` view over the cache, loaded one cell at a
     time so that writing a .scool never holds every cell in memory."""
 
-    def __init__(self, cells, cache_dir, resolution: int):
+    def __init__(self, cells, cache_dir, resolution: int, n_bins: int):
         self.cells = list(cells)
         self.cache_dir = cache_dir
         self.resolution = resolution
+        self.n_bins = n_bins
+        self.progress = Progress(len(self.cells), "cells", log, verb=f"written at {resolution} bp")
 
     def __getitem__(self, cell):
+        self.progress.update()
         with np.load(cache_path(self.cache_dir, cell)) as z:
-            return pd.DataFrame({c: z[f"{self.resolution}/{c}"] for c in ("bin1_id", "bin2_id", "count")})
+            return _decode(z[f"{self.resolution}/dkey"], z[f"{self.resolution}/count"], self.n_bins)
 
     def __iter__(self):
         return iter(self.cells)
@@ -148,7 +261,7 @@ def bin_cells(sheet: pd.DataFrame, opts: ParseOptions, cache_dir, threads: int =
 
 
 def write_scool(path, cells, cache_dir, opts: ParseOptions, resolution: int) -> None:
-    """Write all cells at ``resolution`` into one .scool, atomically."""
+    """Write all cells at ``resolution`` into one .scool from the cache, atomically."""
     import cooler
 
     bins = make_bins(opts.genome, resolution)
@@ -156,7 +269,7 @@ def write_scool(path, cells, cache_dir, opts: ParseOptions, resolution: int) -> 
         cooler.create_scool(
             str(tmp),
             bins,
-            CachedPixels(cells, cache_dir, resolution),
+            CachedPixels(cells, cache_dir, resolution, len(bins)),
             ordered=True,
             symmetric_upper=True,
             dtypes={"count": np.int64},
