@@ -155,7 +155,7 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
     for name in ("workflow", "config", "profiles", "envs"):
         if (REPO / name).exists():
             shutil.copytree(REPO / name, work / name)
-    # pin what the sbatch lines depend on: 2 threads for bin_cells, 1 GPU for devices
+    # pin what the sbatch lines depend on: 2 threads for bin_block, 1 GPU for devices
     cfg_path = work / "config" / "config.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["threads"] = 2
@@ -191,10 +191,10 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
         log = f"(timed out)\n{e.stdout or ''}{e.stderr or ''}"
 
     by_rule = sbatch_by_rule(calls)
-    assert {"bin_cells", "load_rna", "devices"} <= set(by_rule), log[-4000:]
+    assert {"bin_block", "load_rna", "devices"} <= set(by_rule), log[-4000:]
 
     # CPU rules: CPU partition, memory, runtime, cpus per task (= threads), no GPUs
-    for rule, cpus in (("bin_cells", 2), ("load_rna", 1)):
+    for rule, cpus in (("bin_block", 2), ("load_rna", 1)):
         args = by_rule[rule]
         assert value(args, "-p") == cpu_part, (rule, args)
         assert int(value(args, "--mem") or 0) > 0, (rule, args)
@@ -221,7 +221,7 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
         assert "-A" not in args
         assert Path(value(args, "-D")).resolve() == work.resolve()
     # the jobs lack their outputs, so nothing beyond the three independent rules was submitted
-    assert set(by_rule) == {"bin_cells", "load_rna", "devices"}, sorted(by_rule)
+    assert set(by_rule) == {"bin_block", "load_rna", "devices"}, sorted(by_rule)
 
 
 # ------------------------------------------------------------ multi-node training

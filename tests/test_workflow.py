@@ -28,6 +28,7 @@ BIN = Path(sys.executable).parent
 # at dp 2 and 128.3 MiB for the heavy one at dp 2: a budget of 0.9 x 125 MiB = 112.5 MiB
 # keeps the demo's plans (light: S1, dp 2; heavy: S1 S2 S4 S5, tp 2).
 QUICK_CONFIG = """
+prepare: {block_cells: 50}
 train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, dtype: float64}
 amp: {device_memory_gb: 0.1220703125}
 """
@@ -342,12 +343,18 @@ def test_new_cells_embed_without_retraining(run_dir):
 
 
 def test_nothing_to_do_then_only_new_cells_binned(run_dir):
+    """118 cells are blocks of 50, 50 and 18; two appended cells re-bin the last block
+    only (its rows changed), and the outputs downstream of the gather."""
     r = snakemake(run_dir, "--profile", "profiles/local", "-n")
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr
+    blocks = run_dir / "results/demo/binned/blocks"
+    before = {p.parent.name: p.stat().st_mtime_ns for p in blocks.glob("*/contacts.tsv")}
+    assert sorted(before) == ["0000", "0001", "0002"]
     (run_dir / "resources/demo/cells.full.tsv").replace(run_dir / "resources/demo/cells.tsv")
     r = snakemake(run_dir, "--profile", "profiles/local")
     assert r.returncode == 0, r.stderr[-3000:]
-    log = (run_dir / "logs/demo/bin_cells.log").read_text()
-    assert "2 cell(s) binned now, 118 reused from cache" in log
+    after = {p.parent.name: p.stat().st_mtime_ns for p in blocks.glob("*/contacts.tsv")}
+    assert [b for b in sorted(after) if after[b] != before[b]] == ["0002"]
+    assert "binned and written 20/20 cells" in (run_dir / "logs/demo/bin_block/0002.log").read_text()
     hic = ad.read_h5ad(run_dir / "results/demo/data/500kb_s10/hic.h5ad", backed="r")
     assert "cell0117" in hic.obs_names or "cell0118" in hic.obs_names
