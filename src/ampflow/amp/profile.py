@@ -57,9 +57,11 @@ def _parquet_rows(path: Path) -> int:
 
     if not path.is_file():
         raise InputError("graph table does not exist", path=path)
+    import pyarrow as pa
+
     try:
         return int(pq.ParquetFile(path).metadata.num_rows)
-    except (OSError, ValueError) as e:  # pyarrow.ArrowInvalid is a ValueError
+    except (pa.ArrowException, OSError, ValueError) as e:  # ArrowInvalid is a ValueError; codec errors are neither
         raise InputError(f"cannot be read as parquet ({e})", path=path) from None
 
 

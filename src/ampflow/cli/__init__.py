@@ -19,8 +19,16 @@ from . import amp, extract, prepare, report, train
 log = logging.getLogger("ampflow")
 
 
+def _not_shown(record: logging.LogRecord) -> bool:
+    """False for the record of a bad-input error: :func:`main` prints that one line to
+    stderr itself, so the terminal shows it once; the log file keeps the record."""
+    return not getattr(record, "printed", False)
+
+
 def _setup_logging(logfile: str | None, verbose: bool) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    console = logging.StreamHandler(sys.stderr)
+    console.addFilter(_not_shown)
+    handlers: list[logging.Handler] = [console]
     if logfile:
         Path(logfile).parent.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(logfile, mode="a"))
@@ -49,7 +57,7 @@ def main(argv=None) -> int:
     try:
         rc = args.func(args)
     except InputError as e:
-        log.error("%s", e)
+        log.error("%s", e, extra={"printed": True})
         print(f"ampflow {args.command}: error: {e}", file=sys.stderr)
         return 2
     return rc or 0

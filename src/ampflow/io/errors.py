@@ -24,7 +24,8 @@ class InputError(ValueError):
     """
 
     def __init__(self, message, *, path=None, line=None, key=None, value=None):
-        self.message = message
+        # one line, whatever a library's message held (pandas ends some with a newline)
+        self.message = " ".join(str(message).split())
         self.path = None if path is None else str(path)
         self.line = line
         self.key = key

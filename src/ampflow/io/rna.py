@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import re
 import zlib
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pandas as pd
 import scipy.sparse as sp
 
 from .errors import InputError
-from .textfile import is_gzip, open_text
+from .h5ad import read_h5ad
+from .textfile import is_gzip, open_binary, open_text
 
 log = logging.getLogger(__name__)
 ROUNDING = ("half_up", "half_even", "floor", "ceil")
@@ -39,7 +41,7 @@ def read_rna(path) -> ad.AnnData:
     if p.is_dir():
         adata = _read_mtx(p)
     elif p.name.endswith(".h5ad"):
-        adata = ad.read_h5ad(p)
+        adata = read_h5ad(p, "RNA matrix")
         if "counts" in adata.layers:
             adata.X = adata.layers["counts"]
         adata.X = sp.csr_matrix(adata.X, dtype=np.float32)
@@ -58,16 +60,109 @@ def read_rna(path) -> ad.AnnData:
     return adata
 
 
-def _read_mtx(p: Path) -> ad.AnnData:
-    import scanpy as sc
+MTX_FILES = {
+    "matrix": ("matrix.mtx.gz", "matrix.mtx"),
+    "features": ("features.tsv.gz", "features.tsv", "genes.tsv.gz", "genes.tsv"),
+    "barcodes": ("barcodes.tsv.gz", "barcodes.tsv"),
+}
 
-    try:
-        adata = sc.read_10x_mtx(p, var_names="gene_symbols", cache=False)
-    except FileNotFoundError as e:
-        raise InputError(f"not a 10x MTX folder (matrix.mtx[.gz], features/genes, barcodes): {e}", path=p) from None
-    adata.X = sp.csr_matrix(adata.X, dtype=np.float32)
-    _check_values(adata, p)
+
+def _read_mtx(p: Path) -> ad.AnnData:
+    """A 10x folder (Cell Ranger v3 ``features.tsv.gz`` or v2 ``genes.tsv``): genes x
+    cells MatrixMarket coordinates, one feature per line (``id<TAB>symbol[<TAB>type]``),
+    one barcode per line. Gene symbols become ``var_names`` (ids in ``var["gene_ids"]``)."""
+    found = {}
+    for part, names in MTX_FILES.items():
+        hit = next((p / n for n in names if (p / n).is_file()), None)
+        if hit is None:
+            raise InputError(f"not a 10x MTX folder: no {' or '.join(names)}", path=p)
+        found[part] = hit
+    features = [line.rstrip("\r\n").split("\t") for line in _lines(found["features"])]
+    barcodes = [line.strip() for line in _lines(found["barcodes"])]
+    X = _read_matrix_market(found["matrix"], len(features), len(barcodes))
+    ids = [f[0] for f in features]
+    symbols = [f[1] if len(f) > 1 and f[1] else f[0] for f in features]
+    var = pd.DataFrame({"gene_ids": ids}, index=pd.Index(symbols))
+    if len(features[0]) > 2:
+        var["feature_types"] = [f[2] if len(f) > 2 else "" for f in features]
+    adata = ad.AnnData(X=X.T.tocsr().astype(np.float32), obs=pd.DataFrame(index=pd.Index(barcodes)), var=var)
+    _check_values(adata, found["matrix"])
     return adata
+
+
+def _lines(path: Path) -> list[str]:
+    """Non-blank lines of a 10x side file; a blank or cut line is an InputError."""
+    with open_text(path) as fh:
+        lines = fh.read().split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise InputError("empty file", path=path)
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            raise InputError("blank line", path=path, line=i)
+    return lines
+
+
+def _read_matrix_market(path: Path, n_rows: int, n_cols: int) -> sp.coo_matrix:
+    """A MatrixMarket ``coordinate`` matrix (``integer``/``real``/``pattern``), checked
+    against the feature and barcode counts and its own size line."""
+    with open_binary(path) as fh:
+        head = fh.readline().decode("ascii", "replace").split()
+        if len(head) < 4 or head[0].lower() != "%%matrixmarket" or head[2].lower() != "coordinate":
+            raise InputError("not a MatrixMarket coordinate matrix", path=path, line=1, value=" ".join(head)[:80])
+        field = head[3].lower()
+        if field not in ("integer", "real", "pattern"):
+            raise InputError("unsupported MatrixMarket field (integer, real or pattern)", path=path, line=1, value=field)
+        lineno = 1
+        while (line := fh.readline()).startswith(b"%"):
+            lineno += 1
+        lineno += 1
+        size = line.split()
+        if len(size) != 3 or not all(t.isdigit() for t in size):
+            raise InputError("size line must be 'rows cols entries'", path=path, line=lineno, value=line.decode("ascii", "replace").strip())
+        rows, cols, nnz = (int(t) for t in size)
+        if (rows, cols) != (n_rows, n_cols):
+            raise InputError(
+                f"matrix is {rows} x {cols}, but the folder lists {n_rows} features and {n_cols} barcodes",
+                path=path, line=lineno, value=line.decode("ascii", "replace").strip(),
+            )  # fmt: skip
+        ncol = 2 if field == "pattern" else 3
+        try:
+            df = pd.read_csv(fh, sep=" ", header=None, dtype=str, na_filter=False, engine="c", quoting=csv.QUOTE_NONE, encoding_errors="replace")
+        except pd.errors.EmptyDataError:
+            df = pd.DataFrame(np.empty((0, ncol), dtype=str))
+        except pd.errors.ParserError as e:
+            m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
+            if m is None:
+                raise InputError(f"malformed entry lines: {e}", path=path) from None
+            raise InputError(
+                f"entry line has {m[3]} fields, expected {m[1]}", path=path, line=lineno + int(m[2])
+            ) from None
+    first = lineno + 1
+    if df.shape[1] != ncol:
+        raise InputError(f"entry lines need {ncol} fields, found {df.shape[1]}", path=path, line=first)
+    if len(df) != nnz:
+        raise InputError(f"size line promises {nnz} entries, found {len(df)} (file cut?)", path=path, line=lineno)
+    ij = []
+    for k, n in ((0, rows), (1, cols)):
+        text = df[k].to_numpy(dtype=str)
+        ok = np.char.isdigit(text) & (np.char.str_len(text) <= 18)
+        v = np.where(ok, text, "0").astype(np.int64)
+        ok &= (v >= 1) & (v <= n)
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            raise InputError(f"{('row', 'column')[k]} index is not in 1..{n}", path=path, line=first + i, value=str(text[i]))
+        ij.append(v - 1)
+    if field == "pattern":
+        vals = np.ones(nnz, dtype=np.float64)
+    else:
+        vals = pd.to_numeric(df[2], errors="coerce").to_numpy(dtype=np.float64)
+        bad = ~np.isfinite(vals) | (vals < 0)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError("count is not a finite non-negative number", path=path, line=first + i, value=str(df[2].iat[i]))
+    return sp.coo_matrix((vals, (ij[0], ij[1])), shape=(rows, cols))
 
 
 def _check_values(adata, p: Path) -> None:

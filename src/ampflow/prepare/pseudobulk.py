@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.atomic import atomic_path
+from ..io.cool import cell_bins, cell_pixels
 from ..io.errors import InputError
 from ..io.genome import bin_offsets, make_bins
 from ..progress import Progress
@@ -21,9 +22,7 @@ BATCH = 200
 
 def sum_cells(scool: str, cells: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Bins and summed pixels of ``cells`` in a .scool."""
-    import cooler
-
-    bins = cooler.Cooler(f"{scool}::/cells/{cells[0]}").bins()[["chrom", "start", "end"]][:]
+    bins, _ = cell_bins(scool, cells[0])
     acc = None
     batch = []
     progress = Progress(len(cells), "cells", log, verb="summed")
@@ -33,7 +32,7 @@ def sum_cells(scool: str, cells: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]
         return pd.concat(frames, ignore_index=True).groupby(["bin1_id", "bin2_id"], sort=True)["count"].sum().reset_index()
 
     for cell in cells:
-        batch.append(cooler.Cooler(f"{scool}::/cells/{cell}").pixels()[:])
+        batch.append(cell_pixels(scool, cell, len(bins)))
         progress.update()
         if len(batch) >= BATCH:
             acc, batch = flush(acc, batch), []

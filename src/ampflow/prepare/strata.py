@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from ..io.cool import cell_bins, cell_pixels
 from ..io.errors import InputError
 from ..progress import Progress
 from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, TRAIN, feature_names
@@ -94,22 +95,18 @@ def build_strata(
         the training cells only (held-out cells stay in the file) and ``obs["split"]``
         records the split. None: the filter counts every cell.
     """
-    import cooler
-
     if n_strata < 1:
         raise InputError("must be >= 1", key="strata", value=n_strata)
     if not cells:
         raise InputError("no cells to build the strata file from (did every cell fail QC?)", path=scool)
-    first = cooler.Cooler(f"{scool}::/cells/{cells[0]}")
-    bins = first.bins()[["chrom", "start", "end"]][:]
-    resolution = int(first.binsize)
+    bins, resolution = cell_bins(scool, cells[0])
     lut, cand = candidate_index(bins, chroms, n_strata)
     chrom_of_bin = bins["chrom"].astype(str).to_numpy()
 
     rows, cols, vals = [], [], []
     progress = Progress(len(cells), "cells", log, verb="stratified")
     for i, cell in enumerate(cells):
-        px = cooler.Cooler(f"{scool}::/cells/{cell}").pixels()[:]
+        px = cell_pixels(scool, cell, len(bins))
         b1 = px["bin1_id"].to_numpy()
         b2 = px["bin2_id"].to_numpy()
         k = b2 - b1

@@ -166,19 +166,17 @@ def distance_decay(scool, cells, n_bins: int = 30) -> DistanceDecay:
     n_bins
         Log-spaced distance bins (fewer when there are fewer distinct distances).
     """
-    import cooler
+    from ..io.cool import cell_bins, cell_pixels, scool_cells
 
     scool = str(require_file(scool, ".scool file"))
     cells = list(cells)
     if not cells:
         raise InputError("no cells to compute P(s) from", path=scool)
-    have = {c.rsplit("/", 1)[-1] for c in cooler.fileops.list_scool_cells(scool)}
+    have = set(scool_cells(scool))
     absent = [c for c in cells if c not in have]
     if absent:
         raise InputError(f"{len(absent)} cell(s) not in the file, e.g. {absent[:3]}", path=scool)
-    first = cooler.Cooler(f"{scool}::/cells/{cells[0]}")
-    res = int(first.binsize)
-    bins = first.bins()[["chrom"]][:]
+    bins, res = cell_bins(scool, cells[0])
     chrom_id = bins["chrom"].cat.codes.to_numpy() if hasattr(bins["chrom"], "cat") else pd.factorize(bins["chrom"])[0]
     per_chrom = np.bincount(chrom_id)
     kmax = int(per_chrom.max()) - 1
@@ -193,7 +191,7 @@ def distance_decay(scool, cells, n_bins: int = 30) -> DistanceDecay:
 
     rows = np.full((len(cells), len(edges) - 1), np.nan)
     for i, cell in enumerate(cells):
-        px = cooler.Cooler(f"{scool}::/cells/{cell}").pixels()[:]
+        px = cell_pixels(scool, cell, len(bins))
         b1, b2, n = px["bin1_id"].to_numpy(), px["bin2_id"].to_numpy(), px["count"].to_numpy(dtype=np.float64)
         cis = chrom_id[b1] == chrom_id[b2]
         total = n[cis].sum()

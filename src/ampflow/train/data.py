@@ -12,10 +12,13 @@ import scipy.sparse as sp
 import torch
 
 from ..io.errors import InputError
+from ..io.h5ad import read_h5ad
+from ..io.tables import read_parquet_table
 from ..model.paired import GraphSpec
 from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, DataFolder, training_rows
 
 log = logging.getLogger(__name__)
+EDGE_COLUMNS = {"source": "int", "target": "int", "weight": "number", "sign": "number"}
 
 
 @dataclass
@@ -108,9 +111,9 @@ def load_paired(data_dir, split=None) -> PairedData:
     for path in d.model_inputs:
         if not path.exists():
             raise InputError("missing model input", path=path)
-    hic = ad.read_h5ad(d.hic)
+    hic = read_h5ad(d.hic)
     if d.has_rna:
-        rna = ad.read_h5ad(d.rna)
+        rna = read_h5ad(d.rna)
         if list(rna.obs_names) != list(hic.obs_names):
             raise InputError(f"{d.rna.name} and {d.hic.name} must list the same cells in the same order", path=d.root)
         rows = {name: tuple(training_rows(m.obs, path)) for name, m, path in (("rna", rna, d.rna), ("hic", hic, d.hic))}
@@ -124,8 +127,14 @@ def load_paired(data_dir, split=None) -> PairedData:
         obs = hic.obs.copy()
     if split is not None:
         obs = apply_split(obs, split, d.root)
-    nodes = pd.read_parquet(d.nodes)
-    edges = pd.read_parquet(d.edges)
+    nodes = read_parquet_table(d.nodes, {"name": "string"}, "graph nodes")
+    edges = read_parquet_table(d.edges, EDGE_COLUMNS, "graph edges")
+    for col in ("source", "target"):
+        ids = edges[col].to_numpy()
+        bad = (ids < 0) | (ids >= len(nodes))
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise InputError(f"row {k}: node index outside the {len(nodes)} nodes", path=d.edges, key=col, value=int(ids[k]))
     index = {n: i for i, n in enumerate(nodes["name"])}
     try:
         gene_nodes = np.array([index[g] for g in rna.var_names], dtype=np.int64)
