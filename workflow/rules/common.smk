@@ -33,7 +33,7 @@ if HAS_RNA and not INPUTS.get("genes"):
 def check_template_inputs():
     """Without --configfile the template config/config.yaml is the configuration (see
     the Snakefile): a missing input there most likely means its placeholders were never
-    replaced, so say how to give a configuration instead of only that a file is missing."""
+    replaced, so say how to give a configuration, not only that a file is missing."""
     if workflow.config_settings.configfiles:
         return
     for key in ("cells", "rna", "genes", "chromsizes"):
