@@ -8,7 +8,9 @@ STAMP := $(VENV)/.ampflow-installed
 TORCH ?=
 DEMO_CELLS ?= 200
 CORES ?= all
-# the `dataset` of config/config.yaml: outputs under results/$(DATASET)/
+# the demo's configuration (config/config.yaml is the template for your own data) and
+# its `dataset`: outputs under results/$(DATASET)/
+DEMO_CONFIG ?= config/demo.yaml
 DATASET ?= demo
 
 .PHONY: install demo test lint bench clean-demo
@@ -28,8 +30,8 @@ install: $(STAMP)
 # the per-configuration summary table once more, as the last lines of the log
 demo: $(STAMP)
 	$(BIN)/ampflow demo-data resources/demo --cells $(DEMO_CELLS) --seed 0
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local --cores $(CORES)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local --report results/$(DATASET)/report.zip
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local --configfile $(DEMO_CONFIG) --cores $(CORES)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --profile profiles/local --configfile $(DEMO_CONFIG) --report results/$(DATASET)/report.zip
 	@echo "Report: results/$(DATASET)/report.zip (unzip it and open report/report.html in a browser)"
 	@echo "Summary (results/$(DATASET)/figures/summary.tsv):"
 	@cat results/$(DATASET)/figures/summary.txt
@@ -38,7 +40,7 @@ test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
 
 lint: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --lint
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --lint --configfile $(DEMO_CONFIG)
 	$(BIN)/snakefmt --check workflow/
 
 bench: $(STAMP)

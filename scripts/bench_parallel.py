@@ -48,7 +48,8 @@ def prepare(work: Path) -> tuple[Path, dict]:
         print("preparing the demo's heavy configuration (Snakemake up to its plan) ...", flush=True)
         for cmd in (
             [str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "120", "--seed", "0"],
-            [str(BIN / "snakemake"), "--profile", "profiles/local", "--cores", "2", str(plan.relative_to(work))],
+            [str(BIN / "snakemake"), "--profile", "profiles/local", "--configfile", "config/demo.yaml", "--cores", "2",
+             str(plan.relative_to(work))],
         ):
             res = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
             if res.returncode:
@@ -64,7 +65,7 @@ def mesh_plan(plan: Plan, dp: int, tp: int) -> Plan:
 
 
 def train(work: Path, data: Path, plan: Plan, steps: int, tag: str, device: str = "cpu") -> list[dict]:
-    cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg = yaml.safe_load((REPO / "config/demo.yaml").read_text())
     out = work / "bench" / tag
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -125,7 +126,7 @@ def main() -> None:
         for world, (dp, tp, step_s, peaks) in rows.items():
             mib = ", ".join(f"{p / 2**20:.1f}" for p in peaks)
             print(f"{world:>5} {f'{dp} x {tp}':>8} {step_s:>8.3f} {step_s / s1:>9.2f} {mib:>24} {max(peaks) / p1:>9.2f}")
-        cfg = yaml.safe_load((REPO / "config/config.yaml").read_text())["train"]
+        cfg = yaml.safe_load((REPO / "config/demo.yaml").read_text())["train"]
         print("\nper-rank work (max/mean Hi-C contacts per rank, mean over one epoch's batches):")
         for dp, (plain, balanced) in work_imbalance(data, cfg["batch_size"], cfg.get("seed", 0)).items():
             print(f"  dp {dp}: contiguous rows {plain:.3f}, contact-balanced {balanced:.3f}  (imbalance {plain - 1:.1%} -> {balanced - 1:.2%})")

@@ -238,7 +238,7 @@ def bench_dryrun(args, tmp: Path) -> dict:
     sheet = wd / "resources/bench/cells.tsv"
     pd.DataFrame({"cell_id": ids, "pairs": paths, "cell_type": types}).to_csv(sheet, sep="\t", index=False)
 
-    cfg = yaml.safe_load((wd / "config/config.yaml").read_text())
+    cfg = yaml.safe_load((wd / "config/demo.yaml").read_text())
     cfg["dataset"] = "bench"
     cfg["inputs"]["cells"] = "resources/bench/cells.tsv"
     (wd / "config/bench.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -258,7 +258,7 @@ def bench_dryrun(args, tmp: Path) -> dict:
     for _ in range(args.repeats):
         dt, log = dryrun("config/bench.yaml")
         big.append(dt)
-        small.append(dryrun("config/config.yaml")[0])
+        small.append(dryrun("config/demo.yaml")[0])
     if "total" not in log or "bench" not in log:
         sys.exit(f"bench: unexpected snakemake -n output:\n{log[-2000:]}")
     jobs = next((ln.split()[-1] for ln in log.splitlines() if ln.startswith("total")), "?")

@@ -268,12 +268,10 @@ def build_dataset(work: Path, data: Path, settings: Settings) -> dict:
 def run_workflow(work: Path, settings: Settings, log=print) -> None:
     """``snakemake`` up to this configuration's ``scores.json``, in ``work``.
 
-    The Snakefile's ``configfile: "config/config.yaml"`` is relative to the working
-    directory, and ``--configfile`` is merged INTO that file rather than replacing it:
-    pointed at the repository's config/config.yaml it would bring the demo's inputs
-    (its FASTA extraction inputs among them). So ``work/config/config.yaml`` is this
-    control's own complete configuration and the project's Snakefile runs on it. Only
-    the scores are asked for: no report figures, no extraction.
+    ``work/config/config.yaml`` is this control's own complete configuration, given with
+    ``--configfile``: the Snakefile then reads no other config file (no demo inputs, no
+    FASTA extraction inputs). Only the scores are asked for: no report figures, no
+    extraction.
     """
     target = f"results/{DATASET}/eval/{settings.cfg}/scores.json"
     cmd = [

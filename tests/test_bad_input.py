@@ -404,7 +404,7 @@ def _dry_run(workdir: Path, configfile_text: str) -> subprocess.CompletedProcess
     cfg = workdir / "bad.yaml"
     cfg.write_text(configfile_text)
     return subprocess.run(
-        [_snakemake(), "-n", "--configfile", str(cfg), "--cores", "1"],
+        [_snakemake(), "-n", "--configfile", "config/demo.yaml", str(cfg), "--cores", "1"],
         cwd=workdir,
         capture_output=True,
         text=True,
@@ -434,6 +434,6 @@ def test_config_error_names_key_and_value(workdir, extra, expected):
 
 @pytest.mark.slow
 def test_config_demo_is_valid(workdir):
-    # the same setup with the shipped config dry-runs cleanly (the failures above are the config's)
-    r = subprocess.run([_snakemake(), "-n", "--cores", "1"], cwd=workdir, capture_output=True, text=True, timeout=300)
+    # the same setup with the demo config alone dry-runs cleanly (the failures above are the config's)
+    r = subprocess.run([_snakemake(), "-n", "--configfile", "config/demo.yaml", "--cores", "1"], cwd=workdir, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -64,7 +64,7 @@ def run_dir(tmp_path_factory):
 def write_embed_config(root, **sets) -> list[str]:
     lines = [f"  {name}: {{cells: {sheet}, rna: {rna}}}" for name, (sheet, rna) in sets.items()]
     (root / "config/embed.yaml").write_text("embed:\n" + "\n".join(lines) + "\n")
-    return ["--configfile", "config/config.yaml", "config/quick.yaml", "config/embed.yaml"]  # replaces QUICK's
+    return ["--configfile", "config/demo.yaml", "config/quick.yaml", "config/embed.yaml"]  # replaces QUICK's
 
 
 def test_heldout_cells_through_the_raw_path_give_training_vectors(run_dir):

@@ -46,7 +46,7 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 def snakemake_cmd(target: str, *options: str) -> list[str]:
     return [
         str(BIN / "snakemake"), target, "--cores", "2", "--profile", "profiles/local", *options,
-        "--configfile", "config/config.yaml", "config/extract.yaml",
+        "--configfile", "config/demo.yaml", "config/extract.yaml",
     ]  # fmt: skip
 
 

@@ -156,7 +156,7 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
         if (REPO / name).exists():
             shutil.copytree(REPO / name, work / name)
     # pin what the sbatch lines depend on: 2 threads for bin_block, 1 GPU for devices
-    cfg_path = work / "config" / "config.yaml"
+    cfg_path = work / "config" / "demo.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["threads"] = 2
     cfg["train"]["gpus"] = 1
@@ -178,6 +178,7 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
     cmd = [
         str(BIN / "snakemake"),
         "--profile", "profiles/slurm-gpu",
+        "--configfile", "config/demo.yaml",
         # fast polling and no retry for the test; everything else from the profile
         "--latency-wait", "1",
         "--retries", "0",
@@ -264,14 +265,15 @@ def test_slurm_multi_node_train_sbatch_and_srun(tmp_path):
     for name in ("workflow", "config", "profiles", "envs"):
         shutil.copytree(REPO / name, work / name)
     res = _multi_node_profile(work)["set-resources"]["train"]
-    name = "500kb_s10"  # the first configuration of config/config.yaml
+    name = "500kb_s10"  # the first configuration of config/demo.yaml
     _fake_train_inputs(work, name)
     bindir, calls = fake_slurm(tmp_path)
     env = {**clean_env(os.pathsep.join([str(bindir), str(BIN), os.environ.get("PATH", "")])), "FAKE_SLURM_STATE": "COMPLETED"}
     subprocess.run([str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "8", "--seed", "0"],
                    cwd=work, env=env, check=True, capture_output=True, text=True, timeout=120)  # fmt: skip
     target = f"results/demo/train/{name}/model.pt"
-    base = [str(BIN / "snakemake"), target, "--profile", "profiles/slurm-gpu", "--allowed-rules", "train", "--rerun-triggers", "mtime"]
+    base = [str(BIN / "snakemake"), target, "--profile", "profiles/slurm-gpu", "--configfile", "config/demo.yaml",
+            "--allowed-rules", "train", "--rerun-triggers", "mtime"]  # fmt: skip
 
     # the job's command: srun (one task per node) before ampflow train --launch
     dry = subprocess.run([*base, "-n", "-p"], cwd=work, env=env, capture_output=True, text=True, timeout=120)

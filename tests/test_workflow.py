@@ -32,7 +32,7 @@ prepare: {block_cells: 50}
 train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, dtype: float64}
 amp: {device_memory_gb: 0.1220703125}
 """
-QUICK = ["--configfile", "config/config.yaml", "config/quick.yaml"]
+QUICK = ["--configfile", "config/demo.yaml", "config/quick.yaml"]
 
 
 def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:

@@ -43,7 +43,7 @@ def run_dir(tmp_path_factory):
     write_demo(root / "resources" / "demo", n_cells=40, seed=0, n_genes=50)
     (root / "resources/demo/rna.tsv.gz").unlink()  # no RNA anywhere
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    cmd = [str(BIN / "snakemake"), "--cores", "2", "--configfile", "config/config.yaml", "config/hic_only.yaml", "--profile", "profiles/local"]
+    cmd = [str(BIN / "snakemake"), "--cores", "2", "--configfile", "config/demo.yaml", "config/hic_only.yaml", "--profile", "profiles/local"]
     r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return root

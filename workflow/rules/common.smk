@@ -32,6 +32,28 @@ if HAS_RNA and not INPUTS.get("genes"):
     )
 
 
+def check_template_inputs():
+    """Without --configfile the template config/config.yaml is the configuration (see
+    the Snakefile): a missing input there most likely means its placeholders were never
+    replaced, so say how to give a configuration, not only that a file is missing."""
+    if workflow.config_settings.configfiles:
+        return
+    for key in ("cells", "rna", "genes", "chromsizes"):
+        path = INPUTS.get(key)
+        if path and not Path(path).exists():
+            raise InputError(
+                "does not exist. No --configfile was given, so the template config/config.yaml "
+                "was read: copy it (cp config/config.yaml config/my.yaml), point its inputs at "
+                "your files and run snakemake --configfile config/my.yaml; "
+                "make demo runs the demo (config/demo.yaml)",
+                path=path,
+                key=f"inputs.{key}",
+            )
+
+
+check_template_inputs()
+
+
 # duplicates, malformed ids and missing pairs files are reported with their line;
 # Snakemake itself would only say that an input is missing
 CELLS = read_sheet(INPUTS["cells"])
