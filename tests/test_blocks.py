@@ -13,9 +13,10 @@ from pathlib import Path
 import cooler
 import pandas as pd
 import pytest
+import yaml
 
 from ampflow.cli import main
-from ampflow.io.genome import read_chromsizes
+from ampflow.io.genome import read_chromsizes, resolution_label
 from ampflow.prepare.blocks import block_digest, block_names, block_rows, gather_scool, gather_stats
 from ampflow.prepare.cells import ParseOptions, bin_block
 from conftest import workflow_copy
@@ -105,13 +106,14 @@ def test_dry_run_of_7500_cells_plans_blocks_and_10_new_cells_one_block(demo_dir,
     sheet = pd.DataFrame({"cell_id": [f"c{i:05d}" for i in range(7510)], "pairs": [pairs[i % len(pairs)] for i in range(7510)]})
     sheet["cell_type"] = "x"
     sheet.iloc[:7500].to_csv(root / "cells.tsv", sep="\t", index=False)
-    (root / "user.yaml").write_text(
-        f"dataset: big\ninputs: {{cells: cells.tsv, rna: null, chromsizes: {demo_dir / 'chrom.sizes'}}}\n"
-        "prepare: {block_cells: 250}\nextract: {inputs: {}}\n"
-    )
+    # a user's config: the template, copied and pointed at the sheet (Hi-C only)
+    cfg = yaml.safe_load((root / "config/config.yaml").read_text())
+    cfg.update(dataset="big", inputs={"cells": "cells.tsv", "chromsizes": str(demo_dir / "chrom.sizes")})
+    cfg["prepare"] = {"block_cells": 250}
+    (root / "user.yaml").write_text(yaml.safe_dump(cfg))
+    labels = [resolution_label(c["resolution"]) for c in cfg["configs"]]
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    cmd = [str(BIN / "snakemake"), "-n", "--cores", "2", "results/big/binned/pseudobulk.mcool", "--configfile",
-           "config/config.yaml", "user.yaml"]  # fmt: skip
+    cmd = [str(BIN / "snakemake"), "-n", "--cores", "2", "results/big/binned/pseudobulk.mcool", "--configfile", "user.yaml"]
     r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = _jobs(r.stdout)
@@ -121,7 +123,7 @@ def test_dry_run_of_7500_cells_plans_blocks_and_10_new_cells_one_block(demo_dir,
     for b in block_names(7500, 250):
         folder = root / "results/big/binned/blocks" / b
         folder.mkdir(parents=True)
-        for name in ("500kb.scool", "250kb.scool", "contacts.tsv"):  # the config's resolutions
+        for name in [f"{label}.scool" for label in labels] + ["contacts.tsv"]:
             (folder / name).touch()
     sheet.to_csv(root / "cells.tsv", sep="\t", index=False)
     r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)

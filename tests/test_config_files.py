@@ -88,7 +88,7 @@ def test_user_config_from_the_template_schedules_no_extraction(root):
     jobs = job_counts(r)
     n = len(TEMPLATE["configs"])
     assert n == 3
-    for rule, count in [("bin_cells", 1), ("qc_cells", 1), ("split_cells", 1), ("strata", n), ("rna_data", n),
+    for rule, count in [("bin_block", 1), ("gather_blocks", 1), ("qc_cells", 1), ("split_cells", 1), ("strata", n), ("rna_data", n),
                         ("graph", n), ("diagnose", n), ("train", n), ("evaluate", n)]:  # fmt: skip
         assert jobs.get(rule) == count, (rule, jobs)
     assert not [rule for rule in jobs if is_extraction(rule)], jobs
