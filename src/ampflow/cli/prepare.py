@@ -183,7 +183,14 @@ def cmd_pseudobulk(a):
     for spec in a.scool:
         res, _, path = spec.partition("=")
         scools[int(res)] = path
-    report = write_mcool(a.out, scools, cells, balance=not a.no_balance, extra=a.extra_resolutions)
+    if a.threads > 1 and not a.no_balance:
+        import multiprocessing
+
+        # forked before any HDF5 file is open (cooler's advice for reading in workers)
+        with multiprocessing.get_context("fork").Pool(a.threads) as pool:
+            report = write_mcool(a.out, scools, cells, balance=True, extra=a.extra_resolutions, map=pool.imap)
+    else:
+        report = write_mcool(a.out, scools, cells, balance=not a.no_balance, extra=a.extra_resolutions)
     log.info("pseudobulk of %d cells: %s", len(cells), json.dumps(report))
 
 
@@ -364,6 +371,7 @@ def add_commands(sub) -> None:
     s.add_argument("--no-balance", action="store_true")
     s.add_argument("--split", default=None, help="qc/split.tsv: pool its training cells only")
     s.add_argument("--extra-resolutions", type=int, nargs="*", default=[], help="coarser zoom levels (multiples of the finest)")
+    s.add_argument("--threads", type=int, default=1, help="processes balancing pixel chunks in parallel")
     s.set_defaults(func=cmd_pseudobulk)
 
     s = sub.add_parser("strata", help="build the strata file (hic.h5ad)")

@@ -70,38 +70,71 @@ def gene_bin_edges(nodes: pd.DataFrame, resolution: int, upstream: int, chromsiz
     return np.array(pairs, dtype=np.int64).reshape(-1, 2)
 
 
-def contact_edges(mcool: str, resolution: int, nodes: pd.DataFrame, quantile: float) -> tuple[np.ndarray, np.ndarray]:
+def _cis_chunks(clr, anchor_of_bin: np.ndarray, weight: np.ndarray | None, chunksize: int):
+    """Cis off-diagonal pixels between two anchors, one chromosome and at most
+    ``chunksize`` records at a time: (anchor1, anchor2, value) arrays in pixel order.
+
+    A chromosome's cis pixels are the rows of its bins (a range of the pixel table, by
+    the bin1 index) whose bin2 stays within the chromosome; trans pixels are never kept.
+    """
+    chrom_offset = clr._load_dset("indexes/chrom_offset")
+    bin1_offset = clr._load_dset("indexes/bin1_offset")
+    with clr.open("r") as grp:
+        px = grp["pixels"]
+        for lo, hi in zip(chrom_offset[:-1], chrom_offset[1:]):
+            for plo in range(int(bin1_offset[lo]), int(bin1_offset[hi]), chunksize):
+                phi = min(plo + chunksize, int(bin1_offset[hi]))
+                b1 = px["bin1_id"][plo:phi].astype(np.int64)
+                b2 = px["bin2_id"][plo:phi].astype(np.int64)
+                value = px["count"][plo:phi].astype(np.float64)
+                if weight is not None:
+                    value = value * weight[b1] * weight[b2]
+                a1, a2 = anchor_of_bin[b1], anchor_of_bin[b2]
+                keep = (b1 != b2) & (b2 < hi) & np.isfinite(value) & (value > 0) & (a1 >= 0) & (a2 >= 0)
+                yield a1[keep], a2[keep], value[keep]
+
+
+def contact_edges(mcool: str, resolution: int, nodes: pd.DataFrame, quantile: float, chunksize: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
     """Cis anchor pairs whose pseudobulk contact value is at or above ``quantile``.
 
     Uses balanced values where the pseudobulk was balanced, raw counts otherwise.
     Weights are value / max, so in (0, 1].
+
+    Reads only cis pixels, chromosome by chromosome, ``chunksize`` records at a time, in
+    two passes: the first keeps the cis values alone (float64) for the exact quantile,
+    the second the pairs at or above it. Memory follows the cis pixels (8 bytes each)
+    and the edges kept, not the whole pixel table.
+
+    Returns
+    -------
+    pairs : (n_edges, 2) int64 node ids; weights : (n_edges,) float64
     """
     import cooler
 
     clr = cooler.Cooler(f"{mcool}::resolutions/{resolution}")
-    bins = clr.bins()[:]
-    use_balance = "weight" in bins.columns and bins["weight"].notna().any()
-    px = clr.pixels()[:]
-    value = px["count"].to_numpy(np.float64)
-    if use_balance:
-        w = bins["weight"].to_numpy()
-        value = value * w[px["bin1_id"].to_numpy()] * w[px["bin2_id"].to_numpy()]
-    chrom = bins["chrom"].astype(str).to_numpy()
-    b1, b2 = px["bin1_id"].to_numpy(), px["bin2_id"].to_numpy()
-    sel = (b1 != b2) & (chrom[b1] == chrom[b2]) & np.isfinite(value) & (value > 0)
-    b1, b2, value = b1[sel], b2[sel], value[sel]
+    bins = clr.bins()[["chrom", "start"]][:]
+    weight = None
+    if "weight" in clr.bins().columns:
+        w = clr.bins()["weight"][:].to_numpy()
+        weight = w if pd.notna(w).any() else None
     anchors = nodes[nodes["kind"] == "anchor"]
     key = pd.Series(anchors.index.to_numpy(), index=pd.MultiIndex.from_arrays([anchors["chrom"], anchors["start"]]))
-    starts = bins["start"].to_numpy()
-    n1 = key.reindex(pd.MultiIndex.from_arrays([chrom[b1], starts[b1]])).to_numpy()
-    n2 = key.reindex(pd.MultiIndex.from_arrays([chrom[b2], starts[b2]])).to_numpy()
-    ok = ~(pd.isna(n1) | pd.isna(n2))
-    n1, n2, value = n1[ok].astype(np.int64), n2[ok].astype(np.int64), value[ok]
-    if len(value) == 0:
+    # node id of each bin's anchor, -1 where the bin is no anchor (e.g. a chromosome left out)
+    found = key.reindex(pd.MultiIndex.from_arrays([bins["chrom"].astype(str).to_numpy(), bins["start"].to_numpy()]))
+    anchor_of_bin = found.fillna(-1).to_numpy().astype(np.int64)
+    values = [v for _, _, v in _cis_chunks(clr, anchor_of_bin, weight, chunksize)]
+    values = np.concatenate(values) if values else np.empty(0)
+    if len(values) == 0:
         return np.empty((0, 2), dtype=np.int64), np.empty(0)
-    cut = np.quantile(value, quantile)
-    top = value >= cut
-    return np.stack([n1[top], n2[top]], axis=1), value[top] / value[top].max()
+    cut = np.quantile(values, quantile)
+    del values
+    kept = []
+    for a1, a2, v in _cis_chunks(clr, anchor_of_bin, weight, chunksize):
+        top = v >= cut
+        kept.append((a1[top], a2[top], v[top]))
+    n1, n2, top = (np.concatenate(x) for x in zip(*kept))
+    log.info("graph: %d cis anchor pairs at or above the %g quantile (%.4g)", len(top), quantile, cut)
+    return np.stack([n1, n2], axis=1), top / top.max()
 
 
 def build_graph(rna_var, hic_var, mcool, resolution, chromsizes, upstream=2000, quantile=0.9) -> tuple[pd.DataFrame, pd.DataFrame]:
