@@ -139,6 +139,7 @@ rule pseudobulk:
         f"{LOGS}/pseudobulk.log",
     conda:
         "../../envs/prepare.yaml"
+    threads: config["threads"]
     resources:
         mem_mb=8000,
         runtime=60,
@@ -150,7 +151,8 @@ rule pseudobulk:
         extra=" ".join(map(str, config["pseudobulk"]["resolutions"])),
     shell:
         "ampflow pseudobulk --scool {params.scools} --qc {input.qc} --split {input.split}"
-        " {params.balance} --extra-resolutions {params.extra} --out {output} > {log} 2>&1"
+        " {params.balance} --extra-resolutions {params.extra} --threads {threads}"
+        " --out {output} > {log} 2>&1"
 
 
 rule strata:
