@@ -64,7 +64,6 @@ def write_hic(path, *, uns=True, stratum="int", anchor=True, dense=False, seed=0
     if not anchor:
         var = var.drop(columns="anchor")
     a = ad.AnnData(X=X.toarray() if dense else X, obs=pd.DataFrame(index=[f"c{i}" for i in range(N_CELLS)]), var=var)
-    a.layers["counts"] = a.X.copy()
     if uns:
         a.uns["ampflow"] = {
             "modality": "hic",
@@ -76,7 +75,6 @@ def write_hic(path, *, uns=True, stratum="int", anchor=True, dense=False, seed=0
             "chromosomes": list(CHROMS),
             "min_cells": 1,
             "min_count": 1,
-            "counts_layer": "counts",
         }
     a.write_h5ad(path)
     return {"n_cells": N_CELLS, "n_features": len(var), "nnz": int(X.nnz), "fps": fps.tolist(), "n_anchors": int(fps[0])}

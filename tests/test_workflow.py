@@ -178,7 +178,8 @@ def test_strata_round_trip(run_dir):
         assert meta["n_anchors"] == int((strata == 0).sum())
         kept = set(zip(hic.var["anchor"], strata))
         scool = str(res / f"binned/{label}.scool")
-        X = hic.layers["counts"].tocsr()
+        assert len(hic.layers) == 0, "the counts are stored once, in X"
+        X = hic.X.tocsr()
         for i, cell in enumerate(hic.obs_names):
             clr = cooler.Cooler(f"{scool}::/cells/{cell}")
             chrom = clr.bins()["chrom"][:].astype(str).to_numpy()

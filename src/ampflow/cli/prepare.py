@@ -225,14 +225,13 @@ def cmd_strata(a):
     from ..io.atomic import atomic_path
     from ..io.genome import read_chromsizes
     from ..prepare.qc import passing_cells, read_qc
-    from ..prepare.strata import build_strata
+    from ..prepare.strata import write_strata
 
     cells = [c for c in passing_cells(read_qc(a.qc))]
     sizes = read_chromsizes(a.chromsizes, _chroms(a.chromosomes))
     split = _split(a.split, cells)
-    adata = build_strata(a.scool, cells, list(sizes), a.strata, a.min_cells, a.min_count, obs=_qc_obs(a.qc, cells), split=split)
     with atomic_path(a.out) as tmp:
-        adata.write_h5ad(tmp, compression="gzip")
+        write_strata(a.scool, cells, list(sizes), a.strata, tmp, a.min_cells, a.min_count, obs=_qc_obs(a.qc, cells), split=split)
 
 
 def cmd_rna_data(a):
