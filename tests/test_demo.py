@@ -207,7 +207,7 @@ def test_real_genome_small(mm10_files, tmp_path):
 
 def test_real_genome_same_seed_same_bytes(mm10_files, tmp_path):
     sizes_file, bed = mm10_files
-    kw = dict(n_cells=8, n_genes=200, chromsizes=sizes_file, genes_bed=bed, contacts=1000)
+    kw = {"n_cells": 8, "n_genes": 200, "chromsizes": sizes_file, "genes_bed": bed, "contacts": 1000}
     write_demo(tmp_path / "a", seed=1, workers=1, **kw)
     write_demo(tmp_path / "b", seed=1, workers=2, **kw)
     assert folder_digest(tmp_path / "a") == folder_digest(tmp_path / "b")

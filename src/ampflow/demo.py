@@ -401,23 +401,22 @@ def write_rna_blocks(path: Path, rng, genome: DemoGenome, genes: pd.DataFrame, c
     names = genes["name"].to_numpy()
     table = np.array(["%g" % (k / 4) for k in range(4096)], dtype=object)
     theta = 2.0
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=1) as gz:
-            gz.write(("gene\t" + "\t".join(cells) + "\n").encode())
-            for lo, seq in zip(starts, block_seqs):
-                brng = np.random.default_rng(seq)
-                hi = min(lo + block, len(genes))
-                mu = profile[:, lo:hi][groups].T  # genes x cells
-                mu[in_prog[lo:hi]] *= factor[None, :]
-                mu *= scale[None, :]
-                counts = brng.negative_binomial(theta, theta / (theta + mu)).astype(np.float64)
-                split = (counts > 0) & (brng.random(counts.shape) < 0.12)
-                counts[split] -= brng.choice([0.5, 0.25, 0.75], size=int(split.sum()))
-                quarters = np.rint(counts * 4).astype(np.int64)
-                if quarters.max(initial=0) >= len(table):
-                    table = np.array(["%g" % (k / 4) for k in range(int(quarters.max()) + 1)], dtype=object)
-                text = table[quarters]
-                gz.write(("\n".join(n + "\t" + "\t".join(row) for n, row in zip(names[lo:hi], text)) + "\n").encode())
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=1) as gz:
+        gz.write(("gene\t" + "\t".join(cells) + "\n").encode())
+        for lo, seq in zip(starts, block_seqs):
+            brng = np.random.default_rng(seq)
+            hi = min(lo + block, len(genes))
+            mu = profile[:, lo:hi][groups].T  # genes x cells
+            mu[in_prog[lo:hi]] *= factor[None, :]
+            mu *= scale[None, :]
+            counts = brng.negative_binomial(theta, theta / (theta + mu)).astype(np.float64)
+            split = (counts > 0) & (brng.random(counts.shape) < 0.12)
+            counts[split] -= brng.choice([0.5, 0.25, 0.75], size=int(split.sum()))
+            quarters = np.rint(counts * 4).astype(np.int64)
+            if quarters.max(initial=0) >= len(table):
+                table = np.array(["%g" % (k / 4) for k in range(int(quarters.max()) + 1)], dtype=object)
+            text = table[quarters]
+            gz.write(("\n".join(n + "\t" + "\t".join(row) for n, row in zip(names[lo:hi], text)) + "\n").encode())
 
 
 def write_demo(
