@@ -29,9 +29,28 @@ def _chroms(arg):
 
 
 def cmd_demo_data(a):
-    from ..demo import write_demo
+    from ..demo import genome_files, write_demo
 
-    paths = write_demo(a.outdir, n_cells=a.cells, seed=a.seed, scale=a.scale, n_genes=a.genes)
+    chromsizes, genes_bed = a.chromsizes, a.genes_bed
+    if a.genome:
+        sizes_file, bed_file = genome_files(a.genome)
+        chromsizes = chromsizes or sizes_file
+        genes_bed = genes_bed or bed_file
+    paths = write_demo(
+        a.outdir,
+        n_cells=a.cells,
+        seed=a.seed,
+        scale=a.scale,
+        n_genes=a.genes,
+        chromsizes=chromsizes,
+        chromosomes=_chroms(a.chromosomes),
+        genes_bed=genes_bed,
+        biotype=a.biotype,
+        contacts=a.contacts,
+        cis_fraction=a.cis_fraction,
+        decay=a.decay,
+        workers=a.workers,
+    )
     log.info("demo data: %s", {k: str(v) for k, v in paths.items()})
 
 
@@ -290,12 +309,28 @@ def cmd_graph(a):
 
 def add_commands(sub) -> None:
     """Add this group's subcommands to the ``ampflow`` parser."""
-    s = sub.add_parser("demo-data", help="write a synthetic HiRES-like dataset")
+    s = sub.add_parser(
+        "demo-data",
+        help="write a synthetic HiRES-like dataset",
+        description="Without options: the small demo (4 mouse chromosomes at 1/4 size, 3,000 simulated genes). "
+        "With --genome mm10 (or --chromsizes/--genes-bed): full-size chromosomes and real genes, e.g. "
+        "--genome mm10 --cells 1000 --contacts 150000 --genes 25000 --biotype all.",
+    )
     s.add_argument("outdir")
     s.add_argument("--cells", type=int, default=120)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--scale", type=float, default=0.25, help="chromosome length scale vs mm10")
-    s.add_argument("--genes", type=int, default=3000)
+    s.add_argument("--scale", type=float, default=None, help="chromosome length scale (default: 0.25 of 4 mm10 chromosomes; 1 with --chromsizes)")
+    s.add_argument("--genes", type=int, default=None, help="genes (default: 3000 simulated; with --genes-bed all of --biotype)")
+    s.add_argument("--contacts", type=int, default=None, help="median contacts per cell (default: 30000)")
+    g = s.add_argument_group("real genome")
+    g.add_argument("--genome", default=None, help="shortcut for both files under ../shared/data/annotation: mm10")
+    g.add_argument("--chromsizes", default=None, help="chromosome sizes file (full-size chromosomes)")
+    g.add_argument("--chromosomes", default=None, help="comma-separated chromosomes (default: numbered ones and X)")
+    g.add_argument("--genes-bed", default=None, help="real genes: BED with name in column 4 (needs --chromsizes)")
+    g.add_argument("--biotype", default="protein_coding", help="genes of this biotype from --genes-bed, or 'all' (default: protein_coding)")
+    g.add_argument("--cis-fraction", type=float, default=None, help="per-cell cis share, +-0.03 (default with a real genome: 0.9)")
+    g.add_argument("--decay", type=float, default=None, help="P(s) exponent, +-0.1 per cell (default with a real genome: 1.1)")
+    s.add_argument("--workers", type=int, default=None, help="processes writing pairs files (default: usable cores, at most 8)")
     s.set_defaults(func=cmd_demo_data)
 
     s = sub.add_parser("bin-pairs", help="bin one pairs file into a single-cell cooler")
