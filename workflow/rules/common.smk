@@ -14,7 +14,7 @@ from ampflow.io.errors import InputError
 from ampflow.io.genome import resolution_label
 from ampflow.io.sheet import read_sheet
 from ampflow.prepare.blocks import block_digest, block_names, block_rows
-from ampflow.prepare.resources import bin_block_mem_mb, bin_block_runtime, gather_runtime
+from ampflow.prepare.resources import NEEDS, bin_block_mem_mb
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -68,6 +68,16 @@ BLOCKS = block_names(len(CELLS), BLOCK_CELLS)
 def block_sheet(block):
     """The sheet rows of a block."""
     return CELLS.iloc[block_rows(block, BLOCK_CELLS)]
+
+
+def need_mem_mb(rule):
+    """A rule's mem_mb from the size of its inputs and its threads (profiles/README.md)."""
+    return lambda wc, input, threads: NEEDS[rule].mem_mb(input.size_mb, threads)
+
+
+def need_runtime(rule):
+    """A rule's runtime (minutes) from the size of its inputs and its threads."""
+    return lambda wc, input, threads: NEEDS[rule].runtime(input.size_mb, threads)
 
 
 def block_folder(block):

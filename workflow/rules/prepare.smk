@@ -21,7 +21,7 @@ rule bin_block:
     threads: config["threads"]
     resources:
         mem_mb=lambda wc, input, threads: bin_block_mem_mb(input.pairs, threads),
-        runtime=lambda wc, input, threads: bin_block_runtime(input.pairs, threads),
+        runtime=need_runtime("bin_block"),
     params:
         sheet=INPUTS["cells"],
         block_cells=BLOCK_CELLS,
@@ -53,8 +53,8 @@ rule gather_blocks:
         "../../envs/prepare.yaml"
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=lambda wc, input: gather_runtime(input.size_mb),
+        mem_mb=need_mem_mb("gather_blocks"),
+        runtime=need_runtime("gather_blocks"),
     params:
         blocks=" ".join(block_folder(b) for b in BLOCKS),
         labels=" ".join(RESOLUTIONS),
@@ -77,8 +77,8 @@ if HAS_RNA:
         conda:
             "../../envs/prepare.yaml"
         resources:
-            mem_mb=8000,
-            runtime=60,
+            mem_mb=need_mem_mb("load_rna"),
+            runtime=need_runtime("load_rna"),
         params:
             rounding=config["rna"]["rounding"],
         shell:
@@ -97,6 +97,9 @@ rule qc_cells:
         f"{LOGS}/qc_cells.log",
     conda:
         "../../envs/prepare.yaml"
+    resources:
+        mem_mb=need_mem_mb("qc_cells"),
+        runtime=need_runtime("qc_cells"),
     params:
         qc=qc_args(),
         # without RNA, cells pass on their contacts alone
@@ -117,8 +120,8 @@ rule split_cells:
         "../../envs/prepare.yaml"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
+        mem_mb=need_mem_mb("split_cells"),
+        runtime=need_runtime("split_cells"),
     params:
         holdout=config["evaluate"]["holdout"],
         seed=config["evaluate"]["seed"],
@@ -141,8 +144,8 @@ rule pseudobulk:
         "../../envs/prepare.yaml"
     threads: config["threads"]
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=need_mem_mb("pseudobulk"),
+        runtime=need_runtime("pseudobulk"),
     params:
         scools=" ".join(
             f"{bp}={RESULTS}/binned/{res}.scool" for res, bp in RESOLUTIONS.items()
@@ -168,8 +171,8 @@ rule strata:
     conda:
         "../../envs/prepare.yaml"
     resources:
-        mem_mb=8000,
-        runtime=60,
+        mem_mb=need_mem_mb("strata"),
+        runtime=need_runtime("strata"),
     params:
         strata=lambda wc: TRAIN_CONFIGS[wc.cfg]["strata"],
         chroms=chromosomes_arg(),
@@ -198,8 +201,8 @@ if HAS_RNA:
         conda:
             "../../envs/prepare.yaml"
         resources:
-            mem_mb=8000,
-            runtime=60,
+            mem_mb=need_mem_mb("rna_data"),
+            runtime=need_runtime("rna_data"),
         params:
             n_top=config["rna"]["n_top_genes"],
             naming=naming_args(),
@@ -223,8 +226,8 @@ rule graph:
     conda:
         "../../envs/prepare.yaml"
     resources:
-        mem_mb=8000,
-        runtime=30,
+        mem_mb=need_mem_mb("graph"),
+        runtime=need_runtime("graph"),
     params:
         chroms=chromosomes_arg(),
         upstream=config["graph"]["promoter_upstream"],
