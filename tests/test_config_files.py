@@ -125,3 +125,24 @@ def test_without_configfile_the_template_is_read_and_named(root):
     for text in ("inputs.cells", "does not exist", "cp config/config.yaml config/my.yaml", "--configfile config/my.yaml", "make demo"):
         assert text in line, (text, line)
     assert "Traceback (most recent call last)" not in out
+
+
+@pytest.mark.slow
+def test_user_config_from_the_template_runs_to_the_end(root):
+    """The same copied template (shorter training, the only change: a second file merged
+    over it) runs the whole workflow to exit 0, writes the summary, and no extraction."""
+    cfg = yaml.safe_load((root / "config/config.yaml").read_text())
+    cfg.pop("extract", None)
+    cfg["dataset"] = "mine_run"
+    cfg["inputs"] = {key: f"resources/demo/{name}" for key, name in
+                     [("cells", "cells.tsv"), ("rna", "rna.tsv.gz"), ("genes", "genes.bed"), ("chromsizes", "chrom.sizes")]}  # fmt: skip
+    (root / "my_run.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    (root / "quick.yaml").write_text("train: {pretrain: {epochs: 2}, finetune: {epochs: 1}}\n")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [str(BIN / "snakemake"), "--profile", "profiles/local", "--cores", "2", "--configfile", "my_run.yaml", "quick.yaml"]
+    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    out = root / "results/mine_run"
+    assert (out / "figures/summary.html").exists()
+    assert [(out / f"train/{c}/model.pt").exists() for c in ("1mb_s10", "500kb_s10", "100kb_s20")] == [True] * 3
+    assert not (out / "extract").exists()
