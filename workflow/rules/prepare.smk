@@ -56,7 +56,8 @@ rule gather_blocks:
         mem_mb=need_mem_mb("gather_blocks"),
         runtime=need_runtime("gather_blocks"),
     params:
-        blocks=" ".join(block_folder(b) for b in BLOCKS),
+        # the blocks' folders, in block order: those of their contact tables
+        blocks=lambda wc, input: " ".join(os.path.dirname(p) for p in input.stats),
         labels=" ".join(RESOLUTIONS),
     shell:
         "ampflow gather-blocks --blocks {params.blocks} --resolutions {params.labels}"
