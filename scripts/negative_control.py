@@ -241,7 +241,6 @@ def build_dataset(work: Path, data: Path, settings: Settings) -> dict:
         # the graph reads the pseudobulk at the training resolution only
         "pseudobulk": {"balance": True, "resolutions": []},
         "train": {
-            "gpus": 0,
             "seed": settings.seed,
             "batch_size": 32,
             # one torch thread: on cores shared with other jobs two spinning OpenMP threads

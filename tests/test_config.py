@@ -46,3 +46,12 @@ def test_extract_schema_defaults_equal_dataclass_defaults():
     fields = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
     assert set(model) == set(fields)
     assert {k: v["default"] for k, v in model.items() if "default" in v} == {k: v for k, v in fields.items() if k != "kind"}
+
+
+def test_cluster_schema_defaults_equal_dataclass_defaults():
+    from ampflow.spec.allocation import ClusterOffer
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    cluster = schema_defaults(schema["properties"]["cluster"])
+    assert cluster == dataclasses.asdict(ClusterOffer())
+    assert ClusterOffer.from_dict(cluster) == ClusterOffer()

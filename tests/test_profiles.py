@@ -140,9 +140,11 @@ def test_slurm_profile_static():
     assert "cores" not in prof  # would cap the threads of SLURM jobs
     assert prof["default-resources"]["slurm_partition"]
     for rule, res in prof["set-resources"].items():
-        # GPU rules: `tasks` would become --ntasks-per-gpu
-        assert "tasks" not in res, rule
-    assert prof["set-resources"]["devices"]["slurm_partition"]
+        # GPU rules: `tasks` would become --ntasks-per-gpu; the GPU partition is named
+        # once, in the config (cluster.gpu_partition), and the train job's allocation
+        # is its plan's
+        assert "tasks" not in res and "slurm_partition" not in res, rule
+        assert rule != "train", res
 
 
 # ------------------------------------------------------ submission with stand-ins
@@ -155,16 +157,18 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
     for name in ("workflow", "config", "profiles", "envs"):
         if (REPO / name).exists():
             shutil.copytree(REPO / name, work / name)
-    # pin what the sbatch lines depend on: 2 threads for bin_block, 1 GPU for devices
+    # pin what the sbatch lines depend on: 2 threads for bin_block; what a GPU node
+    # offers (a small one: 2 GPUs, 1 core and 1,500 MB each); amp.devices is 2
     cfg_path = work / "config" / "demo.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["threads"] = 2
-    cfg["train"]["gpus"] = 1
+    cfg["cluster"] = {"gpu_partition": "gpu-small", "gpus_per_node": 2, "cpus_per_gpu": 1, "mem_mb_per_gpu": 1500}
+    assert cfg["amp"]["devices"] == 2
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     prof = yaml.safe_load((work / "profiles" / "slurm-gpu" / "profile.yaml").read_text())
-    gpu_res = prof["set-resources"]["devices"]
+    gpu_res = prof["set-resources"].get("devices", {})
     cpu_part = unquote(prof["default-resources"]["slurm_partition"])
-    gpu_part = unquote(gpu_res["slurm_partition"])
+    gpu_part = "gpu-small"
     assert cpu_part != gpu_part
     bindir, calls = fake_slurm(tmp_path)
     path = os.pathsep.join([str(bindir), str(BIN), os.environ.get("PATH", "")])
@@ -205,14 +209,15 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
         assert "--parsable" in args
         assert not {"--gpus", "--gres", "--ntasks-per-gpu", "--cpus-per-gpu"} & set(flags(args)), args
 
-    # GPU rule: --gpus=N from the rule's gpu resource (or --gpus=MODEL:N with
-    # gpu_model), GPU partition, cpus per GPU, and no --ntasks-per-gpu (plugin issue #316)
+    # GPU rule: --gpus=N, one node's share of amp.devices (or --gpus=MODEL:N with
+    # gpu_model), the config's GPU partition, CPUs and memory per GPU, and no
+    # --ntasks-per-gpu (plugin issue #316)
     args = by_rule["devices"]
     assert value(args, "-p") == gpu_part, args
     model = gpu_res.get("gpu_model")
-    assert value(args, "--gpus") == (f"{unquote(model)}:1" if model else "1"), args
-    assert value(args, "--cpus-per-gpu") == str(gpu_res["cpus_per_gpu"]), args
-    assert value(args, "--mem") == str(gpu_res["mem_mb"]), args
+    assert value(args, "--gpus") == (f"{unquote(model)}:2" if model else "2"), args
+    assert value(args, "--cpus-per-gpu") == "1", args
+    assert value(args, "--mem") == str(gpu_res.get("mem_mb", 3000)), args
     assert int(value(args, "-t") or 0) > 0, args
     for flag in ("--ntasks-per-gpu", "--ntasks", "--cpus-per-task", "--gres"):
         assert flag not in flags(args), (flag, args)
@@ -225,27 +230,11 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
     assert set(by_rule) == {"bin_block", "load_rna", "devices"}, sorted(by_rule)
 
 
-# ------------------------------------------------------------ multi-node training
-def _multi_node_profile(work: Path) -> dict:
-    """profiles/slurm-gpu with its documented multi-node `train:` block uncommented."""
-    path = work / "profiles" / "slurm-gpu" / "profile.yaml"
-    lines = path.read_text().splitlines()
-    start = lines.index("  # train:")
-    block = []
-    for line in lines[start:]:
-        if not line.startswith("  #"):
-            break
-        block.append("  " + line[len("  # ") :])
-    text = path.read_text().replace("\n".join(lines[start : start + len(block)]), "\n".join(block))
-    path.write_text(text)
-    prof = yaml.safe_load(text)
-    assert prof["set-resources"]["train"]["mpi"] == "'srun'"
-    return prof
-
-
-def _fake_train_inputs(work: Path, cfg: str) -> None:
+# ------------------------------------------------------------ the train job's allocation
+def _fake_train_inputs(work: Path, cfg: str, dp: int, tp: int) -> None:
     """Files standing in for the train rule's inputs (only train may run), oldest first
-    as the workflow would write them (the split feeds the data files)."""
+    as the workflow would write them (the split feeds the data files); the plan is a GPU
+    plan (no ``cpu`` section) of dp x tp processes."""
     split = work / "results" / "demo" / "qc" / "split.tsv"
     split.parent.mkdir(parents=True)
     split.write_text("cell_id\tsplit\n")
@@ -255,18 +244,22 @@ def _fake_train_inputs(work: Path, cfg: str) -> None:
         (data / name).write_text("stand-in")
     plan = work / "results" / "demo" / "amp" / cfg / "plan.json"
     plan.parent.mkdir(parents=True)
-    plan.write_text(json.dumps({"mesh": {"dp": 2, "tp": 4}, "world_size": 8}))
+    plan.write_text(json.dumps({"mesh": {"dp": dp, "tp": tp}, "world_size": dp * tp}))
 
 
-@pytest.mark.slow
-def test_slurm_multi_node_train_sbatch_and_srun(tmp_path):
+def _submit_train(tmp_path: Path, cluster: dict, dp: int, tp: int) -> tuple[list[str] | None, str, str]:
+    """Submit the train job of a stand-in plan to stand-in SLURM commands: its sbatch
+    arguments, its shell command (dry run) and Snakemake's log."""
     work = tmp_path / "wf"
     work.mkdir()
     for name in ("workflow", "config", "profiles", "envs"):
         shutil.copytree(REPO / name, work / name)
-    res = _multi_node_profile(work)["set-resources"]["train"]
+    cfg_path = work / "config" / "demo.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["cluster"] = cluster
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     name = "500kb_s10"  # the first configuration of config/demo.yaml
-    _fake_train_inputs(work, name)
+    _fake_train_inputs(work, name, dp, tp)
     bindir, calls = fake_slurm(tmp_path)
     env = {**clean_env(os.pathsep.join([str(bindir), str(BIN), os.environ.get("PATH", "")])), "FAKE_SLURM_STATE": "COMPLETED"}
     subprocess.run([str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "8", "--seed", "0"],
@@ -274,13 +267,9 @@ def test_slurm_multi_node_train_sbatch_and_srun(tmp_path):
     target = f"results/demo/train/{name}/model.pt"
     base = [str(BIN / "snakemake"), target, "--profile", "profiles/slurm-gpu", "--configfile", "config/demo.yaml",
             "--allowed-rules", "train", "--rerun-triggers", "mtime"]  # fmt: skip
-
-    # the job's command: srun (one task per node) before ampflow train --launch
     dry = subprocess.run([*base, "-n", "-p"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr[-3000:]
     shell = [ln.strip().removeprefix("Shell command:").strip() for ln in (dry.stdout + dry.stderr).splitlines() if "ampflow train" in ln]
-    assert shell and shell[0].startswith("srun ampflow train --launch "), shell
-
     cmd = [*base, "--latency-wait", "1", "--retries", "0", "--seconds-between-status-checks", "1",
            "--slurm-init-seconds-before-status-checks", "1"]  # fmt: skip
     try:
@@ -288,39 +277,56 @@ def test_slurm_multi_node_train_sbatch_and_srun(tmp_path):
         log = r.stdout + r.stderr
     except subprocess.TimeoutExpired as e:
         log = f"(timed out)\n{e.stdout or ''}{e.stderr or ''}"
-    args = sbatch_by_rule(calls).get("train")
+    return sbatch_by_rule(calls).get("train"), shell[0] if shell else "", log
+
+
+@pytest.mark.slow
+def test_train_job_on_one_node_asks_for_the_plans_gpus(tmp_path):
+    """A plan of dp 2 x tp 1 on nodes of 2 GPUs: --gpus=2 on the GPU partition, with the
+    CPUs and memory that come with 2 GPUs; the plugin runs the command under its own
+    `srun -n1`, so the rule's command is the launcher alone."""
+    cluster = {"gpu_partition": "gpu-small", "gpus_per_node": 2, "cpus_per_gpu": 1, "mem_mb_per_gpu": 1500}
+    args, shell, log = _submit_train(tmp_path, cluster, 2, 1)
     assert args is not None, log[-4000:]
-    assert value(args, "-p") == unquote(res["slurm_partition"])
-    assert value(args, "--nodes") == "2" and value(args, "--ntasks") == "2", args
-    assert value(args, "--cpus-per-task") == str(res["cpus_per_task"]), args
-    assert value(args, "--mem") == str(res["mem_mb"]), args
-    assert "--gpus-per-node=4" in args or "--gpus-per-node=4" in " ".join(args), args
-    for flag in ("--gpus", "--ntasks-per-gpu", "--gres"):
+    assert shell.startswith("ampflow train --launch "), shell
+    assert value(args, "-p") == "gpu-small", args
+    assert value(args, "--gpus") == "2", args
+    assert value(args, "--cpus-per-gpu") == "1", args
+    assert value(args, "--mem") == "3000", args
+    assert value(args, "--nodes") == "1", args
+    for flag in ("--ntasks-per-gpu", "--ntasks", "--cpus-per-task", "--gres", "--gpus-per-node"):
         assert flag not in flags(args), (flag, args)
 
 
-def _scontrol(tmp_path: Path) -> str:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    exe = bindir / "scontrol"
-    exe.write_text("#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] && printf 'gpu017\\ngpu018\\n'\n")
-    exe.chmod(0o755)
-    return os.pathsep.join([str(bindir), os.environ.get("PATH", "")])
+@pytest.mark.slow
+def test_train_job_across_nodes_asks_for_the_plans_gpus(tmp_path):
+    """A plan of dp 2 x tp 4 on nodes of 4 GPUs: 2 nodes, one task each, 4 GPUs per node,
+    the CPUs and memory of 4 GPUs per node; no `gpu` resource (which would turn tasks
+    into --ntasks-per-gpu)."""
+    cluster = {"gpu_partition": "gpu", "gpus_per_node": 4, "cpus_per_gpu": 2, "mem_mb_per_gpu": 4000}
+    args, shell, log = _submit_train(tmp_path, cluster, 2, 4)
+    assert args is not None, log[-4000:]
+    assert shell.startswith("ampflow train --launch "), shell
+    assert value(args, "-p") == "gpu", args
+    assert value(args, "--nodes") == "2" and value(args, "--ntasks") == "2", args
+    assert value(args, "--cpus-per-task") == "8", args
+    assert value(args, "--mem") == "16000", args
+    assert "--gpus-per-node=4" in args and "--ntasks-per-node=1" in args, args
+    for flag in ("--gpus", "--ntasks-per-gpu", "--gres", "--cpus-per-gpu"):
+        assert flag not in flags(args), (flag, args)
 
 
-def test_torchrun_command_one_node_and_across_nodes(tmp_path, monkeypatch):
-    from ampflow.train.launch import torchrun_command
-    from ampflow.io.errors import InputError
-
-    argv = ["train", "--data", "d"]
-    one = torchrun_command(4, argv, env={})
-    assert one[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m", "ampflow.cli", *argv]
-    # inside `srun` with one task on each of 2 nodes (what the mpi resource gives)
-    monkeypatch.setenv("PATH", _scontrol(tmp_path))
-    step = {"SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_JOB_ID": "4242"}
-    multi = torchrun_command(8, argv, env=step)
-    assert multi[3:9] == ["--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=gpu017:29500", "--rdzv-id=4242", "-m"]
-    with pytest.raises(InputError, match="do not divide"):
-        torchrun_command(3, argv, env=step)
-    with pytest.raises(InputError, match="one task per node"):
-        torchrun_command(8, argv, env={**step, "SLURM_STEP_NUM_TASKS": "8"})
+def test_train_gpus_in_a_config_is_refused(tmp_path):
+    """train.gpus would be a second, disagreeing figure beside the plan: one line naming it."""
+    work = tmp_path / "wf"
+    work.mkdir()
+    for name in ("workflow", "config"):
+        shutil.copytree(REPO / name, work / name)
+    cfg = yaml.safe_load((work / "config" / "demo.yaml").read_text())
+    cfg["train"]["gpus"] = 1
+    (work / "config" / "my.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = subprocess.run([str(BIN / "snakemake"), "-n", "--cores", "1", "--configfile", "config/my.yaml"], cwd=work,
+                       env=clean_env(os.pathsep.join([str(BIN), os.environ.get("PATH", "")])), capture_output=True, text=True, timeout=120)  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "train.gpus" in out and "cluster.gpus_per_node" in out, out[-2000:]

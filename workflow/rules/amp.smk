@@ -63,10 +63,20 @@ rule train:
         "../../envs/prepare.yaml"
     # the cores the plan divides among its processes (devices.json records them)
     threads: train_cores()
+    # the allocation is the plan's (spec/allocation.py): GPUs, nodes, tasks, CPUs and
+    # memory from plan.json and config "cluster"; <TBD> in a dry run before the plan exists
     resources:
-        gpu=config["train"]["gpus"],
-        mem_mb=16000,
+        **gpu_partition(train_resource("slurm_partition", CLUSTER.gpu_partition)),
+        gpu=train_resource("gpu", 0),
+        nodes=train_resource("nodes"),
+        tasks=train_resource("tasks"),
+        mpi=train_resource("mpi"),
+        cpus_per_gpu=train_resource("cpus_per_gpu"),
+        cpus_per_task=train_resource("cpus_per_task"),
+        slurm_extra=train_resource("slurm_extra"),
+        mem_mb=train_resource("mem_mb"),
         runtime=720,
+        # only with GPUs: a CPU run keeps the profile's default partition
     params:
         data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
         # checkpoints live beside the declared outputs, not among them: Snakemake
@@ -74,14 +84,13 @@ rule train:
         out=lambda wc: f"{RESULTS}/train/{wc.cfg}",
         model=json_arg("model"),
         train=json_arg("train"),
-        # multi-node (profile sets mpi="srun", nodes = tasks = N): one ampflow per node
-        launcher=lambda wc, resources: resources.get("mpi", ""),
     # --launch: a plan of dp x tp > 1 processes trains under torchrun (--standalone on
-    # one node; c10d rendezvous across the nodes of an srun step); gloo on CPU, NCCL on
-    # GPUs. A one-device plan trains in this process. Held-out cells (--split) are in
-    # no batch; embeddings.h5ad holds every cell.
+    # one node; across the nodes of a SLURM job, one torchrun per node through the job's
+    # own srun, c10d rendezvous on the first node); one process per GPU, gloo on CPU,
+    # NCCL on GPUs. A one-device plan trains in this process. Held-out cells (--split)
+    # are in no batch; embeddings.h5ad holds every cell.
     shell:
-        "{params.launcher} ampflow train --launch --data {params.data} --out {params.out} --name {wildcards.cfg}"
+        "ampflow train --launch --data {params.data} --out {params.out} --name {wildcards.cfg}"
         " --model {params.model} --train {params.train} --plan {input.plan}"
         " --split {input.split} > {log} 2>&1"
 

@@ -15,6 +15,8 @@ from ampflow.io.genome import resolution_label
 from ampflow.io.sheet import read_sheet
 from ampflow.prepare.blocks import block_digest, block_names, block_rows
 from ampflow.prepare.resources import NEEDS, bin_block_mem_mb
+from ampflow.spec.allocation import ClusterOffer, train_allocation
+from ampflow.spec.plan import Plan
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -52,6 +54,18 @@ def check_template_inputs():
 
 
 check_template_inputs()
+
+if "gpus" in config["train"]:
+    # the plan sets the train job's GPUs now; a second figure could only disagree with it
+    raise InputError(
+        "is no longer read: the train job asks for the plan's devices (amp.devices); "
+        "give the GPUs a node offers as cluster.gpus_per_node",
+        key="train.gpus",
+        value=config["train"]["gpus"],
+    )
+
+#: What the cluster offers GPU jobs (config "cluster"): partition, GPUs, CPUs and memory.
+CLUSTER = ClusterOffer.from_dict(config["cluster"])
 
 
 # duplicates, malformed ids and missing pairs files are reported with their line;
@@ -335,3 +349,50 @@ def embed_threads():
     cores a training job reserves."""
     threads = config["train"]["threads"]
     return int(threads) if threads != "auto" else train_cores()
+
+
+def uses_gpus():
+    """Whether training uses GPUs: the cluster offers some and train.device allows them."""
+    return CLUSTER.gpus_per_node > 0 and config["train"]["device"] != "cpu"
+
+
+def devices_gpus():
+    """GPUs of the devices job: one node's share of amp.devices (it records what such
+    an allocation sees; the plan is made from it)."""
+    if not uses_gpus():
+        return 0
+    return min(int(config["amp"]["devices"]), CLUSTER.gpus_per_node)
+
+
+def train_resource(name, default=None):
+    """A resource of the train job read from its plan (input.plan) and the cluster offer
+    (spec/allocation.py); ``default`` where the allocation does not set it. Before the
+    plan exists (a dry run) the FileNotFoundError makes Snakemake show it as <TBD>."""
+
+    def value(wildcards, input):
+        if not Path(input.plan).exists():
+            raise FileNotFoundError(2, "no plan yet", input.plan)
+        alloc = train_allocation(Plan.read(input.plan), CLUSTER)
+        return alloc.resources().get(name, default)
+
+    return value
+
+
+def gpu_partition(value):
+    """``slurm_partition`` of a GPU job (config cluster.gpu_partition), as a dict to
+    unpack into a rule's resources: empty when the run uses no GPUs or names no GPU
+    partition, so the profile's default partition applies."""
+    if uses_gpus() and CLUSTER.gpu_partition:
+        return {"slurm_partition": value}
+    return {}
+
+
+def extract_gpu_resources():
+    """The GPU partition and CPUs per GPU (config "cluster") of an extraction job that
+    asks for GPUs; none otherwise."""
+    if not extract_uses_gpus():
+        return {}
+    out = {"cpus_per_gpu": CLUSTER.cpus_per_gpu}
+    if CLUSTER.gpu_partition:
+        out["slurm_partition"] = CLUSTER.gpu_partition
+    return out

@@ -36,6 +36,8 @@ rule extract:
         "../../envs/extract.yaml"
     threads: extract_threads()
     resources:
+        # the GPU partition and CPUs per GPU of config "cluster"
+        **extract_gpu_resources(),
         # a counter locally (Snakemake sets no CUDA_VISIBLE_DEVICES); --gpus=N on SLURM.
         # The job starts one worker per GPU it sees, up to extract.gpus.
         gpu=EXTRACT_SETTINGS.gpus if extract_uses_gpus() else 0,

@@ -256,8 +256,9 @@ rule devices:
         "../../envs/prepare.yaml"
     # as many cores as a training job: devices.json records them, the plan divides them
     threads: train_cores()
+    # one node's share of amp.devices' GPUs (config "cluster"), or none for a CPU run
     resources:
-        gpu=config["train"]["gpus"],
+        **CLUSTER.gpu_resources(devices_gpus()),
         runtime=10,
     params:
         model=json_arg("model"),

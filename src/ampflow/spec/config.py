@@ -137,7 +137,6 @@ class TrainConfig:
     threads: int | str = AUTO_THREADS
     device: str = "auto"
     dtype: str = "float32"
-    gpus: int = 1
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 2e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 5e-4, LossWeights()))
 

@@ -1,0 +1,141 @@
+"""The train job's allocation, derived from its plan and what the cluster offers.
+
+The plan (``plan.json``) decides how many processes train (dp x tp) and whether they
+train on GPUs (a plan for CPU carries a ``cpu`` section); the config's ``cluster``
+section says once what a node offers (GPUs, CPU cores and host memory per GPU, the GPU
+partition). :func:`train_allocation` turns the two into the job's nodes, GPUs per node,
+tasks, CPUs and memory, and :meth:`Allocation.resources` into Snakemake resources for
+the SLURM executor plugin, so the plan and the allocation cannot disagree.
+
+GPU plans: one process per GPU. A world that fits on one node asks for ``gpu = world``
+(``--gpus``); a larger one spans ``ceil(world / gpus_per_node)`` nodes with an equal
+share of processes each (``--gpus-per-node``), one task per node, and its command runs
+on the first node without the plugin's ``srun -n1`` (the ``mpi`` resource), where
+``ampflow train --launch`` starts one ``torchrun`` per node itself
+(:mod:`ampflow.train.launch`). CPU plans: one node; threads and memory from the plan.
+Torch-free: the workflow imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..io.errors import InputError
+
+MB = 1 << 20
+#: Host memory (MB) of one CPU training process beyond what the plan's batch check
+#: counts (the interpreter, torch and the data files it reads).
+CPU_PROCESS_MB = 1000
+#: The least a CPU training job asks for (MB).
+CPU_MIN_MB = 2000
+
+
+@dataclass(frozen=True)
+class ClusterOffer:
+    """What one node of the cluster offers a GPU job (config section ``cluster``)."""
+
+    gpu_partition: str | None = None
+    gpus_per_node: int = 1
+    cpus_per_gpu: int = 1
+    mem_mb_per_gpu: int = 4000
+
+    def __post_init__(self):
+        for key in ("gpus_per_node", "cpus_per_gpu", "mem_mb_per_gpu"):
+            v = getattr(self, key)
+            least = 0 if key == "gpus_per_node" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise InputError(f"must be an integer >= {least}", key=f"cluster.{key}", value=v)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> ClusterOffer:
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise InputError("unknown key", key=f"cluster.{unknown[0]}", value=d[unknown[0]])
+        return cls(**d)
+
+    def gpu_resources(self, gpus: int) -> dict:
+        """Resources that place a job of ``gpus`` GPUs on one node: the GPU count, the
+        CPUs and memory they come with, the GPU partition; none without GPUs."""
+        if gpus <= 0:
+            return {}
+        out = {"gpu": gpus, "cpus_per_gpu": self.cpus_per_gpu, "mem_mb": self.mem_mb_per_gpu * gpus}
+        if self.gpu_partition:
+            out["slurm_partition"] = self.gpu_partition
+        return out
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The train job's share of the cluster.
+
+    Attributes
+    ----------
+    gpus : bool
+        One process per GPU (False: processes on CPU cores).
+    nodes : int
+    per_node : int
+        Processes on each node (= GPUs per node for a GPU plan).
+    cpus_per_node : int or None
+        CPU cores per node (None for a CPU plan: the rule's threads).
+    mem_mb : int
+        Host memory per node (MB).
+    partition : str or None
+    """
+
+    gpus: bool
+    nodes: int
+    per_node: int
+    cpus_per_node: int | None
+    mem_mb: int
+    partition: str | None = None
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.per_node
+
+    def resources(self) -> dict:
+        """Snakemake resources for the SLURM executor plugin (values None are dropped)."""
+        if not self.gpus:
+            return {"mem_mb": self.mem_mb}
+        out = {"mem_mb": self.mem_mb, "slurm_partition": self.partition, "nodes": self.nodes}
+        if self.nodes == 1:
+            # --gpus=N --cpus-per-gpu; the plugin runs the command as `srun -n1 --gpus=N`
+            out.update(gpu=self.per_node, cpus_per_gpu=self.cpus_per_node // self.per_node)
+            return out
+        # one task per node; the GPUs per node through slurm_extra (with `gpu`, `tasks`
+        # would become --ntasks-per-gpu); `mpi`: no `srun -n1` around the command, which
+        # starts its own srun over the nodes
+        out.update(gpu=0, tasks=self.nodes, cpus_per_task=self.cpus_per_node, mpi="srun",
+                   slurm_extra=f"--gpus-per-node={self.per_node} --ntasks-per-node=1")  # fmt: skip
+        return out
+
+
+def plan_on_gpus(plan) -> bool:
+    """Whether a plan trains on GPUs (a plan for CPU carries its ``cpu`` section)."""
+    return not plan.cpu
+
+
+def train_allocation(plan, offer: ClusterOffer) -> Allocation:
+    """The allocation that trains ``plan`` (a :class:`~ampflow.spec.plan.Plan`) on what
+    ``offer`` gives; an InputError when a GPU plan does not split over whole nodes."""
+    world = plan.world
+    if not plan_on_gpus(plan):
+        need = int(plan.cpu.get("host_need_bytes") or 0)
+        mem = max(CPU_MIN_MB, world * CPU_PROCESS_MB + math.ceil(need * 1.25 / MB))
+        return Allocation(False, 1, world, None, mem)
+    if offer.gpus_per_node < 1:
+        raise InputError(
+            f"the plan trains {world} process(es) on GPUs but the cluster offers none per node",
+            key="cluster.gpus_per_node", value=offer.gpus_per_node,
+        )  # fmt: skip
+    nodes = math.ceil(world / offer.gpus_per_node)
+    if world % nodes:
+        raise InputError(
+            f"the plan's {world} processes (dp {plan.mesh.dp} x tp {plan.mesh.tp}) do not split evenly over "
+            f"{nodes} nodes of {offer.gpus_per_node} GPUs; set amp.devices to a multiple of the GPUs per node",
+            key="cluster.gpus_per_node", value=offer.gpus_per_node,
+        )  # fmt: skip
+    per_node = world // nodes
+    return Allocation(True, nodes, per_node, offer.cpus_per_gpu * per_node, offer.mem_mb_per_gpu * per_node, offer.gpu_partition)
