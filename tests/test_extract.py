@@ -6,7 +6,9 @@ Tiny randomly initialised ESM-2 and DNABERT-S-shaped models are built once per s
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -22,9 +24,9 @@ import torch
 from ampflow.extract.batching import fixed_batches, padding_fraction, token_budget_batches
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.dnabert import DnabertModel, load_dnabert
-from ampflow.extract.markers import check_marker, marker_path, output_path
+from ampflow.extract.markers import check_marker, marker_path, output_path, progress_rows
 from ampflow.extract.models import load_embedder, model_shape, resolve_layer
-from ampflow.extract.pool import InlinePool
+from ampflow.extract.pool import InlinePool, choose_devices
 from ampflow.extract.run import extract_fasta
 from ampflow.io.errors import InputError
 from extract_helpers import random_fasta, tiny_models_in
@@ -43,7 +45,7 @@ def run(tmp_path, fasta, kind, folder, tag="run", pool=None, model=None, **setti
     kw = {"pool": pool} if pool is not None else {}
     summary = extract_fasta(
         fasta, ModelSpec(kind=kind, tiny=True, **(model or {})), f"{kind}_tiny", out / "work", out / "x.h5ad",
-        out / "report.tsv", out / "telemetry.jsonl", settings=s, model_folder=folder, **kw,
+        out / "report.tsv", out / "telemetry.jsonl", out / "progress.jsonl", settings=s, model_folder=folder, **kw,
     )  # fmt: skip
     return summary, out
 
@@ -179,6 +181,101 @@ def test_markers_decide_what_is_redone(tiny_models, tmp_path):
     assert check_marker(work, "chunk-00000", 10, expect) is None
     other = {**expect, "model": {**expect["model"], "fingerprint": "sha256:other"}}
     assert "model" in check_marker(work, "chunk-00000", 10, other)
+
+
+def test_rerun_with_every_chunk_done_rebuilds_every_output(tiny_models, tmp_path):
+    """After a crash the re-run finds every chunk done and Snakemake has deleted the
+    job's outputs: it writes them all again, the progress (from the markers) byte for byte,
+    and the extraction report made from them equals the first run's, file for file."""
+    from ampflow.cli import main
+
+    fasta = random_fasta(tmp_path / "in.fa", "esm2", 50, lengths=(5, 60))
+    summary, out = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
+    assert (summary["computed"], summary["skipped"]) == (5, 0)
+    outputs = ("x.h5ad", "report.tsv", "telemetry.jsonl", "progress.jsonl")
+
+    def report(folder):
+        args = ["report-extraction", "--progress", out / "progress.jsonl", "--telemetry", out / "telemetry.jsonl",
+                "--records", out / "report.tsv", "--out-dir", folder, "--name", "in.esm2"]  # fmt: skip
+        assert main([str(a) for a in args]) == 0
+        return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
+
+    first = {name: (out / name).read_bytes() for name in outputs}
+    first_report = report(tmp_path / "report1")
+    assert sorted(first_report) == ["gpus.png", "records.html", "throughput.png"]
+
+    # the progress is the markers': one row per chunk at its finish time, after a start row
+    rows = [json.loads(ln) for ln in first["progress.jsonl"].decode().splitlines()]
+    markers = {c: json.loads(marker_path(out / "work" / "out", c).read_text()) for c in (f"chunk-{i:05d}" for i in range(5))}
+    assert [r["sequences"] for r in rows] == [0, 10, 20, 30, 40, 50] and {r["total"] for r in rows} == {50}
+    assert sorted(r["chunk"] for r in rows[1:]) == sorted(markers)
+    assert [r["time"] for r in rows[1:]] == sorted(m["finished"] for m in markers.values())
+    assert rows[0]["time"] == pytest.approx(rows[1]["time"] - markers[rows[1]["chunk"]]["seconds"], abs=1e-3)
+
+    for name in outputs:
+        (out / name).unlink()
+    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
+    assert (summary["computed"], summary["skipped"]) == (0, 5)
+    for name in ("report.tsv", "telemetry.jsonl", "progress.jsonl"):
+        assert (out / name).read_bytes() == first[name], name
+    assert np.array_equal(ad.read_h5ad(out / "x.h5ad").X, ad.read_h5ad(io.BytesIO(first["x.h5ad"])).X)
+    assert report(tmp_path / "report2") == first_report
+
+
+def test_device_auto_without_usable_cuda_falls_back_to_cpu(monkeypatch, caplog):
+    """A GPU allocation (CUDA_VISIBLE_DEVICES set) with a torch that cannot use CUDA:
+    auto runs the CPU workers after one warning; cuda is one InputError naming the key."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    for built, available in ((False, False), (True, False)):
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: built)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="ampflow.extract.pool"):
+            assert choose_devices("auto", 2, 3) == ("cpu", [None, None, None])
+        assert len(caplog.records) == 1, caplog.text
+        text = caplog.records[0].getMessage()
+        assert "no usable GPU" in text and "3 CPU worker(s)" in text and "\n" not in text
+        assert ("built without CUDA" if not built else "is_available() is False") in text
+        with pytest.raises(InputError, match=r"extract.device: no usable GPU.*\(value: 'cuda'\)") as e:
+            choose_devices("cuda", 2, 3)
+        assert "\n" not in str(e.value)
+    # usable: one worker per visible GPU torch counts, up to extract.gpus
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert choose_devices("auto", 4, 3) == ("cuda", ["0", "1"])
+    assert choose_devices("cuda", 1, 3) == ("cuda", ["0"])
+    assert choose_devices("cpu", 4, 3) == ("cpu", [None, None, None])
+
+
+@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="needs a torch built without CUDA")
+def test_cli_device_on_a_gpu_allocation_with_cpu_torch(tiny_models, tmp_path, monkeypatch, capfd):
+    """This CPU-only torch with CUDA_VISIBLE_DEVICES=0, as on a SLURM GPU allocation:
+    ``auto`` embeds on the CPU and says so once; ``cuda`` exits 2 with one line."""
+    from ampflow.cli import main
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    fasta = random_fasta(tmp_path / "in.fa", "esm2", 6, lengths=(5, 30))
+
+    def extract(device):
+        out = tmp_path / device
+        args = ["extract", fasta, "--model-name", "esm2_tiny", "--model", json.dumps({"kind": "esm2", "tiny": True}),
+                "--model-folder", tiny_models["esm2"], "--settings", json.dumps({"device": device, "cpu_workers": 1}),
+                "--work", out / "work", "--out", out / "x.h5ad", "--report", out / "r.tsv", "--telemetry", out / "t.jsonl"]  # fmt: skip
+        rc = main([str(a) for a in args])
+        return rc, out, capfd.readouterr().err
+
+    rc, out, err = extract("auto")
+    assert rc == 0, err
+    assert ad.read_h5ad(out / "x.h5ad").n_obs == 6
+    warned = [ln for ln in err.splitlines() if "WARNING" in ln]
+    assert len(warned) == 1 and "extract.device auto: no usable GPU (torch" in warned[0], err
+    assert "Traceback" not in err and "1 cpu worker(s)" in err
+    rc, out, err = extract("cuda")
+    assert rc == 2 and "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if "extract.device" in ln]
+    assert lines and all("no usable GPU: torch" in ln and "(value: 'cuda')" in ln for ln in lines), err
+    assert not (out / "x.h5ad").exists()
 
 
 @pytest.mark.slow

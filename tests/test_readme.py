@@ -33,6 +33,44 @@ def test_every_block_has_a_language_and_every_skip_a_reason():
     assert any("slurm-gpu" in b.text for b in skipped), "the SLURM commands are shown (and not run)"
 
 
+@pytest.mark.parametrize("doc", ["README.md", "profiles/README.md"])
+def test_recovery_block_cancels_this_folders_jobs_first(doc, tmp_path):
+    """The SLURM recovery block, as written, against stand-in ``squeue`` and ``scancel``:
+    it cancels the jobs whose working directory is this folder (a space in its name, a
+    sibling with a longer name beside it), none of the user's others, waits until they
+    have left the queue, and only then unlocks and runs again."""
+    import os
+    import subprocess
+
+    block = next(b for b in parse_blocks((REPO / doc).read_text()) if b.language in SHELL and "scancel" in b.text)
+    assert doc != "README.md" or block.skip, "the SLURM block is not run with the demo"
+    lines = block.text.splitlines()
+    first_snakemake = next(i for i, ln in enumerate(lines) if ln.startswith("snakemake"))
+    assert "--unlock" in lines[first_snakemake] and "slurm-gpu" in lines[first_snakemake + 1]
+    assert any("scancel" in ln for ln in lines[:first_snakemake])
+    wf, sibling = tmp_path / "my wf", tmp_path / "my wf2"
+    for d in (wf, sibling):
+        d.mkdir()
+    queue, cancelled, bin_ = tmp_path / "queue", tmp_path / "cancelled", tmp_path / "bin"
+    queue.write_text(f"101 {wf}\n102 {sibling}\n103 {wf}\n104 /elsewhere\n")
+    bin_.mkdir()
+    # squeue: the queue as "%i %Z" lines, for --me only; scancel: records and removes ids
+    (bin_ / "squeue").write_text(f'#!/bin/bash\n[[ " $* " == *" --me "* && " $* " == *" %i %Z "* ]] || exit 9\ncat "{queue}"\n')
+    (bin_ / "scancel").write_text(
+        f'#!/bin/bash\necho "$@" >> "{cancelled}"\nfor id in "$@"; do grep -v "^$id " "{queue}" > "{queue}.new" || true; '
+        f'mv "{queue}.new" "{queue}"; done\n'
+    )  # fmt: skip
+    for f in ("squeue", "scancel"):
+        (bin_ / f).chmod(0o755)
+    script = "set -euo pipefail\n" + "\n".join(lines[:first_snakemake]) + "\necho unlocked-after\n"
+    env = {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-c", script], cwd=wf, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert cancelled.read_text().split() == ["101", "103"]
+    assert queue.read_text() == f"102 {sibling}\n104 /elsewhere\n"
+    assert r.stdout.strip() == "unlocked-after"
+
+
 def test_parse_blocks_markers():
     text = "a\n\n<!-- not run: needs SLURM -->\n```bash\nsbatch x\n```\n\n```text\nnot shell\n```\n```bash\necho hi\n```\n"
     blocks = parse_blocks(text)

@@ -290,38 +290,30 @@ def test_extraction_progress_from_jsonl_and_throughput(tmp_path, figures):
         ex.read_progress(write_jsonl(tmp_path / "bad.jsonl", [{"time": 1}]))
 
 
-def test_extraction_progress_from_the_job_log(tmp_path):
-    """The progress lines ampflow.progress.Progress writes into the extract rule's log."""
-    from ampflow.progress import Progress
+def test_extraction_progress_from_the_markers(tmp_path, figures):
+    """The progress file the extract job rebuilds from its chunks' markers; an empty one
+    (no sequence left) is an empty progress; a log is not a progress file."""
+    from ampflow.extract.markers import progress_rows, progress_text, write_chunk
 
-    class Capture(logging.Handler):
-        lines: list[str] = []
-
-        def emit(self, record):
-            self.lines.append(self.format(record))
-
-    logger = logging.getLogger("test.extract.progress")
-    handler = Capture()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))  # the CLI's format
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    progress = Progress(300, "sequences", logger, every=0.0)
-    for _ in range(3):
-        progress.update(100)
-    logger.removeHandler(handler)
-    text = "\n".join(["2026-11-21 03:22:59,000 INFO ampflow.extract.run: proteins.fa with esm: 0 chunk(s) skipped (done)", *handler.lines, ""])
-    path = tmp_path / "extract.proteins.esm.log"
-    path.write_text(text)
+    work = tmp_path / "out"
+    chunks = [{"name": f"chunk-{i:05d}", "n": n} for i, n in enumerate((4, 4, 2))]
+    # finished out of order (two workers), with the seconds each took
+    for c, t, sec in zip(chunks, (1_000_012.5, 1_000_010.0, 1_000_020.0), (2.0, 4.0, 1.5)):
+        write_chunk(work, c["name"], np.zeros((c["n"], 3)), {"model": "m"}, finished=t, seconds=sec, worker="w")
+    path = tmp_path / "progress.jsonl"
+    path.write_text(progress_text(progress_rows(work, chunks)))
     frame = ex.read_progress(path)
-    assert list(frame["sequences"]) == [100, 200, 300] and set(frame["total"]) == {300}
-    assert frame["time_s"].iloc[0] == 0 and (frame["time_s"].diff().dropna() >= 0).all()
-    # hand-written lines: times to the millisecond
-    path.write_text("2026-11-21 10:00:00,250 INFO x: done 10/40 sequences (25.0%), 1.0 sequences/s, ETA 30s\n"
-                    "2026-11-21 10:00:10,750 INFO x: done 40/40 sequences (100.0%), 3.8 sequences/s, ETA 0s\n")  # fmt: skip
-    frame = ex.read_progress(path)
-    assert list(frame["time_s"]) == [0.0, 10.5] and list(frame["sequences"]) == [10, 40]
-    path.write_text("no progress here\n")
-    with pytest.raises(InputError, match="no progress lines"):
+    assert list(frame["time_s"]) == [0.0, 4.0, 6.5, 14.0]  # from the start of the first to finish (10.0 - 4.0)
+    assert list(frame["sequences"]) == [0, 4, 8, 10] and set(frame["total"]) == {10}
+    assert is_png(ex.plot_throughput(frame, tmp_path / "tp.png"))
+    assert list(figures[-1].axes[0].get_lines()[0].get_ydata()) == [1.0, 1.6, 2 / 7.5]
+
+    path.write_text("")
+    empty = ex.read_progress(path)
+    assert empty.empty and is_png(ex.plot_throughput(empty, tmp_path / "none.png"))
+    assert any("no sequence embedded" in t.get_text() for t in figures[-1].axes[0].texts)
+    path.write_text("2026-11-21 10:00:00,250 INFO x: done 10/40 sequences (25.0%), 1.0 sequences/s, ETA 30s\n")
+    with pytest.raises(InputError, match="not valid JSON"):
         ex.read_progress(path)
 
 
@@ -380,13 +372,12 @@ def test_extraction_records(tmp_path):
 
 
 def test_report_extraction_cli(tmp_path):
-    logfile = tmp_path / "extract.log"
-    logfile.write_text("".join(f"2026-11-21 10:00:{10 * i:02d},000 INFO ampflow.extract.run: done {10 * i}/50 sequences (x%), 1.0 sequences/s, ETA 1s\n" for i in range(1, 6)))
+    progress = write_jsonl(tmp_path / "p.jsonl", [{"time": 100.0 + 10 * i, "sequences": 10 * i, "total": 50} for i in range(6)])
     tel = write_jsonl(tmp_path / "t.jsonl", telemetry_rows(gpus=("0",)))
     recs = tmp_path / "r.tsv"
     recs.write_text(RECORDS)
     out = tmp_path / "out"
-    assert main(["report-extraction", "--progress", str(logfile), "--telemetry", str(tel), "--records", str(recs), "--out-dir", str(out), "--name", "toy"]) == 0
+    assert main(["report-extraction", "--progress", str(progress), "--telemetry", str(tel), "--records", str(recs), "--out-dir", str(out), "--name", "toy"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["gpus.png", "records.html", "throughput.png"]
     assert main(["report-extraction", "--out-dir", str(out)]) == 2
 

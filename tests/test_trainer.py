@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 import json
 import logging
 import os
@@ -426,11 +427,39 @@ def test_resume_in_process(paired, reference, tmp_path, caplog, stops):
     assert no_temporaries(out) == []
 
 
-def test_resume_finished_run_rewrites_same_outputs(paired, reference, tmp_path):
+def test_finished_run_trains_again_from_step_0(paired, reference, tmp_path, caplog):
+    """A finished run closes its checkpoints (finished.json): the same folder run again,
+    its outputs deleted as Snakemake's --forcerun deletes them, trains from step 0 (not
+    from the last checkpoint) and ends bit-identical."""
     out = tmp_path / "run"
     assert fit(paired, out) is True
+    ck = out / "checkpoints"
+    closed = json.loads((ck / checkpoint.FINISHED).read_text())
+    assert closed["steps"] == N_STEPS and len(checkpoint.list_checkpoints(ck)) == TRAIN.keep_checkpoints
+    for name in ("model.pt", "embeddings.h5ad", "metrics.jsonl", "config.yaml"):
+        (out / name).unlink()
+    with caplog.at_level(logging.INFO, logger="ampflow.train"):
+        done, seen = watched_fit(paired, out)
+    assert done is True
+    assert seen == [list(range(1, k + 1)) for k in range(N_STEPS)]  # every step trained, from the first
+    assert "training from step 0" in caplog.text and "finished run" in caplog.text
+    assert "resumed from" not in caplog.text
+    assert_same_model(reference, out)
+    assert_same_embeddings(reference, out)
+    assert_same_metrics(reference, out)
+    assert json.loads((ck / checkpoint.FINISHED).read_text())["steps"] == N_STEPS
+
+
+def test_killed_after_outputs_before_closing_resumes(paired, reference, tmp_path, caplog):
+    """Without finished.json (a kill between the last output and the marker) the
+    checkpoints are an unfinished attempt's: the next run resumes from the newest."""
+    out = tmp_path / "run"
+    assert fit(paired, out) is True
+    (out / "checkpoints" / checkpoint.FINISHED).unlink()
     (out / "model.pt").unlink()
-    assert fit(paired, out) is True  # resumes at the end: nothing left to train
+    with caplog.at_level(logging.INFO, logger="ampflow.train.trainer"):
+        assert fit(paired, out) is True  # nothing left to train
+    assert f"step-{N_STEPS:08d}.pt (step {N_STEPS}," in caplog.text
     assert_same_model(reference, out)
     assert_same_metrics(reference, out)
 
@@ -557,6 +586,27 @@ def test_resume_after_sigkill(data_dir, tmp_path):
     assert [r["step"] for r in rows] == list(range(1, n_steps + 1))
     assert_same_metrics(uninterrupted, killed)
     assert no_temporaries(killed) == []
+
+
+def test_cli_retrains_a_finished_run_from_step_0(data_dir, tmp_path):
+    """``ampflow train`` on a folder whose training finished, outputs removed (what
+    ``snakemake --forcerun train`` does): the log counts steps from the first, says it
+    trains from step 0, resumes from nothing, and the model equals the first run's."""
+    out = tmp_path / "run"
+    first = subprocess.run(train_command(data_dir, out, SETTINGS), capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    model_a, metrics_a = (out / "model.pt").read_bytes(), metrics(out)
+    for name in ("model.pt", "embeddings.h5ad", "metrics.jsonl", "config.yaml"):
+        (out / name).unlink()
+    again = subprocess.run(train_command(data_dir, out, SETTINGS), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" not in again.stderr and "training from step 0" in again.stderr, again.stderr
+    assert f"trained {N_STEPS}/{N_STEPS} steps" in again.stderr and f"training done: {N_STEPS} steps" in again.stderr
+    b = torch.load(out / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
+    a = torch.load(io.BytesIO(model_a), map_location="cpu", weights_only=True)["state_dict"]
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["loss"] for r in metrics(out)] == [r["loss"] for r in metrics_a]
+    assert [r["step"] for r in metrics(out)] == list(range(1, N_STEPS + 1))
 
 
 # ------------------------------------------------------------------ real formats

@@ -2,6 +2,9 @@
 # (input, model). Chunks, per-chunk outputs and .done markers live in the work folder
 # results/{dataset}/extract/{name}/{model}/, beside the declared outputs and not among
 # them: Snakemake deletes a failed job's outputs, and a re-run skips finished chunks.
+# Every declared output is rebuilt in full by every run, from the work folder (the
+# progress from the chunks' markers): a re-run that finds all chunks done, as after a
+# crash, writes them all again, and no later rule reads the job's log.
 
 
 rule tiny_model:
@@ -28,6 +31,7 @@ rule extract:
         h5ad=f"{RESULTS}/extract/{{name}}.{{model}}.h5ad",
         report=f"{RESULTS}/extract/{{name}}.{{model}}.report.tsv",
         telemetry=f"{RESULTS}/extract/{{name}}.{{model}}.telemetry.jsonl",
+        progress=f"{RESULTS}/extract/{{name}}.{{model}}.progress.jsonl",
     log:
         f"{LOGS}/extract.{{name}}.{{model}}.log",
     benchmark:
@@ -52,4 +56,5 @@ rule extract:
         "ampflow extract {input.fasta} --model-name {wildcards.model} --model {params.model}"
         " {params.folder} --settings {params.settings} --work {params.work}"
         " --out {output.h5ad} --report {output.report} --telemetry {output.telemetry}"
+        " --progress {output.progress}"
         " > {log} 2>&1"

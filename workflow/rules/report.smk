@@ -150,7 +150,7 @@ rule report_summary:
 
 rule report_extraction:
     input:
-        log=rules.extract.log[0],
+        progress=rules.extract.output.progress,
         telemetry=rules.extract.output.telemetry,
         records=rules.extract.output.report,
     output:
@@ -190,5 +190,5 @@ rule report_extraction:
     params:
         out=lambda wc: f"{REPORT}/extract/{wc.name}.{wc.model}",
     shell:
-        "ampflow report-extraction --progress {input.log} --telemetry {input.telemetry}"
+        "ampflow report-extraction --progress {input.progress} --telemetry {input.telemetry}"
         " --records {input.records} --out-dir {params.out} --name {wildcards.name}.{wildcards.model} > {log} 2>&1"

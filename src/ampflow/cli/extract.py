@@ -23,7 +23,7 @@ def cmd_extract(a):
     settings = ExtractSettings.from_dict(json.loads(a.settings) if a.settings else {})
     delay = float(os.environ.get("AMPFLOW_EXTRACT_CHUNK_DELAY", a.chunk_delay))
     extract_fasta(
-        a.fasta, spec, a.model_name, a.work, a.out, a.report, a.telemetry,
+        a.fasta, spec, a.model_name, a.work, a.out, a.report, a.telemetry, a.progress,
         settings=settings, model_folder=a.model_folder, delay=delay,
     )  # fmt: skip
 
@@ -47,6 +47,7 @@ def add_commands(sub) -> None:
     s.add_argument("--out", required=True, help="merged .h5ad")
     s.add_argument("--report", required=True, help="TSV of problem records (skipped, truncated, ...)")
     s.add_argument("--telemetry", required=True, help="JSONL of GPU utilisation and memory samples")
+    s.add_argument("--progress", default=None, help="JSONL of the progress, one row per chunk, rebuilt from the chunks' markers")
     # tests: seconds each worker waits after a chunk, a window to kill the job in
     s.add_argument("--chunk-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_extract)

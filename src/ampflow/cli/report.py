@@ -98,7 +98,7 @@ def add_commands(sub) -> None:
     s.set_defaults(func=cmd_report_summary)
 
     s = sub.add_parser("report-extraction", help="extraction throughput, GPU timelines and skipped/truncated records")
-    s.add_argument("--progress", default=None, help="the extraction job's log (its 'done X/Y sequences' lines), or a progress JSONL")
+    s.add_argument("--progress", default=None, help="{name}.{model}.progress.jsonl (one row per finished chunk, from the markers)")
     s.add_argument("--telemetry", default=None, help="{name}.{model}.telemetry.jsonl (NVML samples per GPU)")
     s.add_argument("--records", default=None, help="{name}.{model}.report.tsv (records skipped, truncated or changed)")
     s.add_argument("--out-dir", required=True)

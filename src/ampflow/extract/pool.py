@@ -31,30 +31,62 @@ from .worker import Job, compute_chunk, worker_main
 log = logging.getLogger(__name__)
 
 
+def cuda_unusable() -> str | None:
+    """None when torch can run on a GPU here, else why not (one line).
+
+    Asked in the parent before any worker starts: a GPU allocation (``CUDA_VISIBLE_DEVICES``
+    set by SLURM) with a CPU-only torch, or no driver, would otherwise kill every worker
+    with a traceback. The parent only counts devices; the workers, spawned, make their
+    own CUDA contexts.
+    """
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return f"torch {torch.__version__} is built without CUDA"
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (no driver, or no GPU visible)"
+    if torch.cuda.device_count() < 1:
+        return "torch counts no CUDA device"
+    return None
+
+
 def gpu_slots(gpus: int) -> list[str]:
-    """``CUDA_VISIBLE_DEVICES`` entries for up to ``gpus`` workers, one per visible GPU.
+    """``CUDA_VISIBLE_DEVICES`` entries for up to ``gpus`` workers, one per GPU torch can use.
 
     Honours an existing ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs, as SLURM or a user
-    set it); otherwise the GPUs torch counts. Empty when none is visible.
+    set it), cut to the devices torch counts; otherwise the GPUs torch counts. Empty
+    when none is usable (see :func:`cuda_unusable`).
     """
+    if cuda_unusable() is not None:
+        return []
+    import torch
+
+    count = torch.cuda.device_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        entries = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+        entries = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"][:count]
     else:
-        import torch
-
-        entries = [str(i) for i in range(torch.cuda.device_count())]
+        entries = [str(i) for i in range(count)]
     return entries[:gpus]
 
 
 def choose_devices(device: str, gpus: int, cpu_workers: int) -> tuple[str, list[str | None]]:
-    """``("cuda", slots)`` or ``("cpu", [None] * cpu_workers)`` for the config's device."""
-    slots = gpu_slots(gpus) if device != "cpu" and gpus > 0 else []
-    if device == "cuda" and not slots:
-        raise InputError("no GPU visible (CUDA_VISIBLE_DEVICES / torch.cuda)", key="extract.device", value=device)
-    if slots:
-        return "cuda", slots
-    return "cpu", [None] * cpu_workers
+    """``("cuda", slots)`` or ``("cpu", [None] * cpu_workers)`` for the config's device.
+
+    ``cuda`` without a usable GPU is an InputError naming ``extract.device``; ``auto``
+    falls back to the CPU workers with one warning saying why.
+    """
+    if device == "cpu" or (device == "auto" and gpus < 1):
+        return "cpu", [None] * cpu_workers
+    why = cuda_unusable() if gpus >= 1 else "extract.gpus is 0"
+    slots = gpu_slots(gpus) if why is None else []
+    if not slots:
+        why = why or "no GPU visible (CUDA_VISIBLE_DEVICES)"
+        if device == "cuda":
+            raise InputError(f"no usable GPU: {why}", key="extract.device", value=device)
+        log.warning("extract.device auto: no usable GPU (%s); running %d CPU worker(s) (extract.cpu_workers)", why, cpu_workers)
+        return "cpu", [None] * cpu_workers
+    return "cuda", slots
 
 
 @contextmanager

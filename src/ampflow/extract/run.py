@@ -5,6 +5,11 @@ rule) calls. Every step can be interrupted at any moment, SIGKILL included: the 
 is reused when its manifest matches, finished chunks are skipped by their markers,
 temporaries of killed processes are removed, and outputs appear under their final
 names only when complete.
+
+Every output is data a later rule may read, rebuilt in full by every run: the progress
+file comes from the chunks' markers (not from this run's log), so a run that finds every
+chunk done (the re-run after a crash) writes the same progress file as the run that
+computed them.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..io.atomic import atomic_path, remove_stale_temps
+from ..io.atomic import atomic_path, remove_stale_temps, write_text_atomic
 from ..io.errors import InputError, require_file
 from ..progress import Progress
 from .chunks import split_fasta
 from .config import ExtractSettings, ModelSpec
-from .markers import check_marker, marker_path
+from .markers import check_marker, marker_path, progress_rows, progress_text
 from .merge import merge_chunks
 from .models import fingerprint, model_shape, resolve_layer, resolve_source
 from .pool import WorkerPool, choose_devices
@@ -74,6 +79,7 @@ def extract_fasta(
     out,
     report,
     telemetry,
+    progress=None,
     settings: ExtractSettings | None = None,
     model_folder=None,
     delay: float = 0.0,
@@ -92,6 +98,10 @@ def extract_fasta(
     out, report, telemetry
         The merged ``.h5ad`` (obs x dim), the report TSV (one row per problem record),
         the GPU telemetry JSONL.
+    progress
+        JSONL of the progress, one row per chunk in the order they finished, rebuilt
+        from the markers (:func:`~ampflow.extract.markers.progress_rows`); not written
+        when None.
     settings
         Chunk size, FASTA policies, devices, workers (defaults: ExtractSettings()).
     model_folder
@@ -105,9 +115,10 @@ def extract_fasta(
     settings = settings or ExtractSettings()
     fasta = require_file(fasta, "FASTA file")
     work, out, report, telemetry = Path(work), Path(out), Path(report), Path(telemetry)
+    outputs = (out, report, telemetry) + ((Path(progress),) if progress is not None else ())
     t_start = time.monotonic()
     with work_lock(work):
-        n_temps = _remove_temps(work, (out, report, telemetry))
+        n_temps = _remove_temps(work, outputs)
         if n_temps:
             log.info("removed %d temporary file(s) left by an interrupted run", n_temps)
         folder = Path(model_folder) if model_folder else resolve_source(spec.source)
@@ -139,8 +150,8 @@ def extract_fasta(
             sampler.start()
             try:
                 job = Job(spec, str(folder), layer, str(work), expect, device, settings.threads, delay)
-                progress = Progress(sum(c["n"] for c in todo), "sequences", log)
-                workers = pool(job, slots, settings.max_attempts).run(todo, progress)
+                meter = Progress(sum(c["n"] for c in todo), "sequences", log)
+                workers = pool(job, slots, settings.max_attempts).run(todo, meter)
             finally:
                 gpu = sampler.stop()
             for w in workers:
@@ -168,6 +179,8 @@ def extract_fasta(
         n = merge_chunks(work, manifest.chunks, dim, out, uns)
         _publish(work / "report.tsv", report)
         _publish(work / "telemetry.jsonl", telemetry)
+        if progress is not None:
+            write_text_atomic(progress, progress_text(progress_rows(work / "out", manifest.chunks)))
         seconds = time.monotonic() - t_start
         computed = sum(c["n"] for c in todo)
         log.info(

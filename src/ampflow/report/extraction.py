@@ -1,17 +1,17 @@
 """Figures and a page for the FASTA feature extraction: throughput, GPU timelines, bad records.
 
-One extraction job (one input FASTA, one model; rule ``extract``) leaves three things
-these functions read:
+One extraction job (one input FASTA, one model; rule ``extract``) leaves three files
+these functions read; none of them is a log (a re-run that finds every chunk done writes
+them all again, and logs are for people):
 
-**The job's log** (``logs/{dataset}/extract.{name}.{model}.log``): the progress lines of
-:class:`~ampflow.progress.Progress`, with the time of each in front::
+**Progress** (``results/{dataset}/extract/{name}.{model}.progress.jsonl``), rebuilt by the
+job from the chunks' ``.done`` markers (:func:`ampflow.extract.markers.progress_rows`):
+one JSON object per finished chunk, in the order they finished, after a first row at 0::
 
-    2026-11-21 03:23:00,733 INFO ampflow.extract.run: done 20000/45000 sequences (44.4%), 35.2 sequences/s, ETA 710s
+    {"time": 1732170000.5, "sequences": 2000, "total": 45000, "chunk": "chunk-00003", "n": 500, "seconds": 12.1, "worker": "worker 1 (GPU 0)"}
 
-``done X/Y``: sequences embedded so far in this run, of the ``Y`` it has to compute
-(chunks finished by an earlier run are not counted). A JSON-lines file of
-``{"time": seconds, "sequences": cumulative, "total": optional}`` objects is read too
-(by its ``.jsonl`` or ``.json`` suffix).
+Required: ``time`` (seconds) and ``sequences`` (cumulative); ``total`` is optional. An
+empty file (an input with no sequence left) is an empty progress.
 
 **GPU telemetry** (``results/{dataset}/extract/{name}.{model}.telemetry.jsonl``), one
 JSON object per GPU and sample, appended by the NVML sampler thread::
@@ -38,8 +38,6 @@ Required: ``id``, ``problem`` and ``action`` (``skipped``, ``truncated``, ``repl
 from __future__ import annotations
 
 import logging
-import re
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +49,6 @@ from .common import GIB, colour, html_table, new_figure, note, read_jsonl, save_
 log = logging.getLogger(__name__)
 
 RECORD_COLUMNS = ("id", "problem", "action")
-_PROGRESS = re.compile(r"^(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}),(\d{3}) .*?\bdone (\d+)/(\d+) sequences\b")
 
 
 # ---------------------------------------------------------------- reading
@@ -64,33 +61,19 @@ def _time_unit(seconds: float) -> tuple[float, str]:
     return 1.0, "s"
 
 
-def _progress_rows(path: Path) -> list[tuple[float, float, float]]:
-    """``(time, sequences, total)`` from a JSON-lines file or from a log's progress lines."""
-    if path.suffix in (".jsonl", ".json"):
-        rows = read_jsonl(path, "progress file")
-        for n, r in enumerate(rows, 1):
-            if "time" not in r or "sequences" not in r:
-                raise InputError("progress row needs 'time' and 'sequences'", path=path, line=n)
-        return [(float(r["time"]), float(r["sequences"]), float(r["total"]) if r.get("total") is not None else np.nan) for r in rows]
-    out = []
-    with open(path, errors="replace") as fh:
-        for line in fh:
-            m = _PROGRESS.match(line)
-            if m:
-                t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
-                out.append((t, float(m.group(3)), float(m.group(4))))
-    return out
-
-
 def read_progress(path) -> pd.DataFrame:
     """Progress as ``time_s`` (from the first row), ``sequences`` (cumulative) and
-    ``total`` (NaN when not given), sorted by time; from the job's log or a JSON-lines file."""
+    ``total`` (NaN when not given), sorted by time, from the job's progress JSONL (no
+    row when the input had no sequence)."""
     path = require_file(path, "progress file")
-    rows = _progress_rows(path)
-    if not rows:
-        raise InputError("no progress lines ('done X/Y sequences') in the file", path=path)
+    rows = read_jsonl(path, "progress file")
+    for n, r in enumerate(rows, 1):
+        if "time" not in r or "sequences" not in r:
+            raise InputError("progress row needs 'time' and 'sequences'", path=path, line=n)
+    rows = [(float(r["time"]), float(r["sequences"]), float(r["total"]) if r.get("total") is not None else np.nan) for r in rows]
     frame = pd.DataFrame(rows, columns=["time_s", "sequences", "total"]).sort_values("time_s", kind="stable")
-    frame["time_s"] -= frame["time_s"].iloc[0]
+    if len(frame):
+        frame["time_s"] -= frame["time_s"].iloc[0]
     return frame.reset_index(drop=True)
 
 
@@ -135,7 +118,8 @@ def read_records(path) -> pd.DataFrame:
 # ---------------------------------------------------------------- figures
 def plot_throughput(progress: pd.DataFrame, path, title: str = "") -> Path:
     """Two panels against wall-clock time: sequences/s between consecutive progress rows
-    (with the overall mean as a line), and sequences done (with the input's total)."""
+    (finished chunks; with the overall mean as a line), and sequences done (with the
+    input's total)."""
     fig, axes = new_figure(1, 2, size=(12, 4.6))
     ax_rate, ax_done = axes[0]
     t, done = progress["time_s"].to_numpy(), progress["sequences"].to_numpy()
@@ -143,17 +127,16 @@ def plot_throughput(progress: pd.DataFrame, path, title: str = "") -> Path:
     if len(t) >= 2:
         dt, dn = np.diff(t), np.diff(done)
         ok = dt > 0
-        # a worker that dies has its chunk's partial count taken back: no negative rates
         rate = np.clip(dn[ok] / dt[ok], 0, None)
         mid = ((t[1:] + t[:-1]) / 2)[ok]
-        ax_rate.step(mid / div, rate, where="mid", color=colour(0), linewidth=1.5, label="between progress rows")
+        ax_rate.step(mid / div, rate, where="mid", color=colour(0), linewidth=1.5, label="between finished chunks")
         mean = (done[-1] - done[0]) / (t[-1] - t[0]) if t[-1] > t[0] else np.nan
         if np.isfinite(mean):
             ax_rate.axhline(mean, color="#444444", linestyle="--", linewidth=1.2, label=f"mean {mean:,.1f} sequences/s")
         ax_rate.legend(frameon=False, fontsize=9)
         ax_rate.set_ylim(bottom=0)
     else:
-        note(ax_rate, "fewer than two progress rows")
+        note(ax_rate, "fewer than two progress rows" if len(t) else "no sequence embedded (empty input)")
     ax_rate.set_xlabel(f"time since start ({unit})")
     ax_rate.set_ylabel("throughput (sequences/s)")
     ax_rate.set_title("Sequences per second")

@@ -4,23 +4,34 @@ A checkpoint holds the model, the optimizer, every RNG state (python, numpy, tor
 CUDA, the graph sampler's generator), the data-order position, the stage and the
 step. Files are written atomically; on start the newest loadable one is used, and a
 corrupt newest file falls back to the one before it with a warning.
+
+Checkpoints belong to one attempt of one configuration. The run key (a hash of the data
+and settings) tells configurations apart; ``finished.json``, written once a run's
+outputs are all written, closes the attempt. A run that finds it starts from step 0 and
+deletes the finished attempt's checkpoints: re-running a finished training (Snakemake's
+``--forcerun``, or new code) trains again from scratch, while a killed or failed run,
+which never wrote the marker, resumes from its newest checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..io.atomic import atomic_path
+from ..io.atomic import atomic_path, write_text_atomic
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^step-(\d{8})\.pt$")
 STALE = re.compile(r"^\.tmp-\d+-step-\d{8}\.pt$")  # atomic_path temporaries of checkpoints
+FINISHED = "finished.json"
+PARTIAL_METRICS = "metrics.partial.jsonl"
 
 
 def rng_state(generator: torch.Generator) -> dict:
@@ -79,14 +90,41 @@ def remove_stale_temps(folder) -> None:
                 p.unlink(missing_ok=True)
 
 
+def mark_finished(folder, run_key: str, step: int) -> Path:
+    """Close the attempt whose checkpoints are in ``folder``: its outputs are written.
+    Call after the last output is in place (a crash before it leaves a resumable run)."""
+    path = Path(folder) / FINISHED
+    record = {"run_key": run_key, "steps": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_text_atomic(path, json.dumps(record, sort_keys=True) + "\n")
+    return path
+
+
+def clear_finished(folder) -> bool:
+    """Delete the checkpoints (and the metrics working copy) of a finished attempt, the
+    marker last; True if ``folder`` held one. A kill half-way leaves the marker, so the
+    next start clears the rest."""
+    folder = Path(folder)
+    marker = folder / FINISHED
+    if not marker.is_file():
+        return False
+    for p in [*list_checkpoints(folder), folder / PARTIAL_METRICS]:
+        p.unlink(missing_ok=True)
+    marker.unlink()
+    return True
+
+
 def load_latest(folder, run_key: str | None = None) -> tuple[dict, Path] | tuple[None, None]:
     """The newest checkpoint that loads and belongs to ``run_key``, or (None, None).
 
-    Checkpoints of another run (different data or settings, e.g. after the config
-    changed) cannot be resumed from: they are deleted with a warning, so that they
-    neither shadow nor mix with this run's.
+    Checkpoints of a finished attempt (``finished.json``) are not resumed from: they are
+    deleted, and the run starts from step 0. Checkpoints of another run (different data
+    or settings, e.g. after the config changed) cannot be resumed from either: they are
+    deleted with a warning, so that they neither shadow nor mix with this run's.
     """
     remove_stale_temps(folder)
+    if clear_finished(folder):
+        log.info("%s held the checkpoints of a finished run (its outputs were written): deleted; training from step 0", folder)
+        return None, None
     for path in list_checkpoints(folder):
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)

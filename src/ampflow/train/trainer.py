@@ -122,9 +122,11 @@ class Trainer:
     """Trains a :class:`PairedModel` on :class:`PairedData` into ``out_dir``.
 
     Writes ``model.pt``, ``embeddings.h5ad`` and ``config.yaml`` (each atomically, at
-    the end) and keeps resumable state in ``checkpoints/``. ``metrics.jsonl`` grows by
-    one row per step while it trains (rebuilt from the checkpointed rows on resume) and
-    is replaced atomically by the complete rows at the end.
+    the end) and keeps resumable state in ``checkpoints/``, closed by
+    ``checkpoints/finished.json`` once the outputs are written (a later run of the same
+    folder then trains from step 0; see :mod:`~ampflow.train.checkpoint`).
+    ``metrics.jsonl`` grows by one row per step while it trains (rebuilt from the
+    checkpointed rows on resume) and is replaced atomically by the complete rows at the end.
     ``plan`` (from ``ampflow diagnose``) is applied by
     :func:`~ampflow.parallel.parallelize.parallelize`: see the module docstring.
     """
@@ -242,6 +244,8 @@ class Trainer:
     def _resume(self) -> bool:
         state, path = self._load_latest()
         if state is None:
+            if self.rank == 0:
+                log.info("training from step 0 (no checkpoint of this run to resume from in %s)", self.ckpt_dir)
             return False
         load_full_state(self.model, state["model"], self.optimizer, state["optimizer"])
         checkpoint.set_rng_state(state["rng"], self.generator)
@@ -258,7 +262,7 @@ class Trainer:
         Snakemake does not delete when a job fails, and its rows are fsynced before each
         checkpoint is written, so every row up to a checkpoint's step is in it.
         """
-        partial = self.ckpt_dir / "metrics.partial.jsonl"
+        partial = self.ckpt_dir / checkpoint.PARTIAL_METRICS
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         kept = []
         if resumed and partial.exists():
@@ -449,6 +453,9 @@ class Trainer:
             tmp.write_text(yaml.safe_dump({"name": self.name, "model": self.model_cfg.to_dict(), "train": _plain(self.cfg.to_dict())}, sort_keys=True))
         with atomic_path(self.out / "metrics.jsonl") as tmp:
             tmp.write_bytes(metrics_path.read_bytes())
+        # every output is in place: this attempt is over, and a new job for the same
+        # folder (--forcerun, new code) trains from step 0 instead of resuming from it
+        checkpoint.mark_finished(self.ckpt_dir, self.run_key(), self.step)
         log.info("training done: %d steps; outputs in %s", self.step, self.out)
 
 
