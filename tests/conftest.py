@@ -75,6 +75,18 @@ def demo_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real one-node SLURM on this machine (tests/slurm/start_cluster.sh: root; installs
+    slurm-wlm where it is missing); the test is skipped, saying why, where it cannot start."""
+    from slurm_cluster import ClusterUnavailable, start_cluster
+
+    try:
+        return start_cluster()
+    except ClusterUnavailable as e:
+        pytest.skip(f"no SLURM cluster: {e}")
+
+
 def workflow_copy(dest: Path) -> Path:
     """Copy what `snakemake` needs (workflow/, config/, profiles/, envs/) into ``dest``."""
     for name in ("workflow", "config", "profiles", "envs"):
