@@ -32,6 +32,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+import yaml
 
 from conftest import workflow_copy
 from extract_helpers import random_fasta
@@ -48,6 +49,7 @@ RESOLUTIONS = ("500kb", "250kb")
 # the repository)
 TEST_CONFIG = """
 prepare: {block_cells: 20}
+cluster: {gpu_partition: gpu, gpus_per_node: 2, cpus_per_gpu: 1, mem_mb_per_gpu: 2000}
 train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, dtype: float64, checkpoint_every: 1}
 amp: {device_memory_gb: 0.1220703125}
 extract:
@@ -87,6 +89,12 @@ def template(tmp_path_factory, slurm_cluster) -> Path:
     root = workflow_copy(tmp_path_factory.mktemp("slurm") / "template")
     (root / "config/slurm.yaml").write_text(TEST_CONFIG)
     fit_profile(root, slurm_cluster)
+    # a site whose profile gives training jobs a task per process (here 2): the launcher
+    # must still start exactly one world in such an allocation (test d)
+    path = root / "profiles/slurm-gpu/profile.yaml"
+    prof = yaml.safe_load(path.read_text())
+    prof.setdefault("set-resources", {}).setdefault("train", {})["tasks"] = 2
+    path.write_text(yaml.safe_dump(prof, sort_keys=False))
     random_fasta(root / "prot.fa", "esm2", 8, lengths=(20, 200))
     random_fasta(root / "dna.fa", "dnabert_s", 8, lengths=(50, 300))
     r = subprocess.run([str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "40", "--seed", "0"],
@@ -133,14 +141,17 @@ def test_whole_workflow_through_sbatch(reference):
         by_rule.setdefault(j["rule"], []).append(j)
     for j in by_rule["bin_block"] + by_rule["strata"]:
         assert j["partition"] == "cpu" and "gres/gpu" not in j["tres"], j
-    for rule in ("devices", "extract", "train"):
+    for rule in ("devices", "extract"):
         for j in by_rule[rule]:
             assert j["partition"] == "gpu", j
             assert int(j["tres"].get("gres/gpu", 0)) >= 1, j
 
 
 def test_train_allocation_from_plan(reference):
-    """Each training job holds the GPUs its plan's mesh uses (dp x tp), on the GPU partition."""
+    """Each training job holds what its plan's mesh uses (dp x tp processes): on a GPU
+    plan that many GPUs on the GPU partition; on a CPU plan (this torch has no CUDA, so
+    the devices job found no usable GPU among the fake ones) no GPU, on the CPU
+    partition, and at least a core per process."""
     root, r, since = reference
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     train = {j["comment"].split("_wildcards_")[1]: j for j in accounted_jobs(root, since) if j["rule"] == "train"}
@@ -148,8 +159,12 @@ def test_train_allocation_from_plan(reference):
     for cfg, job in train.items():
         plan = json.loads((root / f"results/demo/amp/{cfg}/plan.json").read_text())
         world = plan["mesh"]["dp"] * plan["mesh"]["tp"]
-        assert job["partition"] == "gpu", job
-        assert int(job["tres"].get("gres/gpu", 0)) == world, (cfg, plan["mesh"], job)
+        if plan.get("cpu"):
+            assert job["partition"] == "cpu" and "gres/gpu" not in job["tres"], (cfg, job)
+            assert int(job["tres"]["cpu"]) >= world, (cfg, plan["mesh"], job)
+        else:
+            assert job["partition"] == "gpu", job
+            assert int(job["tres"].get("gres/gpu", 0)) == world, (cfg, plan["mesh"], job)
 
 
 # ------------------------------------------------- (d) one node, two tasks: one world
