@@ -89,11 +89,11 @@ def template(tmp_path_factory, slurm_cluster) -> Path:
     root = workflow_copy(tmp_path_factory.mktemp("slurm") / "template")
     (root / "config/slurm.yaml").write_text(TEST_CONFIG)
     fit_profile(root, slurm_cluster)
-    # a site whose profile gives training jobs a task per process (here 2): the launcher
-    # must still start exactly one world in such an allocation (test d)
+    # a site whose profile gives training jobs a task (and a core) per process (here 2):
+    # the launcher must still start exactly one world in such an allocation (test d)
     path = root / "profiles/slurm-gpu/profile.yaml"
     prof = yaml.safe_load(path.read_text())
-    prof.setdefault("set-resources", {}).setdefault("train", {})["tasks"] = 2
+    prof.setdefault("set-resources", {}).setdefault("train", {}).update(tasks=2, cpus_per_task=1)
     path.write_text(yaml.safe_dump(prof, sort_keys=False))
     random_fasta(root / "prot.fa", "esm2", 8, lengths=(20, 200))
     random_fasta(root / "dna.fa", "dnabert_s", 8, lengths=(50, 300))

@@ -66,7 +66,8 @@ rule train:
     # the allocation is the plan's (spec/allocation.py): GPUs, nodes, tasks, CPUs and
     # memory from plan.json and config "cluster"; <TBD> in a dry run before the plan exists
     resources:
-        **gpu_partition(train_resource("slurm_partition", CLUSTER.gpu_partition)),
+        # a GPU plan's partition; none for a CPU plan (the profile's default applies)
+        **gpu_partition(train_resource("slurm_partition")),
         gpu=train_resource("gpu", 0),
         nodes=train_resource("nodes"),
         tasks=train_resource("tasks"),
@@ -76,7 +77,6 @@ rule train:
         slurm_extra=train_resource("slurm_extra"),
         mem_mb=train_resource("mem_mb"),
         runtime=720,
-        # only with GPUs: a CPU run keeps the profile's default partition
     params:
         data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
         # checkpoints live beside the declared outputs, not among them: Snakemake
