@@ -67,6 +67,16 @@ def is_extraction(rule: str) -> bool:
     return "extract" in rule or rule == "tiny_model"
 
 
+def user_config(root: Path, dataset: str, name: str) -> None:
+    """A user's copy of the template: ``extract`` left out, its inputs pointed at the demo's files."""
+    cfg = yaml.safe_load((root / "config/config.yaml").read_text())
+    cfg.pop("extract", None)
+    cfg["dataset"] = dataset
+    cfg["inputs"] = {key: f"resources/demo/{f}" for key, f in
+                     [("cells", "cells.tsv"), ("rna", "rna.tsv.gz"), ("genes", "genes.bed"), ("chromsizes", "chrom.sizes")]}  # fmt: skip
+    (root / name).write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
 def test_template_lists_no_optional_branch():
     """A copy of the template runs no extraction and embeds no extra cells."""
     assert not TEMPLATE.get("extract", {}).get("inputs")
@@ -78,12 +88,7 @@ def test_user_config_from_the_template_schedules_no_extraction(root):
     """The template copied, its inputs pointed at the demo's files and ``extract`` left
     out: the usual preparation and training jobs for the template's configurations, and
     no extraction job, though the demo's FASTA files are there to be found."""
-    cfg = yaml.safe_load((root / "config/config.yaml").read_text())
-    cfg.pop("extract", None)
-    cfg["dataset"] = "mine"
-    cfg["inputs"] = {key: f"resources/demo/{name}" for key, name in
-                     [("cells", "cells.tsv"), ("rna", "rna.tsv.gz"), ("genes", "genes.bed"), ("chromsizes", "chrom.sizes")]}  # fmt: skip
-    (root / "my.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    user_config(root, "mine", "my.yaml")
     r = dry_run(root, "--configfile", "my.yaml")
     jobs = job_counts(r)
     n = len(TEMPLATE["configs"])
@@ -131,12 +136,7 @@ def test_without_configfile_the_template_is_read_and_named(root):
 def test_user_config_from_the_template_runs_to_the_end(root):
     """The same copied template (shorter training, the only change: a second file merged
     over it) runs the whole workflow to exit 0, writes the summary, and no extraction."""
-    cfg = yaml.safe_load((root / "config/config.yaml").read_text())
-    cfg.pop("extract", None)
-    cfg["dataset"] = "mine_run"
-    cfg["inputs"] = {key: f"resources/demo/{name}" for key, name in
-                     [("cells", "cells.tsv"), ("rna", "rna.tsv.gz"), ("genes", "genes.bed"), ("chromsizes", "chrom.sizes")]}  # fmt: skip
-    (root / "my_run.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    user_config(root, "mine_run", "my_run.yaml")
     (root / "quick.yaml").write_text("train: {pretrain: {epochs: 2}, finetune: {epochs: 1}}\n")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     cmd = [str(BIN / "snakemake"), "--profile", "profiles/local", "--cores", "2", "--configfile", "my_run.yaml", "quick.yaml"]

@@ -256,19 +256,7 @@ def simulate_rna(rng, genome: DemoGenome, genes: pd.DataFrame, types: np.ndarray
     """genes x cells counts: NB around the means of each cell's expression group
     (:data:`RNA_GROUP` of its type; a state program of genes scaled 1/4..4 by each
     cell's state), then fractional splits."""
-    n_groups = max(RNA_GROUP) + 1
-    base = rng.lognormal(mean=0.0, sigma=1.5, size=len(genes))
-    profile = np.tile(base, (n_groups, 1))
-    blk = ((genes["start"].to_numpy()) // genome.block).astype(int)
-    for g in range(n_groups):
-        markers = rng.choice(len(genes), size=max(10, len(genes) // 30), replace=False)
-        profile[g, markers] *= rng.uniform(4, 10, size=len(markers))
-        # active compartment, more expression: the compartments of the group's first
-        # type, so that types sharing an expression group share it exactly
-        chromatin = HIC_GROUP[RNA_GROUP.index(g)]
-        comp = np.array([genome.comp[chromatin][c][b] for c, b in zip(genes["chrom"], blk)])
-        profile[g] *= np.where(comp > 0, 1.5, 0.7)
-    program = rng.choice(len(genes), size=max(10, len(genes) // 20), replace=False)
+    profile, program = _rna_profiles(rng, genome, genes)
     mu = profile[np.asarray(RNA_GROUP)[types]].T.copy()  # genes x cells
     mu[program] *= np.exp(np.log(4.0) * (2 * state[None, :] - 1))
     mu = mu / mu.sum(axis=0, keepdims=True) * libsize[None, :]
@@ -376,6 +364,8 @@ def _rna_profiles(rng, genome: DemoGenome, genes: pd.DataFrame) -> tuple[np.ndar
     for g in range(n_groups):
         markers = rng.choice(len(genes), size=max(10, len(genes) // 30), replace=False)
         profile[g, markers] *= rng.uniform(4, 10, size=len(markers))
+        # active compartment, more expression: the compartments of the group's first
+        # type, so that types sharing an expression group share it exactly
         chromatin = HIC_GROUP[RNA_GROUP.index(g)]
         comp = np.array([genome.comp[chromatin][c][b] for c, b in zip(genes["chrom"], blk)])
         profile[g] *= np.where(comp > 0, 1.5, 0.7)

@@ -111,7 +111,8 @@ def cmd_bin_block(a):
     from ..prepare.cells import bin_block
 
     opts = _parse_options(a)
-    rows = read_sheet(a.sheet).iloc[block_rows(a.block, a.block_cells)]
+    span = block_rows(a.block, a.block_cells)
+    rows = read_sheet(a.sheet).iloc[span]
     if rows.empty:
         raise InputError(f"the sheet has no rows in block {a.block} ({a.block_cells} cells a block)", path=a.sheet)
     digest = block_digest(rows["cell_id"], rows["pairs"])
@@ -121,7 +122,7 @@ def cmd_bin_block(a):
             f"block {a.block} changed since the workflow was planned (digest {digest}, planned {a.digest}); run the workflow again",
             path=a.sheet,
         )
-    log.info("block %s: sheet rows %d-%d, %d cells", a.block, block_rows(a.block, a.block_cells).start + 1, block_rows(a.block, a.block_cells).start + len(rows), len(rows))
+    log.info("block %s: sheet rows %d-%d, %d cells", a.block, span.start + 1, span.start + len(rows), len(rows))
     out = dict(zip(a.resolutions, a.out_scool))
     bin_block(rows["cell_id"], rows["pairs"], opts, out, a.stats, threads=a.threads)
     log.info("block %s: wrote %s and %s", a.block, ", ".join(a.out_scool), a.stats)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.atomic import atomic_path
-from ..io.genome import ChromNamer, make_bins
+from ..io.genome import ChromNamer, bin_offsets, make_bins
 from ..io.pairs import read_pairs
 from ..progress import Progress
 from .binning import bin_contacts
@@ -194,7 +194,7 @@ def bin_one_cell(cell: str, pairs: str, opts: ParseOptions, cache_dir) -> tuple[
     stats, pixels = bin_one(pairs, opts)
     arrays: dict[str, np.ndarray] = {"key": np.array(key), "stats": stats}
     for res, px in pixels.items():
-        for name, arr in _encode(px, len(make_bins(opts.genome, res))).items():
+        for name, arr in _encode(px, int(bin_offsets(opts.genome, res)[-1])).items():
             arrays[f"{res}/{name}"] = arr
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
