@@ -24,7 +24,7 @@ import torch
 from ampflow.extract.batching import fixed_batches, padding_fraction, token_budget_batches
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.dnabert import DnabertModel, load_dnabert
-from ampflow.extract.markers import check_marker, marker_path, output_path, progress_rows
+from ampflow.extract.markers import check_marker, marker_path, output_path
 from ampflow.extract.models import load_embedder, model_shape, resolve_layer
 from ampflow.extract.pool import InlinePool, choose_devices
 from ampflow.extract.run import extract_fasta

@@ -7,7 +7,6 @@ split would run again per file."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import zipfile
