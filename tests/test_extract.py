@@ -1,4 +1,4 @@
-"""Feature extraction: models, batching, the worker pool, markers and resume.
+"""Feature extraction: models, batching, the worker pool, the vector cache and resume.
 
 Tiny randomly initialised ESM-2 and DNABERT-S-shaped models are built once per session
 (nothing downloaded). Pools run 2 CPU worker processes, spawned as on GPUs.
@@ -24,7 +24,7 @@ import torch
 from ampflow.extract.batching import fixed_batches, padding_fraction, token_budget_batches
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.dnabert import DnabertModel, load_dnabert
-from ampflow.extract.markers import check_marker, marker_path, output_path
+from ampflow.extract.cache import VectorCache
 from ampflow.extract.models import load_embedder, model_shape, resolve_layer
 from ampflow.extract.pool import InlinePool, choose_devices
 from ampflow.extract.run import extract_fasta
@@ -50,10 +50,18 @@ def run(tmp_path, fasta, kind, folder, tag="run", pool=None, model=None, **setti
     return summary, out
 
 
-def one_at_a_time(kind, folder, seqs) -> np.ndarray:
+def one_at_a_time(kind, folder, seqs, product=None) -> np.ndarray:
     spec = ModelSpec(kind=kind, tiny=True)
-    emb = load_embedder(spec, folder, resolve_layer(-1, model_shape(folder)[0]))
-    return np.stack([emb.embed_batch(emb.tokenize([s]))[0] for s in seqs])
+    layer = resolve_layer(-1, model_shape(folder)[0])
+    emb = load_embedder(spec, folder, [layer])
+    product = product or f"L{layer}.{spec.poolings[0]}"
+    return np.stack([emb.embed_batch(emb.tokenize([s]))[product][0] for s in seqs])
+
+
+def shards(out) -> list[dict]:
+    """The markers of the run's cache (one model, so one cache folder)."""
+    (folder,) = [p for p in (out / "work" / "cache").iterdir()]
+    return [json.loads(p.read_text()) for p in sorted((folder / "shards").glob("*.done"))]
 
 
 # ------------------------------------------------------------------ batching
@@ -72,29 +80,50 @@ def test_token_budget_batches():
 # ------------------------------------------------------------------ models
 def test_esm_tokens_equal_the_tokenizer(tiny_models):
     spec = ModelSpec(kind="esm2", tiny=True)
-    emb = load_embedder(spec, tiny_models["esm2"], 2)
+    emb = load_embedder(spec, tiny_models["esm2"], [2])
     seqs = ["MKTAYIAKQR", "XBZUOJ", "M"]
     enc = emb.tokenizer(seqs, return_special_tokens_mask=True)
     got = emb.tokenize(seqs)
     assert [t.ids for t in got] == enc["input_ids"]
-    assert [[not p for p in t.pooled] for t in got] == [[bool(m) for m in row] for row in enc["special_tokens_mask"]]
+    assert [[not p for p in t.own] for t in got] == [[bool(m) for m in row] for row in enc["special_tokens_mask"]]
 
 
 def test_esm_layer_equals_hidden_state(tiny_models):
-    """Layer k pools hidden_states[k] of the full model; the last layer is after the final LayerNorm."""
+    """Layer k pools hidden_states[k] of the full model; the last layer is after the final
+    LayerNorm. Several layers and poolings come from one pass and equal one layer at a time."""
     from transformers import EsmModel
 
     folder = tiny_models["esm2"]
     full = EsmModel.from_pretrained(str(folder), local_files_only=True, add_pooling_layer=False).eval()
-    spec = ModelSpec(kind="esm2", tiny=True)
     seq = "MKTAYIAKQRQISFVKSHFSRQ"
-    ids = torch.tensor([load_embedder(spec, folder, 2).tokenize([seq])[0].ids])
+    both = load_embedder(ModelSpec(kind="esm2", tiny=True, layer=[2, 1, 0], pooling=["mean", "bos", "mean_special"]), folder, [2, 1, 0])
+    ids = torch.tensor([both.tokenize([seq])[0].ids])
     with torch.no_grad():
         hs = full(input_ids=ids, output_hidden_states=True).hidden_states
-    for layer in (1, 2):
-        got = load_embedder(spec, folder, layer).embed_batch(load_embedder(spec, folder, layer).tokenize([seq]))[0]
-        want = hs[layer][0, 1:-1].mean(0).numpy()
-        np.testing.assert_allclose(got, want, atol=1e-6)
+        last = full(input_ids=ids).last_hidden_state
+    np.testing.assert_allclose(hs[2], last, atol=1e-6)
+    got = both.embed_batch(both.tokenize([seq]))
+    for layer in (0, 1, 2):
+        alone = load_embedder(ModelSpec(kind="esm2", tiny=True), folder, [layer])
+        one = alone.embed_batch(alone.tokenize([seq]))[f"L{layer}.mean"][0]
+        np.testing.assert_allclose(one, hs[layer][0, 1:-1].mean(0).numpy(), atol=1e-6)
+        np.testing.assert_allclose(got[f"L{layer}.mean"][0], one, atol=1e-6)
+        np.testing.assert_allclose(got[f"L{layer}.bos"][0], hs[layer][0, 0].numpy(), atol=1e-6)
+        np.testing.assert_allclose(got[f"L{layer}.mean_special"][0], hs[layer][0].mean(0).numpy(), atol=1e-6)
+
+
+def test_dnabert_default_pooling_is_the_model_cards(tiny_models):
+    """DNABERT-S's card pools torch.mean(hidden_states[0], dim=0): every token, [CLS] and
+    [SEP] included; that is the default for dnabert_s (mean over residues for ESM-2)."""
+    folder = tiny_models["dnabert_s"]
+    spec = ModelSpec(kind="dnabert_s", tiny=True)
+    assert spec.poolings == ["mean_special"] and ModelSpec(kind="esm2", tiny=True).poolings == ["mean"]
+    emb = load_embedder(spec, folder, [2])
+    seq = "ACGTTGCAAGGCTTAACGATCGATCGGATC"
+    inputs = emb.tokenizer(seq, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        hidden = emb.model(inputs, torch.ones_like(inputs))[0]
+    np.testing.assert_allclose(emb.embed_batch(emb.tokenize([seq]))["L2.mean_special"][0], torch.mean(hidden, dim=0).numpy(), atol=1e-6)
 
 
 def test_dnabert_loads_hub_style_checkpoints(tiny_models, tmp_path):
@@ -137,8 +166,9 @@ def test_batch_independence(tiny_models, tmp_path, kind):
     one-sequence-at-a-time inference to 1e-5 in fp32."""
     fasta = random_fasta(tmp_path / "in.fa", kind, 40, lengths=(3, 700) if kind == "esm2" else (20, 2000))
     summary, out = run(tmp_path, fasta, kind, tiny_models[kind], model={"tokens_per_batch": 2048})
-    assert summary["computed"] == 4 and summary["skipped"] == 0
-    assert sum(w.get("chunks", 0) for w in summary["workers"]) == 4
+    # 40 sequences, up to 10 a chunk, 4 chunks per worker: 8 chunks of 5
+    assert summary["run"]["computed"] == 40 and summary["run"]["cached"] == 0 and summary["run"]["chunks"] == 8
+    assert sum(w.get("chunks", 0) for w in summary["run"]["workers"]) == 8
     a = ad.read_h5ad(out / "x.h5ad")
     assert list(a.obs_names) == [f"s{i}" for i in range(40)]
     seqs = [rec.split("\n", 1)[1].replace("\n", "") for rec in fasta.read_text().split(">")[1:]]
@@ -147,40 +177,39 @@ def test_batch_independence(tiny_models, tmp_path, kind):
     print(f"{kind}: batched pool vs one at a time, max abs difference {diff:.3g}")
     assert diff < 1e-5
     uns = a.uns["extract"]
-    assert uns["pooling"] == "mean" and uns["dtype"] == "float32" and uns["layer"] == 2
+    assert uns["poolings"] == list(ModelSpec(kind=kind, tiny=True).poolings) and uns["dtype"] == "float32" and list(uns["layers"]) == [2]
     assert uns["model"]["kind"] == kind and uns["model"]["fingerprint"].startswith("sha256:")
     assert json.loads((out / "telemetry.jsonl").read_text().splitlines()[0])["note"].startswith("no GPU")
     assert not list(out.rglob(".tmp-*"))
 
 
-def test_markers_decide_what_is_redone(tiny_models, tmp_path):
-    """Valid marker + matching output = skipped; a truncated output, a missing marker,
-    a garbled marker or other weights = computed again."""
+def test_cache_decides_what_is_redone(tiny_models, tmp_path):
+    """A shard with a valid marker and matching size is reused; a truncated shard, a
+    missing marker or a garbled one = its sequences computed again; other weights = a
+    cache folder of their own."""
     fasta = random_fasta(tmp_path / "in.fa", "esm2", 50, lengths=(5, 60))
-    summary, out = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
+    summary, out = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
     first = ad.read_h5ad(out / "x.h5ad").X.copy()
-    assert (summary["computed"], summary["skipped"]) == (5, 0)
-    work = out / "work" / "out"
-    marker = json.loads(marker_path(work, "chunk-00001").read_text())
-    assert {"output_sha256", "input_sha256", "n_sequences", "model", "time"} <= set(marker) and marker["n_sequences"] == 10
-
-    npy = output_path(work, "chunk-00001")
-    npy.write_bytes(npy.read_bytes()[:-7])  # truncated, marker still there
-    marker_path(work, "chunk-00002").unlink()
-    marker_path(work, "chunk-00003").write_text("{")
-    (work / ".tmp-999-chunk-00004.npy").write_bytes(b"half")
-    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
-    assert (summary["computed"], summary["skipped"]) == (3, 2)
+    assert summary["run"]["computed"] == 50 and summary["run"]["chunks"] == 5
+    marks = shards(out)
+    assert len(marks) == 5 and all(m["n_sequences"] == 10 for m in marks)
+    assert {"output_sha256", "output_bytes", "keys", "products", "worker", "seconds", "finished"} <= set(marks[0])
+    folder = next((out / "work" / "cache").iterdir()) / "shards"
+    npz = folder / marks[1]["output"]
+    npz.write_bytes(npz.read_bytes()[:-7])  # truncated, marker still there
+    (folder / f"{marks[2]['shard']}.done").unlink()
+    (folder / f"{marks[3]['shard']}.done").write_text("{")
+    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
+    assert (summary["run"]["computed"], summary["run"]["cached"]) == (30, 20)
     assert np.array_equal(ad.read_h5ad(out / "x.h5ad").X, first)
     assert not list(out.rglob(".tmp-*"))
-    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
-    assert (summary["computed"], summary["skipped"]) == (0, 5)
+    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
+    assert (summary["run"]["computed"], summary["run"]["cached"]) == (0, 50)
 
-    expect = json.loads(marker_path(work, "chunk-00000").read_text())
-    expect = {k: expect[k] for k in ("input_sha256", "model", "settings")}
-    assert check_marker(work, "chunk-00000", 10, expect) is None
-    other = {**expect, "model": {**expect["model"], "fingerprint": "sha256:other"}}
-    assert "model" in check_marker(work, "chunk-00000", 10, other)
+    ident = summary["ident"]
+    assert VectorCache(out / "work" / "cache", ident).dir.name in {p.name for p in (out / "work" / "cache").iterdir()}
+    other = VectorCache(tmp_path / "c", {**ident, "fingerprint": "sha256:other"})
+    assert other.dir.name != VectorCache(tmp_path / "c", ident).dir.name
 
 
 def test_rerun_with_every_chunk_done_rebuilds_every_output(tiny_models, tmp_path):
@@ -190,8 +219,8 @@ def test_rerun_with_every_chunk_done_rebuilds_every_output(tiny_models, tmp_path
     from ampflow.cli import main
 
     fasta = random_fasta(tmp_path / "in.fa", "esm2", 50, lengths=(5, 60))
-    summary, out = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
-    assert (summary["computed"], summary["skipped"]) == (5, 0)
+    summary, out = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
+    assert (summary["run"]["computed"], summary["run"]["chunks"]) == (50, 5)
     outputs = ("x.h5ad", "report.tsv", "telemetry.jsonl", "progress.jsonl")
 
     def report(folder):
@@ -204,9 +233,9 @@ def test_rerun_with_every_chunk_done_rebuilds_every_output(tiny_models, tmp_path
     first_report = report(tmp_path / "report1")
     assert sorted(first_report) == ["gpus.png", "records.html", "throughput.png"]
 
-    # the progress is the markers': one row per chunk at its finish time, after a start row
+    # the progress is the shards' markers': one row per shard at its finish time, after a start row
     rows = [json.loads(ln) for ln in first["progress.jsonl"].decode().splitlines()]
-    markers = {c: json.loads(marker_path(out / "work" / "out", c).read_text()) for c in (f"chunk-{i:05d}" for i in range(5))}
+    markers = {m["shard"]: m for m in shards(out)}
     assert [r["sequences"] for r in rows] == [0, 10, 20, 30, 40, 50] and {r["total"] for r in rows} == {50}
     assert sorted(r["chunk"] for r in rows[1:]) == sorted(markers)
     assert [r["time"] for r in rows[1:]] == sorted(m["finished"] for m in markers.values())
@@ -214,8 +243,8 @@ def test_rerun_with_every_chunk_done_rebuilds_every_output(tiny_models, tmp_path
 
     for name in outputs:
         (out / name).unlink()
-    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool)
-    assert (summary["computed"], summary["skipped"]) == (0, 5)
+    summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
+    assert (summary["run"]["computed"], summary["run"]["cached"]) == (0, 50)
     for name in ("report.tsv", "telemetry.jsonl", "progress.jsonl"):
         assert (out / name).read_bytes() == first[name], name
     assert np.array_equal(ad.read_h5ad(out / "x.h5ad").X, ad.read_h5ad(io.BytesIO(first["x.h5ad"])).X)
@@ -259,10 +288,12 @@ def test_cli_device_on_a_gpu_allocation_with_cpu_torch(tiny_models, tmp_path, mo
 
     def extract(device):
         out = tmp_path / device
-        args = ["extract", fasta, "--model-name", "esm2_tiny", "--model", json.dumps({"kind": "esm2", "tiny": True}),
+        args = ["extract", f"--input=in={fasta}", "--model-name", "esm2_tiny", "--model", json.dumps({"kind": "esm2", "tiny": True}),
                 "--model-folder", tiny_models["esm2"], "--settings", json.dumps({"device": device, "cpu_workers": 1}),
-                "--work", out / "work", "--out", out / "x.h5ad", "--report", out / "r.tsv", "--telemetry", out / "t.jsonl"]  # fmt: skip
+                "--work", out / "work", "--cache", out / "cache", "--record", out / "job.json"]  # fmt: skip
         rc = main([str(a) for a in args])
+        if rc == 0:
+            rc = main([str(a) for a in ["extract-outputs", "--record", out / "job.json", "--name", "in", "--out", out / "x.h5ad"]])
         return rc, out, capfd.readouterr().err
 
     rc, out, err = extract("auto")
@@ -275,7 +306,7 @@ def test_cli_device_on_a_gpu_allocation_with_cpu_torch(tiny_models, tmp_path, mo
     assert rc == 2 and "Traceback" not in err
     lines = [ln for ln in err.splitlines() if "extract.device" in ln]
     assert lines and all("no usable GPU: torch" in ln and "(value: 'cuda')" in ln for ln in lines), err
-    assert not (out / "x.h5ad").exists()
+    assert not (out / "x.h5ad").exists() and not (out / "job.json").exists()
 
 
 @pytest.mark.slow
@@ -286,11 +317,10 @@ def test_a_killed_worker_is_replaced_and_its_chunk_redone(tiny_models, tmp_path)
     _, ref = run(tmp_path, fasta, "esm2", tiny_models["esm2"], tag="ref", pool=InlinePool)
     out = tmp_path / "killed"
     cmd = [
-        str(BIN / "ampflow"), "extract", str(fasta), "--model-name", "esm2_tiny",
+        str(BIN / "ampflow"), "extract", f"--input=in={fasta}", "--model-name", "esm2_tiny",
         "--model", json.dumps({"kind": "esm2", "tiny": True}), "--model-folder", str(tiny_models["esm2"]),
         "--settings", json.dumps({"sequences_per_file": 10, "cpu_workers": 2}), "--work", str(out / "work"),
-        "--out", str(out / "x.h5ad"), "--report", str(out / "report.tsv"), "--telemetry", str(out / "t.jsonl"),
-        "--chunk-delay", "1.0",
+        "--cache", str(out / "work" / "cache"), "--record", str(out / "job.json"), "--chunk-delay", "1.0",
     ]  # fmt: skip
     log = tmp_path / "killed.log"
     with open(log, "w") as fh:
@@ -312,7 +342,12 @@ def test_a_killed_worker_is_replaced_and_its_chunk_redone(tiny_models, tmp_path)
             proc.kill()
     text = log.read_text()
     assert "died (signal SIGKILL)" in text and "starting a new worker in its place" in text
-    assert np.array_equal(ad.read_h5ad(out / "x.h5ad").X, ad.read_h5ad(ref / "x.h5ad").X)
+    from ampflow.cli import main
+
+    assert main(["extract-outputs", "--record", str(out / "job.json"), "--name", "in", "--out", str(out / "x.h5ad")]) == 0
+    a = ad.read_h5ad(out / "x.h5ad")
+    assert list(a.obs_names) == [f"s{i}" for i in range(80)]
+    np.testing.assert_allclose(a.X, ad.read_h5ad(ref / "x.h5ad").X, atol=1e-6)
 
 
 # ------------------------------------------------------------------ errors
@@ -322,12 +357,12 @@ def test_bad_input_exits_2_without_outputs(tiny_models, tmp_path):
     from ampflow.cli import main
 
     args = [
-        "extract", str(fasta), "--model-name", "m", "--model", json.dumps({"kind": "esm2", "tiny": True}),
-        "--model-folder", str(tiny_models["esm2"]), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "x.h5ad"),
-        "--report", str(tmp_path / "r.tsv"), "--telemetry", str(tmp_path / "t.jsonl"),
+        "extract", f"--input=bad={fasta}", "--model-name", "m", "--model", json.dumps({"kind": "esm2", "tiny": True}),
+        "--model-folder", str(tiny_models["esm2"]), "--work", str(tmp_path / "w"), "--cache", str(tmp_path / "c"),
+        "--record", str(tmp_path / "x.json"),
     ]  # fmt: skip
     assert main(args) == 2
-    assert not (tmp_path / "x.h5ad").exists()
+    assert not (tmp_path / "x.json").exists()
     fasta.write_text(">a\nMKT\n")
     i = args.index("--model-folder")
     del args[i : i + 2]
@@ -337,7 +372,7 @@ def test_bad_input_exits_2_without_outputs(tiny_models, tmp_path):
 
         resolve_source(str(tmp_path / "nowhere"))
     assert main(args) == 2
-    assert not (tmp_path / "x.h5ad").exists()
+    assert not (tmp_path / "x.json").exists()
     with pytest.raises(InputError, match="extract.models.layer"):
         resolve_layer(5, 2)
     with pytest.raises(InputError, match="extract.models.kind"):

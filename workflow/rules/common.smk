@@ -9,7 +9,12 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 from snakemake.utils import validate
 
-from ampflow.extract.config import ExtractSettings, ModelSpec
+from ampflow.extract.config import (
+    ExtractSettings,
+    ModelSpec,
+    input_policy,
+    output_files,
+)
 from ampflow.io.errors import InputError
 from ampflow.io.genome import resolution_label
 from ampflow.io.sheet import read_sheet
@@ -25,6 +30,19 @@ RESULTS = f"results/{DATASET}"
 LOGS = f"logs/{DATASET}"
 REPORT = f"{RESULTS}/figures"
 INPUTS = config["inputs"]
+# no cell sheet (inputs.cells absent): an extraction-only run; no Hi-C key is read and
+# only the extraction rules exist (see the Snakefile)
+HAS_HIC = bool(INPUTS.get("cells"))
+if HAS_HIC:
+    for key in ("chromsizes",):
+        if not INPUTS.get(key):
+            raise InputError("is needed with inputs.cells", key=f"inputs.{key}", value=None)
+    if not config["configs"]:
+        raise InputError(
+            "give at least one training configuration with inputs.cells",
+            key="configs",
+            value=[],
+        )
 # no RNA matrix (inputs.rna absent or null): a Hi-C-only dataset. RNA QC and rna.h5ad
 # are skipped, the graph has anchors only and the Hi-C branch trains alone.
 HAS_RNA = bool(INPUTS.get("rna"))
@@ -68,15 +86,16 @@ if "gpus" in config["train"]:
 CLUSTER = ClusterOffer.from_dict(config["cluster"])
 
 
-# duplicates, malformed ids and missing pairs files are reported with their line;
-# Snakemake itself would only say that an input is missing
-CELLS = read_sheet(INPUTS["cells"])
-validate(CELLS, "../schemas/cells.schema.yaml")
+if HAS_HIC:
+    # duplicates, malformed ids and missing pairs files are reported with their line;
+    # Snakemake itself would only say that an input is missing
+    CELLS = read_sheet(INPUTS["cells"])
+    validate(CELLS, "../schemas/cells.schema.yaml")
 
-# The binning's jobs: blocks of consecutive sheet rows (cells appended to the sheet
-# change the last block only, or add blocks)
-BLOCK_CELLS = config["prepare"]["block_cells"]
-BLOCKS = block_names(len(CELLS), BLOCK_CELLS)
+    # The binning's jobs: blocks of consecutive sheet rows (cells appended to the sheet
+    # change the last block only, or add blocks)
+    BLOCK_CELLS = config["prepare"]["block_cells"]
+    BLOCKS = block_names(len(CELLS), BLOCK_CELLS)
 
 
 def block_sheet(block):
@@ -105,7 +124,7 @@ RESOLUTIONS = {
     resolution_label(c["resolution"]): c["resolution"] for c in config["configs"]
 }
 # the finest binning: P(s) in the report is drawn from it
-FINEST = min(RESOLUTIONS, key=RESOLUTIONS.get)
+FINEST = min(RESOLUTIONS, key=RESOLUTIONS.get) if RESOLUTIONS else None
 
 
 EXTRACT = config["extract"]
@@ -227,6 +246,20 @@ def qc_args():
 
 
 def all_outputs():
+    out = hic_outputs() if HAS_HIC else []
+    for name, inp in EXTRACT_INPUTS.items():
+        for model in inp["models"]:
+            out += [
+                f"{RESULTS}/extract/{f}" for f in extract_files(name, model).values()
+            ]
+            out += [
+                f"{REPORT}/extract/{name}.{model}/{fig}"
+                for fig in ("throughput.png", "gpus.png", "records.html")
+            ]
+    return out
+
+
+def hic_outputs():
     out = [
         f"{RESULTS}/qc/cells.tsv",
         f"{RESULTS}/qc/split.tsv",
@@ -252,13 +285,6 @@ def all_outputs():
         for cfg in TRAIN_CONFIGS
         for name in EMBED_SETS
     ]
-    for name, inp in EXTRACT_INPUTS.items():
-        out += [f"{RESULTS}/extract/{name}.{model}.h5ad" for model in inp["models"]]
-        out += [
-            f"{REPORT}/extract/{name}.{model}/{fig}"
-            for model in inp["models"]
-            for fig in ("throughput.png", "gpus.png", "records.html")
-        ]
     out += [
         f"{REPORT}/qc/contacts.png",
         f"{REPORT}/qc/distance_decay.png",
@@ -296,26 +322,52 @@ def tiny_model_folder(model):
     return f"resources/models/{model}"
 
 
-def extract_model_input(wildcards):
+def extract_model_input(model):
     """The model folder when the workflow builds it or it is local (re-run on change)."""
-    spec = EXTRACT_MODELS[wildcards.model]
+    spec = EXTRACT_MODELS[model]
     if spec.tiny:
-        return tiny_model_folder(wildcards.model)
+        return tiny_model_folder(model)
     return spec.source if Path(spec.source).is_dir() else []
 
 
-def extract_folder_arg(wildcards):
-    spec = EXTRACT_MODELS[wildcards.model]
-    return f"--model-folder {tiny_model_folder(wildcards.model)}" if spec.tiny else ""
+def extract_folder_arg(model):
+    spec = EXTRACT_MODELS[model]
+    return f"--model-folder {tiny_model_folder(model)}" if spec.tiny else ""
 
 
-def extract_model_arg(wildcards):
-    return shlex.quote(json.dumps(EXTRACT["models"][wildcards.model], sort_keys=True))
+def extract_model_arg(model):
+    return shlex.quote(json.dumps(EXTRACT["models"][model], sort_keys=True))
 
 
 def extract_settings_arg():
     settings = {k: v for k, v in EXTRACT.items() if k not in ("inputs", "models")}
     return shlex.quote(json.dumps(settings, sort_keys=True))
+
+
+def extract_model_inputs(model):
+    """Names of the inputs one model runs on (its one job's queue)."""
+    return [name for name, inp in EXTRACT_INPUTS.items() if model in inp["models"]]
+
+
+def extract_files(name, model):
+    """One input's outputs with one model, by kind (h5ad, report, ...; config.output_files)."""
+    inp = EXTRACT_INPUTS[name]
+    policy = input_policy(EXTRACT_SETTINGS, name, inp.get("policy"))
+    return output_files(name, model, EXTRACT_MODELS[model], policy)
+
+
+def extract_input_args(model):
+    """``--input NAME=FASTA`` per input and ``--policies`` for the inputs' own keys."""
+    names = extract_model_inputs(model)
+    args = " ".join(
+        shlex.quote(f"--input={n}={EXTRACT_INPUTS[n]['fasta']}") for n in names
+    )
+    policies = {
+        n: EXTRACT_INPUTS[n]["policy"] for n in names if EXTRACT_INPUTS[n].get("policy")
+    }
+    if policies:
+        args += " --policies " + shlex.quote(json.dumps(policies, sort_keys=True))
+    return args
 
 
 def extract_uses_gpus():

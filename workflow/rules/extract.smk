@@ -1,10 +1,14 @@
-# FASTA -> protein / DNA language-model features (ESM-2, DNABERT-S), one job per
-# (input, model). Chunks, per-chunk outputs and .done markers live in the work folder
-# results/{dataset}/extract/{name}/{model}/, beside the declared outputs and not among
-# them: Snakemake deletes a failed job's outputs, and a re-run skips finished chunks.
-# Every declared output is rebuilt in full by every run, from the work folder (the
-# progress from the chunks' markers): a re-run that finds all chunks done, as after a
-# crash, writes them all again, and no later rule reads the job's log.
+# FASTA -> protein / DNA language-model features (ESM-2, DNABERT-S). One `extract` job
+# per model runs over all the model's inputs: one queue, one worker per GPU, each loading
+# the model once; it puts every sequence's vectors into the content-addressed cache
+# (results/{dataset}/extract/cache, or extract.cache), so a re-run, a changed input or
+# a second input sharing sequences computes only what the cache lacks. Its work folder
+# results/{dataset}/extract/work/{model}/ (splits, queue) is beside the declared outputs
+# and not among them: Snakemake deletes a failed job's outputs. Then one light
+# `extract_outputs` job per (input, model) writes that input's files from the cache;
+# each rebuilds its outputs in full from disk (the progress from the shards' markers),
+# so a re-run that finds everything cached writes them all again, and no later rule
+# reads a log.
 
 
 rule tiny_model:
@@ -25,17 +29,18 @@ rule tiny_model:
 
 rule extract:
     input:
-        fasta=lambda wc: EXTRACT_INPUTS[wc.name]["fasta"],
-        model=extract_model_input,
+        fasta=lambda wc: [
+            EXTRACT_INPUTS[n]["fasta"] for n in extract_model_inputs(wc.model)
+        ],
+        model=lambda wc: extract_model_input(wc.model),
     output:
-        h5ad=f"{RESULTS}/extract/{{name}}.{{model}}.h5ad",
-        report=f"{RESULTS}/extract/{{name}}.{{model}}.report.tsv",
-        telemetry=f"{RESULTS}/extract/{{name}}.{{model}}.telemetry.jsonl",
-        progress=f"{RESULTS}/extract/{{name}}.{{model}}.progress.jsonl",
+        record=f"{RESULTS}/extract/{{model}}.job.json",
     log:
-        f"{LOGS}/extract.{{name}}.{{model}}.log",
+        f"{LOGS}/extract.{{model}}.log",
     benchmark:
-        f"{LOGS}/extract.{{name}}.{{model}}.benchmark.tsv"
+        f"{LOGS}/extract.{{model}}.benchmark.tsv"
+    wildcard_constraints:
+        model=alternatives(EXTRACT_MODELS),
     conda:
         "../../envs/extract.yaml"
     threads: extract_threads()
@@ -48,13 +53,125 @@ rule extract:
         mem_mb=16000,
         runtime=1440,
     params:
-        work=lambda wc: f"{RESULTS}/extract/{wc.name}/{wc.model}",
-        model=extract_model_arg,
-        folder=extract_folder_arg,
+        inputs=lambda wc: extract_input_args(wc.model),
+        work=lambda wc: f"{RESULTS}/extract/work/{wc.model}",
+        cache=EXTRACT_SETTINGS.cache or f"{RESULTS}/extract/cache",
+        model=lambda wc: extract_model_arg(wc.model),
+        folder=lambda wc: extract_folder_arg(wc.model),
         settings=extract_settings_arg(),
     shell:
-        "ampflow extract {input.fasta} --model-name {wildcards.model} --model {params.model}"
+        "ampflow extract {params.inputs} --model-name {wildcards.model} --model {params.model}"
         " {params.folder} --settings {params.settings} --work {params.work}"
+        " --cache {params.cache} --record {output.record} > {log} 2>&1"
+
+
+rule extract_outputs:
+    input:
+        record=rules.extract.output.record,
+    output:
+        h5ad=f"{RESULTS}/extract/{{name}}.{{model}}.h5ad",
+        report=f"{RESULTS}/extract/{{name}}.{{model}}.report.tsv",
+        telemetry=f"{RESULTS}/extract/{{name}}.{{model}}.telemetry.jsonl",
+        progress=f"{RESULTS}/extract/{{name}}.{{model}}.progress.jsonl",
+    wildcard_constraints:
+        name=alternatives(EXTRACT_INPUTS),
+        model=alternatives(EXTRACT_MODELS),
+    log:
+        f"{LOGS}/extract_outputs.{{name}}.{{model}}.log",
+    conda:
+        "../../envs/extract.yaml"
+    resources:
+        mem_mb=4000,
+    shell:
+        "ampflow extract-outputs --record {input.record} --name {wildcards.name}"
         " --out {output.h5ad} --report {output.report} --telemetry {output.telemetry}"
-        " --progress {output.progress}"
-        " > {log} 2>&1"
+        " --progress {output.progress} > {log} 2>&1"
+
+
+# Rows per window of an input under too_long: window, and per-token vectors of a model
+# with per_token: true (all_outputs asks for them only then)
+rule extract_windows:
+    input:
+        record=rules.extract.output.record,
+    output:
+        f"{RESULTS}/extract/{{name}}.{{model}}.windows.h5ad",
+    wildcard_constraints:
+        name=alternatives(EXTRACT_INPUTS),
+        model=alternatives(EXTRACT_MODELS),
+    log:
+        f"{LOGS}/extract_windows.{{name}}.{{model}}.log",
+    conda:
+        "../../envs/extract.yaml"
+    resources:
+        mem_mb=4000,
+    shell:
+        "ampflow extract-outputs --record {input.record} --name {wildcards.name}"
+        " --windows {output} > {log} 2>&1"
+
+
+rule extract_tokens:
+    input:
+        record=rules.extract.output.record,
+    output:
+        f"{RESULTS}/extract/{{name}}.{{model}}.tokens.h5",
+    wildcard_constraints:
+        name=alternatives(EXTRACT_INPUTS),
+        model=alternatives(EXTRACT_MODELS),
+    log:
+        f"{LOGS}/extract_tokens.{{name}}.{{model}}.log",
+    conda:
+        "../../envs/extract.yaml"
+    resources:
+        mem_mb=4000,
+    shell:
+        "ampflow extract-outputs --record {input.record} --name {wildcards.name}"
+        " --tokens {output} > {log} 2>&1"
+
+
+rule report_extraction:
+    input:
+        progress=rules.extract_outputs.output.progress,
+        telemetry=rules.extract_outputs.output.telemetry,
+        records=rules.extract_outputs.output.report,
+    output:
+        throughput=report(
+            f"{REPORT}/extract/{{name}}.{{model}}/throughput.png",
+            caption="../report/extraction_throughput.rst",
+            category="5. Feature extraction",
+            subcategory="{name}.{model}",
+            labels={"input": "{name}", "model": "{model}", "figure": "sequences/s"},
+        ),
+        gpus=report(
+            f"{REPORT}/extract/{{name}}.{{model}}/gpus.png",
+            caption="../report/extraction_gpus.rst",
+            category="5. Feature extraction",
+            subcategory="{name}.{model}",
+            labels={
+                "input": "{name}",
+                "model": "{model}",
+                "figure": "GPU utilisation and memory",
+            },
+        ),
+        records=report(
+            f"{REPORT}/extract/{{name}}.{{model}}/records.html",
+            caption="../report/extraction_records.rst",
+            category="5. Feature extraction",
+            subcategory="{name}.{model}",
+            labels={
+                "input": "{name}",
+                "model": "{model}",
+                "figure": "skipped and truncated records",
+            },
+        ),
+    wildcard_constraints:
+        name=alternatives(EXTRACT_INPUTS),
+        model=alternatives(EXTRACT_MODELS),
+    log:
+        f"{LOGS}/report_extraction.{{name}}.{{model}}.log",
+    conda:
+        "../../envs/prepare.yaml"
+    params:
+        out=lambda wc: f"{REPORT}/extract/{wc.name}.{wc.model}",
+    shell:
+        "ampflow report-extraction --progress {input.progress} --telemetry {input.telemetry}"
+        " --records {input.records} --out-dir {params.out} --name {wildcards.name}.{wildcards.model} > {log} 2>&1"

@@ -33,3 +33,28 @@ def padding_fraction(lengths: list[int], batches: list[list[int]]) -> float:
     """Share of the computed token positions that are padding."""
     padded = sum(len(b) * max(lengths[i] for i in b) for b in batches)
     return 1.0 - sum(lengths) / padded if padded else 0.0
+
+
+def plan_batches(lengths, device, tokens_per_batch, attention_per_batch=None):
+    return token_budget_batches(lengths, tokens_per_batch)
+
+
+def embed_with_backoff(batches, run, lengths):
+    import torch
+
+    splits = []
+
+    def go(b, depth):
+        try:
+            run(b)
+        except torch.OutOfMemoryError:
+            if len(b) == 1:
+                raise
+            splits.append({"sequences": len(b), "padded_tokens": len(b) * max(lengths[i] for i in b), "depth": depth})
+            h = len(b) // 2
+            go(b[:h], depth + 1)
+            go(b[h:], depth + 1)
+
+    for b in batches:
+        go(b, 0)
+    return splits

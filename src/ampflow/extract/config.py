@@ -13,7 +13,11 @@ ALPHABETS = {"esm2": PROTEIN, "dnabert_s": DNA}
 # trained on 1022 residues + 2 special tokens; DNABERT-S (ALiBi) has no hard limit, but
 # attention memory grows with the square of the length
 DEFAULT_MAX_LENGTH = {"esm2": 1022, "dnabert_s": 10000}
-POOLINGS = ("mean", "mean_special")
+# mean: over the sequence's own tokens (fair-esm's mean_representations); mean_special:
+# special tokens too (DNABERT-S's model card: torch.mean(hidden_states[0], dim=0));
+# bos: the first token (<cls> / [CLS], fair-esm's bos_representations)
+POOLINGS = ("mean", "mean_special", "bos")
+DEFAULT_POOLING = {"esm2": "mean", "dnabert_s": "mean_special"}
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -39,27 +43,38 @@ class ModelSpec:
         The workflow builds a tiny randomly initialised model of this kind into
         ``resources/models/{name}`` (demo and tests); ``source`` is then that folder.
     layer
-        Hidden state to pool: 0 = embeddings, n = after block n, negative counts from the
-        end (-1 = the last block, after ESM-2's final layer norm).
+        Hidden state(s) to pool, one int or a list computed in one pass: 0 = embeddings,
+        n = after block n, negative counts from the end (-1 = the last block, after ESM-2's
+        final layer norm). The first is the output's ``X``, the others ``obsm``.
     pooling
-        ``mean`` over sequence tokens (no special tokens, no padding) or ``mean_special``
-        (special tokens included, as DNABERT-S's model card does).
+        One of, or a list of: ``mean`` over sequence tokens (no special tokens, no padding),
+        ``mean_special`` (special tokens included), ``bos`` (the first token, ``<cls>`` /
+        ``[CLS]``). Default: ``mean`` for ESM-2 (fair-esm's mean representation),
+        ``mean_special`` for DNABERT-S (its model card's mean over every token).
+    per_token
+        Also write every sequence token's vector per layer (``{name}.{model}.tokens.h5``).
     max_length
         Letters per sequence the model reads (null: 1022 for ESM-2, 10000 for DNABERT-S);
         longer ones follow ``extract.fasta.too_long``.
     tokens_per_batch
         Token budget of one batch (padded length x sequences) over length-sorted sequences.
+    attention_per_batch
+        Budget of attention elements per head (sequences x padded length squared) of one
+        batch; null: the batch planner's default (see ``batching.plan_batches``).
     dtype
-        Compute dtype on GPU (autocast for bfloat16/float16); the CPU always uses float32.
+        Compute dtype on GPU: the weights are loaded in it (bfloat16/float16 halve the
+        memory) and it runs under autocast; the CPU always uses float32.
     """
 
     kind: str
     source: str = ""
     tiny: bool = False
-    layer: int = -1
-    pooling: str = "mean"
+    layer: int | list = -1
+    pooling: str | list | None = None
+    per_token: bool = False
     max_length: int | None = None
     tokens_per_batch: int = 4096
+    attention_per_batch: int | None = None
     dtype: str = "bfloat16"
 
     def __post_init__(self):
@@ -67,8 +82,14 @@ class ModelSpec:
             raise InputError(f"must be one of {', '.join(KINDS)}", key="extract.models.kind", value=self.kind)
         if not self.source and not self.tiny:
             raise InputError("give a local folder or a cached hub name (or tiny: true)", key="extract.models.source", value=self.source)
-        if self.pooling not in POOLINGS:
-            raise InputError(f"must be one of {', '.join(POOLINGS)}", key="extract.models.pooling", value=self.pooling)
+        layers = self.layer if isinstance(self.layer, list) else [self.layer]
+        if not layers or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers) or len(set(layers)) != len(layers):
+            raise InputError("must be an integer or a list of different integers", key="extract.models.layer", value=self.layer)
+        poolings = self.pooling if isinstance(self.pooling, list) else [self.pooling or DEFAULT_POOLING.get(self.kind)]
+        if not poolings or any(p not in POOLINGS for p in poolings) or len(set(poolings)) != len(poolings):
+            raise InputError(f"must be one of {', '.join(POOLINGS)} or a list of them", key="extract.models.pooling", value=self.pooling)
+        if self.attention_per_batch is not None and self.attention_per_batch < 1:
+            raise InputError("must be >= 1 (or null)", key="extract.models.attention_per_batch", value=self.attention_per_batch)
         if self.dtype not in DTYPES:
             raise InputError(f"must be one of {', '.join(DTYPES)}", key="extract.models.dtype", value=self.dtype)
         if self.max_length is not None and self.max_length < 1:
@@ -79,6 +100,17 @@ class ModelSpec:
     @property
     def alphabet(self) -> Alphabet:
         return ALPHABETS[self.kind]
+
+    @property
+    def layers(self) -> list[int]:
+        """The layers asked for, as written (negative ones not yet resolved)."""
+        return list(self.layer) if isinstance(self.layer, list) else [self.layer]
+
+    @property
+    def poolings(self) -> list[str]:
+        if isinstance(self.pooling, list):
+            return list(self.pooling)
+        return [self.pooling or DEFAULT_POOLING[self.kind]]
 
     @property
     def letters(self) -> int:
@@ -97,7 +129,17 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ExtractSettings:
-    """How one (FASTA, model) job runs (config section ``extract`` without inputs/models)."""
+    """How one model's job runs (config section ``extract`` without inputs/models).
+
+    sequences_per_file
+        Most sequences in one chunk of work; fewer when that leaves a worker idle.
+    cache
+        The content-addressed vector cache (``cache.py``); may be shared by several
+        workflows and jobs. Empty: ``cache`` in the extraction's output folder.
+    deadline, load_deadline
+        Seconds a worker may stay silent computing a batch, or loading its model, before
+        it is killed and replaced (its chunk goes back to the queue).
+    """
 
     sequences_per_file: int = 10000
     fasta: FastaPolicy = field(default_factory=FastaPolicy)
@@ -107,6 +149,9 @@ class ExtractSettings:
     threads: int = 1
     max_attempts: int = 2
     telemetry_interval: float = 5.0
+    cache: str = ""
+    deadline: float = 600.0
+    load_deadline: float = 1800.0
 
     def __post_init__(self):
         if self.sequences_per_file < 1:
@@ -118,6 +163,9 @@ class ExtractSettings:
                 raise InputError("must be >= 1", key=f"extract.{key}", value=getattr(self, key))
         if self.gpus < 0:
             raise InputError("must be >= 0", key="extract.gpus", value=self.gpus)
+        for key in ("deadline", "load_deadline"):
+            if getattr(self, key) <= 0:
+                raise InputError("must be > 0 (seconds)", key=f"extract.{key}", value=getattr(self, key))
         if self.telemetry_interval <= 0:
             raise InputError("must be > 0", key="extract.telemetry_interval", value=self.telemetry_interval)
 
@@ -128,3 +176,26 @@ class ExtractSettings:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def input_policy(settings: ExtractSettings, name: str, override: dict | None) -> FastaPolicy:
+    """The FASTA policy of input ``name``: ``extract.fasta`` with the input's own
+    ``policy`` keys over it."""
+    if not override:
+        return settings.fasta
+    reject_unknown_keys(dict(override), FastaPolicy, f"extract.inputs.{name}.policy")
+    return FastaPolicy(**{**settings.fasta.to_dict(), **override})
+
+
+def output_files(name: str, model: str, spec: ModelSpec, policy: FastaPolicy) -> dict[str, str]:
+    """The files one input gives with one model (names inside the extraction's output
+    folder): h5ad, report, telemetry, progress, and windows / tokens when asked for."""
+    out = {kind: f"{name}.{model}.{suffix}" for kind, suffix in OUTPUT_SUFFIXES.items()}
+    if policy.too_long == "window":
+        out["windows"] = f"{name}.{model}.windows.h5ad"
+    if spec.per_token:
+        out["tokens"] = f"{name}.{model}.tokens.h5"
+    return out
+
+
+OUTPUT_SUFFIXES = {"h5ad": "h5ad", "report": "report.tsv", "telemetry": "telemetry.jsonl", "progress": "progress.jsonl"}

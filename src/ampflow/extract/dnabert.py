@@ -187,6 +187,18 @@ class DnabertModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_layers: int | None = None) -> torch.Tensor:
         return self.encoder(self.embeddings(input_ids), attention_mask, n_layers)
 
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
+        """Hidden states after each of ``layers`` blocks (0 = the embedding output), from
+        one pass that stops at the deepest one."""
+        x = self.embeddings(input_ids)
+        out = {0: x} if 0 in layers else {}
+        bias = self.encoder.attention_bias(attention_mask)
+        for i, block in enumerate(self.encoder.layer[: max(layers)], start=1):
+            x = block(x, bias)
+            if i in layers:
+                out[i] = x
+        return out
+
 
 def read_state_dict(folder: Path) -> dict:
     """The checkpoint's tensors (safetensors preferred), without a ``bert.`` prefix and

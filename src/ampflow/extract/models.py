@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..io.atomic import write_text_atomic
 from ..io.errors import InputError
-from .batching import token_budget_batches
 from .config import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,33 @@ def fingerprint(folder) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def _file_stats(folder: Path) -> list:
+    return [
+        [p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns]
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+
+
+def cached_fingerprint(folder, work) -> str:
+    """:func:`fingerprint`, read again only when a file's name, size or modification time
+    changed since the last job (``{work}/fingerprint.json``): hashing ESM-2 3B's 11 GB
+    takes a minute, listing its files a millisecond."""
+    folder = Path(folder).resolve()
+    path = Path(work) / "fingerprint.json"
+    stats = _file_stats(folder)
+    try:
+        saved = json.loads(path.read_text())
+        if saved["folder"] == str(folder) and saved["files"] == stats:
+            return saved["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    digest = fingerprint(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"folder": str(folder), "files": stats, "fingerprint": digest}, indent=1) + "\n")
+    return digest
+
+
 def model_shape(folder) -> tuple[int, int]:
     """Number of transformer blocks and hidden size, from the folder's ``config.json``."""
     path = Path(folder) / "config.json"
@@ -76,10 +103,17 @@ def resolve_layer(layer: int, n_layers: int) -> int:
 
 @dataclass
 class Tokenized:
-    """One sequence's token ids and which of them are pooled."""
+    """One sequence's token ids and which of them are the sequence's own (not special)."""
 
     ids: list[int]
-    pooled: list[bool]
+    own: list[bool]
+
+
+def product_names(layers: list[int], poolings: list[str], per_token: bool) -> list[str]:
+    """Names of what one pass computes per sequence: ``L{layer}.{pooling}`` vectors, then
+    ``L{layer}.tokens`` (every own token's vector) when asked for."""
+    names = [f"L{layer}.{p}" for layer in layers for p in poolings]
+    return names + ([f"L{layer}.tokens" for layer in layers] if per_token else [])
 
 
 class Embedder:
@@ -90,32 +124,46 @@ class Embedder:
     kind
         ``esm2`` or ``dnabert_s``.
     model
-        transformers ``EsmModel`` (blocks already cut to the layer) or
+        transformers ``EsmModel`` (blocks already cut to the deepest layer) or
         :class:`~ampflow.extract.dnabert.DnabertModel`.
     tokenizer
         The folder's transformers tokenizer.
-    layer
-        Blocks to run (0..n_layers).
-    pooling
-        ``mean`` (sequence tokens) or ``mean_special`` (special tokens too).
+    layers
+        Hidden states to pool (each 0..n_layers), all from one pass.
+    poolings
+        ``mean`` (own tokens), ``mean_special`` (special tokens too), ``bos`` (first token).
+    per_token
+        Also return every own token's vector per layer.
     device, dtype
         ``cpu``/``cuda``; ``float32``/``bfloat16``/``float16`` (autocast, CUDA only).
+    tokens_per_batch, attention_per_batch
+        The batch budgets (:func:`~ampflow.extract.batching.plan_batches`).
     """
 
-    def __init__(self, kind: str, model, tokenizer, layer: int, pooling: str = "mean", device: str = "cpu", dtype: str = "float32"):
+    def __init__(
+        self, kind: str, model, tokenizer, layers: list[int], poolings: list[str] = ("mean",), per_token: bool = False,
+        device: str = "cpu", dtype: str = "float32", tokens_per_batch: int = 4096, attention_per_batch: int | None = None,
+    ):  # fmt: skip
         import torch
 
         self.kind = kind
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
-        self.layer = layer
-        self.pooling = pooling
+        self.layers = list(layers)
+        self.poolings = list(poolings)
+        self.per_token = per_token
+        self.products = product_names(self.layers, self.poolings, per_token)
         self.device = device
         self.dtype = dtype if device.startswith("cuda") else "float32"
+        self.tokens_per_batch = tokens_per_batch
+        self.attention_per_batch = attention_per_batch
         self.pad_id = tokenizer.pad_token_id
         self.dim = model.config.hidden_size
         self._autocast = None if self.dtype == "float32" else getattr(torch, self.dtype)
         self._char_vocab = None
+        # tests only: batches of more padded tokens than this raise torch.OutOfMemoryError,
+        # as a full GPU would (the back-off is tested on the CPU)
+        self.inject_oom_above: int | None = None
         from transformers import EsmTokenizer
 
         if isinstance(tokenizer, EsmTokenizer):
@@ -128,67 +176,102 @@ class Embedder:
         if self._char_vocab is not None:
             v, unk = self._char_vocab, self.tokenizer.unk_token_id
             cls, eos = self.tokenizer.cls_token_id, self.tokenizer.eos_token_id
-            out = [Tokenized([cls, *(v.get(c, unk) for c in s), eos], [False, *([True] * len(s)), False]) for s in seqs]
-        else:
-            enc = self.tokenizer(list(seqs), add_special_tokens=True, return_special_tokens_mask=True, return_attention_mask=False)
-            out = [Tokenized(ids, [not m for m in mask]) for ids, mask in zip(enc["input_ids"], enc["special_tokens_mask"])]
-        if self.pooling == "mean_special":
-            for t in out:
-                t.pooled = [True] * len(t.ids)
-        return out
+            return [Tokenized([cls, *(v.get(c, unk) for c in s), eos], [False, *([True] * len(s)), False]) for s in seqs]
+        enc = self.tokenizer(list(seqs), add_special_tokens=True, return_special_tokens_mask=True, return_attention_mask=False)
+        return [Tokenized(ids, [not m for m in mask]) for ids, mask in zip(enc["input_ids"], enc["special_tokens_mask"])]
 
     # ---------------------------------------------------------------- forward
-    def _hidden(self, ids, mask):
+    def _hidden(self, ids, mask) -> dict:
+        """Hidden states of every asked layer, from one forward pass."""
         if self.kind == "esm2":
-            return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        return self.model(ids, mask, n_layers=self.layer)
+            deepest = max(self.layers)
+            out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=deepest > 0)
+            # hidden_states[k]: after block k (0: the embeddings). The model is cut after
+            # the deepest block, so its output is that layer's; it is after the final
+            # LayerNorm only when nothing was cut (as fair-esm's last representation)
+            return {layer: out.last_hidden_state if layer == deepest else out.hidden_states[layer] for layer in self.layers}
+        return self.model.hidden_states(ids, mask, self.layers)
 
-    def embed_batch(self, batch: list[Tokenized]) -> np.ndarray:
-        """Pooled vectors (len(batch), dim), float32, for one padded batch."""
+    def embed_batch(self, batch: list[Tokenized]) -> dict:
+        """Every product for one padded batch: pooled ``(len(batch), dim)`` float32 arrays,
+        and for ``L{k}.tokens`` a list of ``(own tokens, dim)`` arrays."""
         import torch
 
         s = max(len(t.ids) for t in batch)
+        if self.inject_oom_above is not None and len(batch) * s > self.inject_oom_above:
+            raise torch.OutOfMemoryError(f"injected: {len(batch)} x {s} tokens > {self.inject_oom_above}")
         ids = torch.full((len(batch), s), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), s), dtype=torch.long)
-        pooled = torch.zeros((len(batch), s), dtype=torch.bool)
+        own = torch.zeros((len(batch), s), dtype=torch.bool)
         for i, t in enumerate(batch):
             n = len(t.ids)
             ids[i, :n] = torch.tensor(t.ids)
             mask[i, :n] = 1
-            pooled[i, :n] = torch.tensor(t.pooled)
-        ids, mask, pooled = ids.to(self.device), mask.to(self.device), pooled.to(self.device)
+            own[i, :n] = torch.tensor(t.own)
+        ids, mask, own = ids.to(self.device), mask.to(self.device), own.to(self.device)
+        real = mask.bool()
+        out = {}
         with torch.inference_mode():
             if self._autocast is not None:
                 with torch.autocast("cuda", dtype=self._autocast):
-                    h = self._hidden(ids, mask)
+                    states = self._hidden(ids, mask)
             else:
-                h = self._hidden(ids, mask)
-            h = h.float().masked_fill(~pooled[..., None], 0.0)
-            out = h.sum(1) / pooled.sum(1, keepdim=True)
-        return out.cpu().numpy()
+                states = self._hidden(ids, mask)
+            for layer, h in states.items():
+                h = h.float()
+                for p in self.poolings:
+                    if p == "bos":
+                        v = h[:, 0]
+                    else:
+                        keep = own if p == "mean" else real
+                        v = h.masked_fill(~keep[..., None], 0.0).sum(1) / keep.sum(1, keepdim=True)
+                    out[f"L{layer}.{p}"] = v.cpu().numpy()
+                if self.per_token:
+                    hc = h.cpu()
+                    out[f"L{layer}.tokens"] = [hc[i][own[i].cpu()].numpy() for i in range(len(batch))]
+        return out
 
-    def embed(self, seqs: list[str], tokens_per_batch: int, on_batch: Callable[[int, int, int], None] | None = None):
-        """Vectors (len(seqs), dim) in input order, and token statistics.
+    def embed(self, seqs: list[str], on_batch: Callable[[int, int, int], None] | None = None):
+        """Every product for ``seqs`` in input order, and statistics.
 
-        ``on_batch(sequences, tokens, padded_tokens)`` is called after every batch.
+        Batches follow :func:`~ampflow.extract.batching.plan_batches`; a batch that runs
+        out of memory is split and retried (:func:`~ampflow.extract.batching.embed_with_backoff`),
+        and ``stats["splits"]`` says which. ``on_batch(sequences, tokens, padded_tokens)``
+        is called after every batch.
         """
+        from .batching import embed_with_backoff, plan_batches
+
         toks = self.tokenize(seqs)
         lengths = [len(t.ids) for t in toks]
-        out = np.empty((len(seqs), self.dim), dtype=np.float32)
+        n = len(seqs)
+        out: dict = {}
+        for name in self.products:
+            out[name] = [None] * n if name.endswith(".tokens") else np.empty((n, self.dim), dtype=np.float32)
         stats = {"tokens": 0, "padded_tokens": 0, "batches": 0}
-        for b in token_budget_batches(lengths, tokens_per_batch):
-            out[b] = self.embed_batch([toks[i] for i in b])
+
+        def run(b: list[int]) -> None:
+            got = self.embed_batch([toks[i] for i in b])
+            for name, v in got.items():
+                if name.endswith(".tokens"):
+                    for i, a in zip(b, v):
+                        out[name][i] = a
+                else:
+                    out[name][b] = v
             real, padded = sum(lengths[i] for i in b), len(b) * max(lengths[i] for i in b)
             stats["tokens"] += real
             stats["padded_tokens"] += padded
             stats["batches"] += 1
             if on_batch is not None:
                 on_batch(len(b), real, padded)
+
+        batches = plan_batches(lengths, self.device, self.tokens_per_batch, self.attention_per_batch)
+        stats["splits"] = embed_with_backoff(batches, run, lengths)
         return out, stats
 
 
-def load_embedder(spec: ModelSpec, folder, layer: int, device: str = "cpu") -> Embedder:
-    """Load the model of ``spec`` from ``folder`` onto ``device`` (once per worker)."""
+def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu") -> Embedder:
+    """Load the model of ``spec`` from ``folder`` onto ``device`` (once per worker): only
+    the blocks up to the deepest of ``layers``, in the run's dtype."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -197,16 +280,21 @@ def load_embedder(spec: ModelSpec, folder, layer: int, device: str = "cpu") -> E
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     if tokenizer.pad_token_id is None:
         raise InputError("the model's tokenizer has no padding token", path=folder)
+    dtype = spec.dtype if device.startswith("cuda") else "float32"
     if spec.kind == "esm2":
         from transformers import EsmModel
 
         model = EsmModel.from_pretrained(str(folder), local_files_only=True, add_pooling_layer=False)
-        if layer < model.config.num_hidden_layers:
+        deepest = max(layers)
+        if deepest < model.config.num_hidden_layers:
             # blocks past the layer are never run; the final layer norm belongs to the last block
-            model.encoder.layer = model.encoder.layer[:layer]
+            model.encoder.layer = model.encoder.layer[:deepest]
             model.encoder.emb_layer_norm_after = None
     else:
         from .dnabert import load_dnabert
 
         model = load_dnabert(folder)
-    return Embedder(spec.kind, model, tokenizer, layer, spec.pooling, device, spec.dtype)
+    return Embedder(
+        spec.kind, model, tokenizer, layers, spec.poolings, spec.per_token, device, dtype,
+        spec.tokens_per_batch, spec.attention_per_batch,
+    )  # fmt: skip

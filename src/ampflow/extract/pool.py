@@ -25,7 +25,6 @@ from multiprocessing.connection import wait
 
 from ..io.errors import InputError
 from ..progress import Progress
-from .markers import check_marker
 from .worker import Job, compute_chunk, worker_main
 
 log = logging.getLogger(__name__)
@@ -207,6 +206,7 @@ class WorkerPool:
             w.stats["chunks"] += 1
             w.stats["sequences"] += info["n_sequences"]
             w.stats["seconds"] += info["seconds"]
+            w.stats["splits"] += len(info.get("splits") or [])
             self.failures[w.slot] = 0
             log.info("%s: %s done, %d sequences in %.1f s", w.label, name, info["n_sequences"], info["seconds"])
             self._give(w, pending)
@@ -262,8 +262,8 @@ class WorkerPool:
             log.warning("not replacing %s: %d worker(s) in a row died on its device", w.label, self.failures[w.slot])
 
     def _finished(self, chunk: dict) -> bool:
-        expect = {**self.job.expect, "input_sha256": chunk["sha256"]}
-        return check_marker(self.job.out_dir, chunk["name"], chunk["n"], expect) is None
+        """Whether the chunk's shard is in the cache (its name starts with the chunk's hash)."""
+        return any(self.job.cache().shard_dir.glob(f"{chunk['sha256'][:16]}-*.done"))
 
     # ---------------------------------------------------------------- run
     def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
@@ -338,10 +338,12 @@ class InlinePool:
     def _run(self, chunks: list[dict], progress: Progress | None) -> list[dict]:
         from .models import load_embedder
 
-        key = (self.job.folder, self.job.layer, self.device, self.job.spec.pooling)
+        key = (self.job.folder, self.job.layers, self.device, self.job.spec)
         if key not in self._models:
-            self._models[key] = load_embedder(self.job.spec, self.job.folder, self.job.layer, device=self.device)
+            self._models[key] = load_embedder(self.job.spec, self.job.folder, list(self.job.layers), device=self.device)
         embedder = self._models[key]
+        embedder.inject_oom_above = self.job.oom_above
+        cache = self.job.cache()
         stats = Counter()
 
         def on_batch(n: int, tokens: int, padded: int) -> None:
@@ -350,6 +352,6 @@ class InlinePool:
                 progress.update(n)
 
         for c in chunks:
-            marker = compute_chunk(embedder, self.job, c, "inline", on_batch)
-            stats.update(chunks=1, sequences=marker["n_sequences"], seconds=marker["seconds"])
+            marker = compute_chunk(embedder, self.job, c, "inline", on_batch, cache)
+            stats.update(chunks=1, sequences=marker["n_sequences"], seconds=marker["seconds"], splits=len(marker["splits"]))
         return [{"worker": "inline", **stats}]

@@ -25,7 +25,7 @@ from typing import Callable
 from ..io.errors import InputError
 from .chunks import read_chunk
 from .config import ModelSpec
-from .markers import write_chunk
+from .cache import VectorCache
 
 log = logging.getLogger(__name__)
 
@@ -34,39 +34,41 @@ log = logging.getLogger(__name__)
 class Job:
     """What every worker of one extraction needs (picklable).
 
-    ``expect`` is recorded in each marker and must match on a restart: the model id and
-    the settings that shape the numbers (layer, pooling, compute dtype).
+    ``ident`` names the cache folder the vectors go to (model fingerprint, kind, compute
+    dtype; ``cache.VectorCache``); ``layers`` are resolved (0..n_layers).
     """
 
     spec: ModelSpec
     folder: str
-    layer: int
+    layers: tuple
     work: str
-    expect: dict
+    cache_root: str
+    ident: dict
     device: str = "cpu"  # cpu | cuda (the worker's one visible GPU)
     threads: int = 1
     delay: float = 0.0  # seconds to wait after each chunk (tests: a window to kill in)
+    oom_above: int | None = None  # tests: batches of more padded tokens run out of memory
 
     @property
     def chunk_dir(self) -> Path:
-        return Path(self.work) / "chunks"
+        return Path(self.work) / "queue"
 
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.work) / "out"
+    def cache(self) -> VectorCache:
+        return VectorCache(self.cache_root, self.ident)
 
 
-def compute_chunk(embedder, job: Job, chunk: dict, label: str, on_batch: Callable | None = None) -> dict:
-    """Embed one chunk file and write its output and marker; the marker."""
-    seqs = read_chunk(job.chunk_dir / f"{chunk['name']}.fa", chunk["sha256"])
+def compute_chunk(embedder, job: Job, chunk: dict, label: str, on_batch: Callable | None = None, cache=None) -> dict:
+    """Embed one chunk file and store its vectors in the cache; the shard's marker."""
+    keys, seqs = read_chunk(job.chunk_dir / f"{chunk['name']}.fa", chunk["sha256"])
     t0 = time.monotonic()
-    vectors, stats = embedder.embed(seqs, job.spec.tokens_per_batch, on_batch)
+    arrays, stats = embedder.embed(seqs, on_batch)
     seconds = time.monotonic() - t0
-    job.out_dir.mkdir(parents=True, exist_ok=True)
-    return write_chunk(
-        job.out_dir, chunk["name"], vectors, {**job.expect, "input_sha256": chunk["sha256"]},
-        worker=label, seconds=round(seconds, 3), **stats,
-    )  # fmt: skip
+    for s in stats["splits"]:
+        log.warning(
+            "%s: a batch of %d sequences (%d padded tokens) ran out of memory; split in two and run again",
+            chunk["name"], s["sequences"], s["padded_tokens"],
+        )  # fmt: skip
+    return (cache or job.cache()).write(chunk["sha256"], keys, arrays, worker=label, seconds=round(seconds, 3), chunk=chunk["name"], **stats)
 
 
 def worker_label(wid: int, device: str) -> str:
@@ -96,7 +98,9 @@ def worker_main(wid: int, conn, job: Job) -> None:
 
         torch.set_num_threads(job.threads)
         t0 = time.monotonic()
-        embedder = load_embedder(job.spec, job.folder, job.layer, device=job.device)
+        embedder = load_embedder(job.spec, job.folder, list(job.layers), device=job.device)
+        embedder.inject_oom_above = job.oom_above
+        cache = job.cache()
         info = {"label": label, "load_seconds": round(time.monotonic() - t0, 2)}
         log.info("model loaded in %.1f s on %s (%s)", info["load_seconds"], job.device, embedder.dtype)
         conn.send(("ready", wid, info))
@@ -107,10 +111,10 @@ def worker_main(wid: int, conn, job: Job) -> None:
                 # teardown of torch and transformers (seconds the job would wait)
                 logging.shutdown()
                 os._exit(0)
-            marker = compute_chunk(embedder, job, chunk, label, on_batch)
+            marker = compute_chunk(embedder, job, chunk, label, on_batch, cache)
             if job.delay:
                 time.sleep(job.delay)
-            conn.send(("done", wid, chunk["name"], {k: marker[k] for k in ("n_sequences", "seconds", "tokens", "padded_tokens")}))
+            conn.send(("done", wid, chunk["name"], {k: marker[k] for k in ("n_sequences", "seconds", "tokens", "padded_tokens", "splits")}))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent went away
     except InputError as e:

@@ -46,7 +46,7 @@ POLICIES = {
     "invalid": ("fail", "skip"),
     "ambiguous": ("keep", "replace", "skip", "fail"),
     "duplicate_ids": ("fail", "skip", "rename"),
-    "too_long": ("truncate", "skip", "fail"),
+    "too_long": ("truncate", "window", "skip", "fail"),
 }
 ID_MODES = ("first_word", "header")
 
@@ -67,7 +67,11 @@ class FastaPolicy:
         ``rename`` (``id_2``, ``id_3``, ...).
     too_long
         Longer than the model's maximum: ``truncate`` (the first ``max_length`` letters),
+        ``window`` (embedded in windows of ``max_length`` letters, see :func:`windows`),
         ``skip`` or ``fail``.
+    overlap
+        Letters consecutive windows share under ``too_long: window`` (0: tiles, as
+        VirNucPro cuts contigs; context at window edges grows with the overlap).
     ids
         ``first_word`` of the header (the FASTA convention) or the whole ``header``.
     """
@@ -77,12 +81,15 @@ class FastaPolicy:
     ambiguous: str = "keep"
     duplicate_ids: str = "fail"
     too_long: str = "truncate"
+    overlap: int = 0
     ids: str = "first_word"
 
     def __post_init__(self):
         for problem, actions in POLICIES.items():
             if getattr(self, problem) not in actions:
                 raise InputError(f"must be one of {', '.join(actions)}", key=f"extract.fasta.{problem}", value=getattr(self, problem))
+        if not isinstance(self.overlap, int) or self.overlap < 0:
+            raise InputError("must be an integer >= 0", key="extract.fasta.overlap", value=self.overlap)
         if self.ids not in ID_MODES:
             raise InputError(f"must be one of {', '.join(ID_MODES)}", key="extract.fasta.ids", value=self.ids)
 
@@ -162,6 +169,24 @@ def read_fasta(path) -> Iterator[RawRecord]:
     yield RawRecord(number, start, header, "".join(parts))
 
 
+def windows(length: int, window: int, overlap: int = 0) -> list[tuple[int, int]]:
+    """``(start, end)`` (0-based, end exclusive) of the windows a record of ``length``
+    letters is embedded in under ``too_long: window``.
+
+    Windows of ``window`` letters start every ``window - overlap`` letters; the last one
+    ends at the record's end (it starts earlier and overlaps its neighbour more), so every
+    window has ``window`` letters and the record is covered once or more. A record that
+    fits is one window.
+    """
+    if length <= window:
+        return [(0, length)]
+    step = window - overlap
+    if step < 1:
+        raise InputError(f"must be smaller than the window ({window} letters)", key="extract.fasta.overlap", value=overlap)
+    starts = list(range(0, length - window, step)) + [length - window]
+    return [(s, s + window) for s in starts]
+
+
 def _counts(letters) -> str:
     """'2 x N, 1 x R' for a multiset of letters, most frequent first."""
     return ", ".join(f"{n} x {c!r}" for c, n in sorted(Counter(letters).items(), key=lambda kv: (-kv[1], kv[0])))
@@ -202,7 +227,10 @@ class FastaCleaner:
                 f"to one of {', '.join(a for a in POLICIES[problem] if a != 'fail')} to go on",
                 path=self.path, line=raw.line, value=raw.header[:80],
             )  # fmt: skip
-        done = {"skip": "skipped", "keep": "kept", "replace": "replaced", "truncate": "truncated", "rename": "renamed"}[action]
+        done = {
+            "skip": "skipped", "keep": "kept", "replace": "replaced", "truncate": "truncated", "rename": "renamed",
+            "window": "windowed",
+        }[action]  # fmt: skip
         self.problems.append(Problem(raw.number, raw.line, rid, length, problem, done, detail))
         self.counts[f"{problem}_{done}"] += 1
         return action
@@ -239,10 +267,14 @@ class FastaCleaner:
                 seq = seq.translate({ord(c): a.unknown for c in a.ambiguous})
         original = len(seq)
         if original > self.max_length:
-            action = self._found(raw, rid, original, "too_long", f"{original} letters, maximum {self.max_length}")
+            detail = f"{original} letters, maximum {self.max_length}"
+            if self.policy.too_long == "window":
+                detail += f"; {len(windows(original, self.max_length, self.policy.overlap))} windows"
+            action = self._found(raw, rid, original, "too_long", detail)
             if action == "skip":
                 return None
-            seq = seq[: self.max_length]
+            if action == "truncate":
+                seq = seq[: self.max_length]
         if rid in self._seen:
             first = self._seen[rid]
             if self.policy.duplicate_ids == "rename":
