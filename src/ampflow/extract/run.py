@@ -83,6 +83,8 @@ def extract_fasta(
     settings: ExtractSettings | None = None,
     model_folder=None,
     delay: float = 0.0,
+    hang: dict | None = None,
+    deadlines: dict | None = None,
     pool=WorkerPool,
 ) -> dict:
     """Embed every sequence of ``fasta`` with one model; a summary of the run.
@@ -108,6 +110,12 @@ def extract_fasta(
         Where the model is, when not ``spec.source`` (tiny models built by the workflow).
     delay
         Seconds each worker waits after a chunk (tests only).
+    hang
+        Tests only: a simulated hung worker, :class:`~ampflow.extract.worker.Job`'s
+        ``hang_once``, ``hang_in``, ``hang_times``.
+    deadlines
+        ``deadline`` and/or ``load_deadline`` for the pool (seconds; default: the pool's,
+        see :class:`~ampflow.extract.pool.WorkerPool`).
     pool
         The pool class: :class:`~ampflow.extract.pool.WorkerPool` (processes), or
         :class:`~ampflow.extract.pool.InlinePool` (this process; tests, debugging).
@@ -149,9 +157,9 @@ def extract_fasta(
             sampler = GpuSampler(work / "telemetry.jsonl", slots if device == "cuda" else [], settings.telemetry_interval)
             sampler.start()
             try:
-                job = Job(spec, str(folder), layer, str(work), expect, device, settings.threads, delay)
+                job = Job(spec, str(folder), layer, str(work), expect, device, settings.threads, delay, **(hang or {}))
                 meter = Progress(sum(c["n"] for c in todo), "sequences", log)
-                workers = pool(job, slots, settings.max_attempts).run(todo, meter)
+                workers = pool(job, slots, settings.max_attempts, **(deadlines or {})).run(todo, meter)
             finally:
                 gpu = sampler.stop()
             for w in workers:
