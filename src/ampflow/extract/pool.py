@@ -8,6 +8,12 @@ that dies while computing a chunk has the chunk put back at the front of the que
 is replaced on the same device; after ``max_attempts`` deaths on one chunk, or when no
 worker is left, the job stops with a message that says so.
 
+A worker can also hang without dying (a stuck kernel or driver call, a stalled network
+file system): alive and silent, it would hold its chunk until the scheduler's time limit
+ends the whole job. So each worker has a deadline: one that sends nothing for
+``deadline`` seconds while computing a chunk, or is still loading its model after
+``load_deadline`` seconds, is killed and then handled exactly like a death.
+
 Devices: ``CUDA_VISIBLE_DEVICES`` is set in each worker's environment before it starts
 (spawn, never fork), so torch in the worker sees exactly its own GPU.
 """
@@ -18,6 +24,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import time
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -120,7 +127,8 @@ class _Worker:
     label: str = ""
     task: dict | None = None
     partial: int = 0  # sequences of the current chunk already counted in the progress
-    state: str = "loading"  # loading -> busy (a chunk) / stopped (told to stop)
+    state: str = "loading"  # loading -> busy (a chunk) / stopped (told to stop); ending
+    since: float = field(default_factory=time.monotonic)  # start, or its last message
     stats: Counter = field(default_factory=Counter)
 
 
@@ -136,12 +144,29 @@ class WorkerPool:
     max_attempts
         Workers one chunk may take down before the job fails; also the deaths in a row
         (without a finished chunk in between) after which a device gets no new worker.
+        A worker killed at its deadline counts as a death.
+    deadline
+        Seconds a worker computing a chunk may go without a message (a finished batch or
+        chunk) before it is taken for hung and killed. One batch is seconds even for
+        ESM-2 15B on a full token budget of 1022-residue sequences, and reading a chunk
+        or writing its output is seconds more; 600 s leaves room for a slow first batch
+        (CUDA kernels loaded, memory allocated) on a busy node, yet a hang costs ten
+        minutes, not the rest of a multi-day allocation.
+    load_deadline
+        Seconds from a worker's start to its model being loaded (``ready``). Loading is
+        bounded by reading the weights: ESM-2 15B is ~60 GB of float32 checkpoint, about
+        ten minutes from a network file system at 100 MB/s; 1800 s allows for a slower
+        or shared file system.
     """
 
-    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2):
+    kill_grace = 5.0  # seconds between SIGTERM and SIGKILL, and waited after SIGKILL
+
+    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2, deadline: float = 600.0, load_deadline: float = 1800.0):
         self.job = job
         self.slots = slots
         self.max_attempts = max_attempts
+        self.deadline = deadline
+        self.load_deadline = load_deadline
         self.ctx = mp.get_context("spawn")
         self.workers: dict[int, _Worker] = {}
         self.finished: list[_Worker] = []
@@ -174,12 +199,28 @@ class WorkerPool:
                 w.proc.terminate()
         for w in self.workers.values():
             w.proc.join(timeout=10)
-            if w.proc.is_alive():
-                w.proc.kill()
-                w.proc.join()
+            self._end(w, terminate=False)
+
+    def _end(self, w: _Worker, terminate: bool) -> None:
+        """See that ``w``'s process is gone: SIGTERM if asked, SIGKILL after a grace.
+
+        Joins are bounded: a process stuck in an uninterruptible driver call ignores even
+        SIGKILL until the call returns, and must not stop the pool with it.
+        """
+        if terminate and w.proc.is_alive():
+            w.proc.terminate()
+        w.proc.join(self.kill_grace)
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join(self.kill_grace)
+        if w.proc.is_alive():
+            log.error("%s (pid %d) outlives SIGKILL (stuck in the kernel or driver); leaving it behind", w.label, w.proc.pid)
 
     # ---------------------------------------------------------------- protocol
     def _give(self, w: _Worker, pending: deque) -> None:
+        if w.state == "ending":  # a message read after its process ended: no chunk for it
+            w.task = None
+            return
         w.task = pending.popleft() if pending else None
         w.partial = 0
         w.state = "busy" if w.task is not None else "stopped"
@@ -190,6 +231,7 @@ class WorkerPool:
 
     def _handle(self, w: _Worker, msg: tuple, pending: deque, progress: Progress | None) -> None:
         kind = msg[0]
+        w.since = time.monotonic()
         if kind == "ready":
             if progress is not None and progress.done == 0:
                 progress.restart_clock()  # rates from the first loaded model on
@@ -224,15 +266,23 @@ class WorkerPool:
         except (EOFError, OSError):
             pass
 
-    def _gone(self, w: _Worker, pending: deque, progress: Progress | None) -> None:
-        """A worker's process ended: a clean stop, or a death with or without a chunk."""
-        self._drain(w, pending, progress)
-        w.proc.join()
+    def _gone(self, w: _Worker, pending: deque, progress: Progress | None, hung: str | None = None) -> None:
+        """A worker's process ended: a clean stop, or a death with or without a chunk.
+
+        ``hung``: it did not end, it was silent past its deadline (why, in words); it is
+        killed here and from then on treated as a death.
+        """
+        was, w.state = w.state, "ending"
+        self._end(w, terminate=hung is not None)
+        self._drain(w, pending, progress)  # what it sent before it ended
+        w.conn.close()
         del self.workers[w.wid]
         self.finished.append(w)
         if w.task is None and w.proc.exitcode == 0:
             return
-        why = _exit_text(w.proc.exitcode)
+        why = hung or _exit_text(w.proc.exitcode)
+        if hung:
+            w.stats["hung"] += 1
         if w.task is not None and self._finished(w.task):
             # died after writing the chunk's output and marker, before saying so
             log.warning("%s died (%s) after finishing %s", w.label, why, w.task["name"])
@@ -245,15 +295,19 @@ class WorkerPool:
                 progress.done -= w.partial
             if self.attempts[name] >= self.max_attempts:
                 self._stop_all()
+                hint = (
+                    "a hung GPU or file system (or, if one batch can truly take that long, a longer deadline)"
+                    if hung else "out-of-memory kills (a smaller tokens_per_batch helps)"
+                )  # fmt: skip
                 raise RuntimeError(
-                    f"{name}: {self.attempts[name]} worker(s) died computing it (last: {w.label}, {why}); "
+                    f"{name}: {self.attempts[name]} worker(s) died or hung computing it (last: {w.label}, {why}); "
                     f"giving up after extract.max_attempts = {self.max_attempts}. Finished chunks are kept; "
-                    "look for out-of-memory kills (a smaller tokens_per_batch helps) and run again"
+                    f"look for {hint} and run again"
                 )
             log.warning("%s died (%s) while computing %s; the chunk goes back to the queue", w.label, why, name)
             pending.appendleft(w.task)
         else:
-            log.warning("%s died (%s) before taking a chunk", w.label, why)
+            log.warning("%s died (%s) %s", w.label, why, "while loading its model" if was == "loading" else "between chunks")
         self.failures[w.slot] += 1
         if pending and self.failures[w.slot] < self.max_attempts:
             log.info("starting a new worker in its place")
@@ -261,13 +315,43 @@ class WorkerPool:
         elif pending:
             log.warning("not replacing %s: %d worker(s) in a row died on its device", w.label, self.failures[w.slot])
 
+    def _limit(self, w: _Worker) -> float | None:
+        """Seconds ``w`` may stay silent now; None when it owes nothing (told to stop)."""
+        return {"loading": self.load_deadline, "busy": self.deadline}.get(w.state)
+
+    def _timeout(self) -> float | None:
+        """Seconds to the nearest deadline, so that a hang is noticed when it is due."""
+        due = [w.since + limit for w in self.workers.values() if (limit := self._limit(w)) is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
+    def _kill_hung(self, pending: deque, progress: Progress | None) -> None:
+        """Kill and replace every worker silent past its deadline.
+
+        The sign of life is progress, a message per finished batch, not a heartbeat: a
+        heartbeat thread in the worker would go on beating while its main thread is stuck
+        in a CUDA call, and the hang would never be seen.
+        """
+        now = time.monotonic()
+        for w in list(self.workers.values()):
+            limit = self._limit(w)
+            if limit is None or now - w.since < limit or w.conn.poll():
+                continue  # (a message waiting in its pipe: not silent, read on the next pass)
+            silent = now - w.since
+            doing = "loading its model" if w.state == "loading" else f"computing {w.task['name']}"
+            log.warning(
+                "%s silent for %.1f s while %s, past its %g s deadline: taken for hung (not crashed), killing it",
+                w.label, silent, doing, limit,
+            )  # fmt: skip
+            self._gone(w, pending, progress, hung=f"killed after {silent:.1f} s silent, past the {limit:g} s deadline")
+
     def _finished(self, chunk: dict) -> bool:
         """Whether the chunk's shard is in the cache (its name starts with the chunk's hash)."""
         return any(self.job.cache().shard_dir.glob(f"{chunk['sha256'][:16]}-*.done"))
 
     # ---------------------------------------------------------------- run
     def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
-        """Compute every chunk; per-worker statistics (label, chunks, sequences, seconds)."""
+        """Compute every chunk; per-worker statistics (label, chunks, sequences, seconds;
+        ``hung``: 1 for a worker killed at its deadline)."""
         pending = deque(chunks)
         self.attempts = Counter()
         try:
@@ -278,7 +362,7 @@ class WorkerPool:
                     raise RuntimeError(f"every extraction worker died; {len(pending)} chunk(s) left (see the log above)")
                 by_conn = {w.conn: w for w in self.workers.values()}
                 by_sentinel = {w.proc.sentinel: w for w in self.workers.values()}
-                for obj in wait([*by_conn, *by_sentinel], timeout=600):
+                for obj in wait([*by_conn, *by_sentinel], timeout=self._timeout()):
                     if obj in by_conn:
                         w = by_conn[obj]
                         if w.wid not in self.workers:
@@ -293,14 +377,13 @@ class WorkerPool:
                         w = by_sentinel[obj]
                         if w.wid in self.workers:
                             self._gone(w, pending, progress)
+                self._kill_hung(pending, progress)
             # every chunk is done: stopped workers exit by themselves, ones still
             # loading their model are not needed any more
             for w in list(self.workers.values()):
                 if w.state == "stopped":
                     w.proc.join(timeout=2)
-                if w.proc.is_alive():
-                    w.proc.terminate()
-                    w.proc.join()
+                self._end(w, terminate=True)
                 self.finished.append(w)
             self.workers.clear()
         finally:
@@ -321,7 +404,9 @@ class InlinePool:
 
     _models: dict = {}
 
-    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2):
+    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2, deadline: float = 0.0, load_deadline: float = 0.0):
+        # deadlines are accepted for the pool's interface and ignored: a hang here hangs
+        # the caller, which is what a debugger wants
         self.job = job
         self.device = "cpu" if slots[0] is None else "cuda"
 

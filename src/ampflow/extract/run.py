@@ -89,6 +89,7 @@ def compute_model(
     record=None,
     delay: float = 0.0,
     oom_above: int | None = None,
+    hang: dict | None = None,
     pool=WorkerPool,
 ) -> dict:
     """Put every sequence of every input into the vector cache with one model; the job
@@ -110,9 +111,10 @@ def compute_model(
         Chunk size, FASTA policies, devices, workers (defaults: ExtractSettings()).
     model_folder
         Where the model is, when not ``spec.source`` (tiny models built by the workflow).
-    delay, oom_above
+    delay, oom_above, hang
         Tests only: seconds each worker waits after a chunk; batches of more padded
-        tokens than ``oom_above`` run out of memory.
+        tokens than ``oom_above`` run out of memory; a simulated hung worker
+        (:class:`~ampflow.extract.worker.Job`'s ``hang_once``, ``hang_in``, ``hang_times``).
     pool
         The pool class: :class:`~ampflow.extract.pool.WorkerPool` (processes), or
         :class:`~ampflow.extract.pool.InlinePool` (this process; tests, debugging).
@@ -153,9 +155,12 @@ def compute_model(
             sampler = GpuSampler(work / "telemetry.jsonl", slots if device == "cuda" else [], settings.telemetry_interval)
             sampler.start()
             try:
-                job = Job(spec, str(folder), tuple(layers), str(work), str(cache.dir.parent), ident, device, settings.threads, delay, oom_above)
+                job = Job(
+                    spec, str(folder), tuple(layers), str(work), str(cache.dir.parent), ident, device, settings.threads,
+                    delay, oom_above, **(hang or {}),
+                )  # fmt: skip
                 meter = Progress(todo, "sequences", log)
-                workers = pool(job, slots, settings.max_attempts).run(chunks, meter)
+                workers = pool(job, slots, settings.max_attempts, settings.deadline, settings.load_deadline).run(chunks, meter)
             finally:
                 gpu = sampler.stop()
             for w in workers:

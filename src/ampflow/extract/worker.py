@@ -48,6 +48,29 @@ class Job:
     threads: int = 1
     delay: float = 0.0  # seconds to wait after each chunk (tests: a window to kill in)
     oom_above: int | None = None  # tests: batches of more padded tokens run out of memory
+    # TEST ONLY: simulate a hung device (a stuck kernel or driver call). A worker that
+    # creates ``hang_once`` exclusively (O_EXCL) sleeps forever, in ``hang_in`` ("chunk":
+    # before the first batch of its chunk; "load": before it says it is ready); the
+    # ones after it, finding the file, do not. ``hang_times`` > 1 hangs that many workers
+    # (files ``hang_once``, ``hang_once.1``, ...): a chunk that hangs every worker.
+    hang_once: str | None = None
+    hang_in: str = "chunk"
+    hang_times: int = 1
+
+    def hang_if_told(self, phase: str, what: str) -> None:
+        """TEST ONLY: sleep forever if this worker claims one of the hang files."""
+        if self.hang_once is None or phase != self.hang_in:
+            return
+        for i in range(self.hang_times):
+            try:
+                fd = os.open(self.hang_once + (f".{i}" if i else ""), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                continue
+            os.write(fd, what.encode())  # which worker hung where, for the test to check
+            os.close(fd)
+            log.warning("test hook: hanging (%s)", what)
+            while True:
+                time.sleep(3600)
 
     @property
     def chunk_dir(self) -> Path:
@@ -98,6 +121,7 @@ def worker_main(wid: int, conn, job: Job) -> None:
 
         torch.set_num_threads(job.threads)
         t0 = time.monotonic()
+        job.hang_if_told("load", f"{label} load")
         embedder = load_embedder(job.spec, job.folder, list(job.layers), device=job.device)
         embedder.inject_oom_above = job.oom_above
         cache = job.cache()
@@ -111,6 +135,7 @@ def worker_main(wid: int, conn, job: Job) -> None:
                 # teardown of torch and transformers (seconds the job would wait)
                 logging.shutdown()
                 os._exit(0)
+            job.hang_if_told("chunk", f"{label} {chunk['name']}")
             marker = compute_chunk(embedder, job, chunk, label, on_batch, cache)
             if job.delay:
                 time.sleep(job.delay)
