@@ -27,11 +27,15 @@ from extract_helpers import random_fasta, tiny_models_in
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
-TARGET = "results/{dataset}/extract/prot.esm2_tiny.h5ad"
+TARGET = "results/{dataset}/extract/prot.esm_test.h5ad"
+# a model of its own: its one job runs on this input alone (the demo's inputs, merged
+# in by Snakemake, use the demo's models)
 EXTRACT_CONFIG = """
 extract:
   inputs:
-    prot: {fasta: prot.fa, models: [esm2_tiny]}
+    prot: {fasta: prot.fa, models: [esm_test]}
+  models:
+    esm_test: {kind: esm2, tiny: true}
   sequences_per_file: 2
   cpu_workers: 2
 """
@@ -56,15 +60,16 @@ def env(**extra) -> dict:
 
 def test_sigkill_mid_run_then_rerun(tmp_path):
     """SIGKILL Snakemake, the extract job and its workers (one process group) after some
-    chunks are done; unlock and run again: finished chunks are skipped (markers untouched,
-    the log counts them), the h5ad equals an uninterrupted run's, no temporary remains."""
+    chunks are done; unlock and run again: the cached sequences are not computed again
+    (shards untouched, the log counts them), the h5ad equals an uninterrupted run's, no
+    temporary remains."""
     from ampflow.demo import write_demo
 
     root = workflow_copy(tmp_path / "wf")
     write_demo(root / "resources" / "demo", n_cells=8, seed=0)
     (root / "config/extract.yaml").write_text(EXTRACT_CONFIG)
     random_fasta(root / "prot.fa", "esm2", 2 * N_CHUNKS, lengths=(20, 300))
-    work = root / "results/demo/extract/prot/esm2_tiny/out"
+    shards = root / "results/demo/extract/cache"
     target = TARGET.format(dataset="demo")
 
     log = open(tmp_path / "killed.log", "w")
@@ -74,7 +79,7 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 240
-        while len(list(work.glob("chunk-*.done"))) < 3:
+        while len(list(shards.glob("*/shards/*.done"))) < 3:
             assert proc.poll() is None, (tmp_path / "killed.log").read_text()
             assert time.monotonic() < deadline, "no chunk finished within 240 s"
             time.sleep(0.02)
@@ -85,7 +90,8 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
     time.sleep(0.5)  # the group's other processes are gone too (SIGKILL is not deliverable late)
-    done = {p.name: p.read_bytes() for p in work.glob("chunk-*.done")}
+    done = {p.name: p.read_bytes() for p in shards.glob("*/shards/*.done")}
+    n_done = sum(len(json.loads(d)["keys"]) for d in done.values())
     assert 3 <= len(done) < N_CHUNKS, sorted(done)
     assert not (root / target).exists()
 
@@ -93,23 +99,23 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run(snakemake_cmd(target), cwd=root, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    text = (root / "logs/demo/extract.prot.esm2_tiny.log").read_text()
-    assert f"{len(done)} chunk(s) skipped (done), {N_CHUNKS - len(done)} computed" in text, text
-    for name, data in done.items():
-        assert (work / name).read_bytes() == data, f"{name} was recomputed"
-    assert len(list(work.glob("chunk-*.done"))) == N_CHUNKS
+    text = (root / "logs/demo/extract.esm_test.log").read_text()
+    assert f"{n_done} found in the cache, {2 * N_CHUNKS - n_done} to compute" in text, text
+    for p in shards.glob("*/shards/*.done"):
+        assert p.name not in done or p.read_bytes() == done[p.name], f"{p.name} was rewritten"
+    assert sum(len(json.loads(p.read_text())["keys"]) for p in shards.glob("*/shards/*.done")) == 2 * N_CHUNKS
     assert not [p for p in root.rglob(".tmp-*")]
-    assert (root / "logs/demo/extract.prot.esm2_tiny.benchmark.tsv").exists()
+    assert (root / "logs/demo/extract.esm_test.benchmark.tsv").exists()
 
     r = subprocess.run(snakemake_cmd(TARGET.format(dataset="ref"), "--config", "dataset=ref"), cwd=root, env=env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     resumed, ref = ad.read_h5ad(root / target), ad.read_h5ad(root / TARGET.format(dataset="ref"))
-    assert f"0 chunk(s) skipped (done), {N_CHUNKS} computed" in (root / "logs/ref/extract.prot.esm2_tiny.log").read_text()
+    assert f"0 found in the cache, {2 * N_CHUNKS} to compute" in (root / "logs/ref/extract.esm_test.log").read_text()
     assert resumed.X.dtype == np.float32 and resumed.shape == (2 * N_CHUNKS, 32)
     assert np.array_equal(resumed.X, ref.X)
     print(
         f"\nkilled with {len(done)} of {N_CHUNKS} chunks done; the re-run logged "
-        f"'{len(done)} chunk(s) skipped (done), {N_CHUNKS - len(done)} computed', left their markers byte-identical; "
+        f"'{n_done} found in the cache, {2 * N_CHUNKS - n_done} to compute', left their markers byte-identical; "
         f"h5ad X equal to the uninterrupted run's: {np.array_equal(resumed.X, ref.X)} (max abs diff {np.abs(resumed.X - ref.X).max()})"
     )
     pd.testing.assert_frame_equal(resumed.obs, ref.obs)

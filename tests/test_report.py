@@ -290,17 +290,21 @@ def test_extraction_progress_from_jsonl_and_throughput(tmp_path, figures):
 
 
 def test_extraction_progress_from_the_markers(tmp_path, figures):
-    """The progress file the extract job rebuilds from its chunks' markers; an empty one
-    (no sequence left) is an empty progress; a log is not a progress file."""
-    from ampflow.extract.markers import progress_rows, progress_text, write_chunk
+    """The progress file the extraction rebuilds from its cache shards' markers; an empty
+    one (no sequence left) is an empty progress; a log is not a progress file."""
+    from ampflow.extract.cache import VectorCache
+    from ampflow.extract.markers import progress_rows, progress_text
 
-    work = tmp_path / "out"
-    chunks = [{"name": f"chunk-{i:05d}", "n": n} for i, n in enumerate((4, 4, 2))]
-    # finished out of order (two workers), with the seconds each took
-    for c, t, sec in zip(chunks, (1_000_012.5, 1_000_010.0, 1_000_020.0), (2.0, 4.0, 1.5)):
-        write_chunk(work, c["name"], np.zeros((c["n"], 3)), {"model": "m"}, finished=t, seconds=sec, worker="w")
+    cache = VectorCache(tmp_path / "cache", {"model": "m"})
+    # finished out of order (two workers), with the seconds each took; the input has
+    # every sequence of the first two shards and 2 of the third's 3
+    names = []
+    for i, (n, t, sec) in enumerate(zip((4, 4, 3), (1_000_012.5, 1_000_010.0, 1_000_020.0), (2.0, 4.0, 1.5))):
+        keys = [f"k{i}_{j}" for j in range(n)]
+        names.append(cache.write(f"{i:064d}", keys, {"L1.mean": np.zeros((n, 3))}, finished=t, seconds=sec, worker="w")["shard"])
+    counts = {names[0]: 4, names[1]: 4, names[2]: 2}
     path = tmp_path / "progress.jsonl"
-    path.write_text(progress_text(progress_rows(work, chunks)))
+    path.write_text(progress_text(progress_rows(cache.markers(), counts, 10)))
     frame = ex.read_progress(path)
     assert list(frame["time_s"]) == [0.0, 4.0, 6.5, 14.0]  # from the start of the first to finish (10.0 - 4.0)
     assert list(frame["sequences"]) == [0, 4, 8, 10] and set(frame["total"]) == {10}
