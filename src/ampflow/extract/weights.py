@@ -1,18 +1,20 @@
 """Loading an extraction model with at most one host copy of its weights.
 
 Every extraction worker (one per GPU, or several on a CPU) loads its own model. Built
-the usual way, a model is first created with random fp32 weights on the host, then the
-checkpoint is read into a second host copy and copied over, and only then cast and moved
-to the device: ESM-2 3B needs about 11 GB of host memory per worker, eight GPU workers
-about 90 GB, and ESM-2 15B does not fit a 40/48 GB card when bf16 is only applied by
-autocast. Here instead:
+whole and then filled from a state dict (as DNABERT-S was), each worker holds a private
+fp32 host copy (randomly initialised, then overwritten from the checkpoint) before it is
+cast and moved. ESM-2's
+``from_pretrained`` (transformers 5) avoids the copy for fp32 safetensors on the CPU, but
+the model stayed fp32 with bf16 only applied by autocast, so ESM-2 15B does not fit a
+40/48 GB card, and every block was read even when only the first ones are run.
+Here instead:
 
 * the network is built on the ``meta`` device (shapes only, no memory, no random init);
 * the checkpoint's tensors are read one at a time, each converted to the asked dtype and
   put on the asked device as it is read, and assigned into the network in place of its
   meta tensors, so the host holds one tensor at a time in transit, never a second model;
-* on the CPU, a tensor already in the asked dtype is not read at all but used where it
-  lies in the memory-mapped ``.safetensors`` file (safetensors' ``mmap`` backend hands out
+* on the CPU, a tensor already in the asked dtype is not copied but used where it lies
+  in the memory-mapped ``.safetensors`` file (safetensors' ``mmap`` backend hands out
   zero-copy views): its pages are the kernel's page cache, which every worker mapping the
   same file shares, so N CPU workers hold one copy of the weights between them;
 * with ``n_blocks`` only the first blocks are built and their weights read: the blocks
