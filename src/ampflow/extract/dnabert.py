@@ -12,10 +12,12 @@ loads as is:
 * per layer: fused ``Wqkv``, attention with bias ``-slope_h * |i - j|`` plus a padding
   mask, output projection + residual + LayerNorm, gated GELU MLP (``gated_layers``
   without bias, ``wo``) + residual + LayerNorm (post-LN throughout);
-* an unused CLS pooler, present so that strict loading sees every checkpoint key.
+* a CLS pooler, as the checkpoint has one (never run: :func:`load_dnabert` neither
+  builds nor reads it).
 
 Building from ``config.json`` and then loading the state dict is the path NOTES.md
-recommends; nothing runs remote code.
+recommends; nothing runs remote code. :func:`load_dnabert` builds on the meta device and
+streams the tensors in (:mod:`ampflow.extract.weights`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..io.errors import InputError
-
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 @dataclass(frozen=True)
@@ -200,39 +200,9 @@ class DnabertModel(nn.Module):
         return out
 
 
-def read_state_dict(folder: Path) -> dict:
-    """The checkpoint's tensors (safetensors preferred), without a ``bert.`` prefix and
-    without masked-LM head (``cls.``) entries."""
-    for name in WEIGHT_FILES:
-        path = folder / name
-        if path.is_file():
-            break
-    else:
-        raise InputError(f"no weights ({' or '.join(WEIGHT_FILES)}) in the model folder", path=folder)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+def load_dnabert(folder, dtype: str = "float32", device: str = "cpu", n_blocks: int | None = None) -> DnabertModel:
+    """Build from ``config.json`` and stream the checkpoint in, tensor by tensor (see
+    :func:`ampflow.extract.weights.load_model`); the pooler is neither built nor read."""
+    from .weights import load_model
 
-        sd = load_file(str(path))
-    else:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-    out = {}
-    for k, v in sd.items():
-        if k.startswith("cls."):
-            continue
-        out[k.removeprefix("bert.")] = v
-    return out
-
-
-def load_dnabert(folder) -> DnabertModel:
-    """Build from ``config.json``, then load the state dict (strict but for the pooler)."""
-    folder = Path(folder)
-    cfg = DnabertConfig.from_json(folder / "config.json")
-    model = DnabertModel(cfg)
-    missing, unexpected = model.load_state_dict(read_state_dict(folder), strict=False)
-    missing = [k for k in missing if not k.startswith("pooler.")]
-    if missing or unexpected:
-        raise InputError(
-            f"checkpoint does not match the DNABERT-S network: missing {missing[:5]}, unexpected {unexpected[:5]}",
-            path=folder,
-        )
-    return model.eval()
+    return load_model("dnabert_s", folder, dtype, device, n_blocks)
