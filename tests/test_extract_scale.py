@@ -45,9 +45,9 @@ def write(path: Path, recs) -> Path:
 
 def alone(kind, folder, seqs, layer=2, pooling=None) -> np.ndarray:
     """The referee: each sequence through the model by itself."""
-    spec = ModelSpec(kind=kind, tiny=True)
+    spec = ModelSpec(kind=kind, tiny=True, pooling=pooling)
     emb = load_embedder(spec, folder, [layer])
-    product = f"L{layer}.{pooling or spec.poolings[0]}"
+    product = f"L{layer}.{spec.poolings[0]}"
     return np.stack([emb.embed_batch(emb.tokenize([s]))[product][0] for s in seqs])
 
 
@@ -98,13 +98,17 @@ def test_prepending_a_record_computes_one_sequence_and_shared_ones_are_reused(ti
 def test_two_inputs_fill_four_workers(tiny_models, tmp_path, caplog):
     """Two inputs of 3,000 sequences, one job, 4 CPU workers: one queue over both, every
     worker computes chunks; the outputs per input are as if each ran alone."""
+    from ampflow.extract.tiny import write_esm2
+
     caplog.set_level(logging.INFO)
-    a = random_fasta(tmp_path / "a.fa", "esm2", 3000, seed=1, lengths=(5, 60))
-    b = random_fasta(tmp_path / "b.fa", "esm2", 3000, seed=2, lengths=(5, 60))
+    # wider than the tiny model: the chunks take longer than loading a model
+    folder = write_esm2(tmp_path / "model", hidden=160, layers=4, heads=8, intermediate=640)
+    a = random_fasta(tmp_path / "a.fa", "esm2", 3000, seed=1, lengths=(20, 80))
+    b = random_fasta(tmp_path / "b.fa", "esm2", 3000, seed=2, lengths=(20, 80))
     settings = ExtractSettings(cpu_workers=4, cache=str(tmp_path / "cache"))  # sequences_per_file 10,000
     job = extract_model(
         {"a": {"fasta": a}, "b": {"fasta": b}}, ModelSpec(kind="esm2", tiny=True), "esm", tmp_path / "work", tmp_path / "out",
-        settings, model_folder=tiny_models["esm2"], pool=WorkerPool,
+        settings, model_folder=folder, pool=WorkerPool,
     )  # fmt: skip
     workers = job["run"]["workers"]
     counts = {w["worker"]: (w.get("chunks", 0), w.get("sequences", 0)) for w in workers}
@@ -118,7 +122,7 @@ def test_two_inputs_fill_four_workers(tiny_models, tmp_path, caplog):
         got = ad.read_h5ad(tmp_path / "out" / f"{name}.esm.h5ad")
         assert list(got.obs_names) == [i for i, _ in records(path)]
         idx = [0, 1234, 2999]
-        np.testing.assert_allclose(got.X[idx], alone("esm2", tiny_models["esm2"], [records(path)[i][1] for i in idx]), atol=1e-5)
+        np.testing.assert_allclose(got.X[idx], alone("esm2", folder, [records(path)[i][1] for i in idx], layer=4), atol=1e-5)
 
 
 def test_a_100kb_record_in_windows(tiny_models, tmp_path):

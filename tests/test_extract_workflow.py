@@ -206,3 +206,33 @@ def test_real_fasta_files_under_each_policy(shared_data, tiny_models, tmp_path):
     # the 1.18 Mb record is read, truncated to max_length and reported with its length
     big = ad.read_h5ad(tmp_path / "virsorter2_8seq.fa" / "default" / "x.h5ad").obs.loc["NCLDV-linear"]
     assert (big["original_length"], big["length"], big["truncated"]) == (1181549, 10000, True)
+
+
+def test_extraction_only_config_runs_through_snakemake(tmp_path):
+    """A config with a dataset name and an extract section, no inputs (no cell sheet, no
+    genome, no training configuration): Snakemake runs the extraction to the end, one
+    extract job for the model over both inputs, no Hi-C job."""
+    root = workflow_copy(tmp_path / "wf")
+    random_fasta(root / "a.fa", "esm2", 30, seed=1, lengths=(10, 80))
+    random_fasta(root / "b.fa", "esm2", 20, seed=2, lengths=(10, 80))
+    (root / "config/only.yaml").write_text(
+        "dataset: prot\n"
+        "extract:\n"
+        "  inputs:\n"
+        "    a: {fasta: a.fa, models: [esm]}\n"
+        "    b: {fasta: b.fa, models: [esm], policy: {too_long: window}}\n"
+        "  models:\n"
+        "    esm: {kind: esm2, tiny: true, max_length: 50}\n"
+        "  cpu_workers: 2\n"
+    )
+    cmd = [str(BIN / "snakemake"), "--cores", "2", "--profile", "profiles/local", "--configfile", "config/only.yaml"]
+    r = subprocess.run(cmd, cwd=root, env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = Counter(ln.split()[1].rstrip(":") for ln in r.stderr.splitlines() if ln.startswith(("rule ", "localrule ")))
+    print(f"\nextraction-only run: {dict(jobs)}")
+    assert jobs == Counter({"tiny_model": 1, "extract": 1, "extract_outputs": 2, "extract_windows": 1, "report_extraction": 2, "all": 1})
+    out = root / "results/prot/extract"
+    a, b = ad.read_h5ad(out / "a.esm.h5ad"), ad.read_h5ad(out / "b.esm.h5ad")
+    assert (a.n_obs, b.n_obs) == (30, 20) and (out / "b.esm.windows.h5ad").exists() and not (out / "a.esm.windows.h5ad").exists()
+    assert (a.obs["length"] == a.obs["original_length"].clip(upper=50)).all() and (b.obs["length"] == b.obs["original_length"]).all()
+    assert not (root / "results/prot/binned").exists() and not (root / "results/prot/qc").exists()

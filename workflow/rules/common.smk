@@ -36,7 +36,9 @@ HAS_HIC = bool(INPUTS.get("cells"))
 if HAS_HIC:
     for key in ("chromsizes",):
         if not INPUTS.get(key):
-            raise InputError("is needed with inputs.cells", key=f"inputs.{key}", value=None)
+            raise InputError(
+                "is needed with inputs.cells", key=f"inputs.{key}", value=None
+            )
     if not config["configs"]:
         raise InputError(
             "give at least one training configuration with inputs.cells",
@@ -366,7 +368,7 @@ def extract_input_args(model):
         n: EXTRACT_INPUTS[n]["policy"] for n in names if EXTRACT_INPUTS[n].get("policy")
     }
     if policies:
-        args += " --policies " + shlex.quote(json.dumps(policies, sort_keys=True))
+        args = f"{args} --policies {shlex.quote(json.dumps(policies, sort_keys=True))}"
     return args
 
 

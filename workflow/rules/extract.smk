@@ -73,11 +73,11 @@ rule extract_outputs:
         report=f"{RESULTS}/extract/{{name}}.{{model}}.report.tsv",
         telemetry=f"{RESULTS}/extract/{{name}}.{{model}}.telemetry.jsonl",
         progress=f"{RESULTS}/extract/{{name}}.{{model}}.progress.jsonl",
+    log:
+        f"{LOGS}/extract_outputs.{{name}}.{{model}}.log",
     wildcard_constraints:
         name=alternatives(EXTRACT_INPUTS),
         model=alternatives(EXTRACT_MODELS),
-    log:
-        f"{LOGS}/extract_outputs.{{name}}.{{model}}.log",
     conda:
         "../../envs/extract.yaml"
     resources:
@@ -95,11 +95,11 @@ rule extract_windows:
         record=rules.extract.output.record,
     output:
         f"{RESULTS}/extract/{{name}}.{{model}}.windows.h5ad",
+    log:
+        f"{LOGS}/extract_windows.{{name}}.{{model}}.log",
     wildcard_constraints:
         name=alternatives(EXTRACT_INPUTS),
         model=alternatives(EXTRACT_MODELS),
-    log:
-        f"{LOGS}/extract_windows.{{name}}.{{model}}.log",
     conda:
         "../../envs/extract.yaml"
     resources:
@@ -114,11 +114,11 @@ rule extract_tokens:
         record=rules.extract.output.record,
     output:
         f"{RESULTS}/extract/{{name}}.{{model}}.tokens.h5",
+    log:
+        f"{LOGS}/extract_tokens.{{name}}.{{model}}.log",
     wildcard_constraints:
         name=alternatives(EXTRACT_INPUTS),
         model=alternatives(EXTRACT_MODELS),
-    log:
-        f"{LOGS}/extract_tokens.{{name}}.{{model}}.log",
     conda:
         "../../envs/extract.yaml"
     resources:
@@ -163,11 +163,11 @@ rule report_extraction:
                 "figure": "skipped and truncated records",
             },
         ),
+    log:
+        f"{LOGS}/report_extraction.{{name}}.{{model}}.log",
     wildcard_constraints:
         name=alternatives(EXTRACT_INPUTS),
         model=alternatives(EXTRACT_MODELS),
-    log:
-        f"{LOGS}/report_extraction.{{name}}.{{model}}.log",
     conda:
         "../../envs/prepare.yaml"
     params:

@@ -69,8 +69,8 @@ class ModelSpec:
     kind: str
     source: str = ""
     tiny: bool = False
-    layer: int | list = -1
-    pooling: str | list | None = None
+    layer: int | tuple = -1
+    pooling: str | tuple | None = None
     per_token: bool = False
     max_length: int | None = None
     tokens_per_batch: int = 4096
@@ -82,10 +82,14 @@ class ModelSpec:
             raise InputError(f"must be one of {', '.join(KINDS)}", key="extract.models.kind", value=self.kind)
         if not self.source and not self.tiny:
             raise InputError("give a local folder or a cached hub name (or tiny: true)", key="extract.models.source", value=self.source)
-        layers = self.layer if isinstance(self.layer, list) else [self.layer]
+        # lists from the config become tuples: a spec is hashable (models are kept per spec)
+        for key in ("layer", "pooling"):
+            if isinstance(getattr(self, key), list):
+                object.__setattr__(self, key, tuple(getattr(self, key)))
+        layers = self.layer if isinstance(self.layer, tuple) else [self.layer]
         if not layers or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers) or len(set(layers)) != len(layers):
             raise InputError("must be an integer or a list of different integers", key="extract.models.layer", value=self.layer)
-        poolings = self.pooling if isinstance(self.pooling, list) else [self.pooling or DEFAULT_POOLING.get(self.kind)]
+        poolings = self.pooling if isinstance(self.pooling, tuple) else [self.pooling or DEFAULT_POOLING.get(self.kind)]
         if not poolings or any(p not in POOLINGS for p in poolings) or len(set(poolings)) != len(poolings):
             raise InputError(f"must be one of {', '.join(POOLINGS)} or a list of them", key="extract.models.pooling", value=self.pooling)
         if self.attention_per_batch is not None and self.attention_per_batch < 1:
@@ -104,11 +108,11 @@ class ModelSpec:
     @property
     def layers(self) -> list[int]:
         """The layers asked for, as written (negative ones not yet resolved)."""
-        return list(self.layer) if isinstance(self.layer, list) else [self.layer]
+        return list(self.layer) if isinstance(self.layer, tuple) else [self.layer]
 
     @property
     def poolings(self) -> list[str]:
-        if isinstance(self.pooling, list):
+        if isinstance(self.pooling, tuple):
             return list(self.pooling)
         return [self.pooling or DEFAULT_POOLING[self.kind]]
 

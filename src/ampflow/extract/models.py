@@ -269,31 +269,29 @@ class Embedder:
         return out, stats
 
 
-def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu") -> Embedder:
+def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu", lock=None) -> Embedder:
     """Load the model of ``spec`` from ``folder`` onto ``device`` (once per worker): only
-    the blocks up to the deepest of ``layers``, in the run's dtype."""
+    the blocks up to the deepest of ``layers``, its weights in the run's dtype, tensor by
+    tensor straight to the device (``weights.load_model``). With ``lock`` (a file), the
+    workers of a job load one after another, so the host holds one model's reading
+    buffers at a time, not one per GPU."""
+    from contextlib import nullcontext
+
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from .weights import load_lock, load_model
 
     hf_logging.disable_progress_bar()
     folder = Path(folder)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     if tokenizer.pad_token_id is None:
         raise InputError("the model's tokenizer has no padding token", path=folder)
+    # float32 on the CPU: the weights stay the file's pages, one copy shared by every
+    # worker (bfloat16 there would give each worker a converted copy of its own)
     dtype = spec.dtype if device.startswith("cuda") else "float32"
-    if spec.kind == "esm2":
-        from transformers import EsmModel
-
-        model = EsmModel.from_pretrained(str(folder), local_files_only=True, add_pooling_layer=False)
-        deepest = max(layers)
-        if deepest < model.config.num_hidden_layers:
-            # blocks past the layer are never run; the final layer norm belongs to the last block
-            model.encoder.layer = model.encoder.layer[:deepest]
-            model.encoder.emb_layer_norm_after = None
-    else:
-        from .dnabert import load_dnabert
-
-        model = load_dnabert(folder)
+    with load_lock(lock) if lock is not None else nullcontext():
+        model = load_model(spec.kind, folder, dtype=dtype, device=device, n_blocks=max(layers))
     return Embedder(
         spec.kind, model, tokenizer, layers, spec.poolings, spec.per_token, device, dtype,
         spec.tokens_per_batch, spec.attention_per_batch,

@@ -122,7 +122,11 @@ def worker_main(wid: int, conn, job: Job) -> None:
         torch.set_num_threads(job.threads)
         t0 = time.monotonic()
         job.hang_if_told("load", f"{label} load")
-        embedder = load_embedder(job.spec, job.folder, list(job.layers), device=job.device)
+        # GPU workers load one after another: each reads and converts the weights through
+        # host buffers on the way to its device. CPU workers share the file's pages and
+        # load at once.
+        lock = Path(job.work) / "model-load.lock" if job.device == "cuda" else None
+        embedder = load_embedder(job.spec, job.folder, list(job.layers), device=job.device, lock=lock)
         embedder.inject_oom_above = job.oom_above
         cache = job.cache()
         info = {"label": label, "load_seconds": round(time.monotonic() - t0, 2)}
