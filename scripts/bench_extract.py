@@ -15,7 +15,7 @@ the 181 Prodigal proteins of ``../shared/data/fasta/vibrant_mixed_example_prodig
    CPU worker processes of one thread each; sequences/s over the job's wall time and over
    the time the workers computed.
 3. The CPU batch rule, one process, ``--threads`` threads: the batches ``ampflow extract``
-   makes on the CPU (``plan_batches(..., "cpu", --budget)``) against one sequence at a
+   makes on the CPU (``plan_batches(..., "cpu", --budget, kind=...)``) against one sequence at a
    time (``tokens_per_batch: 1``) and against the old rule (sorted under a 4096-token
    budget), on the proteins and on the DNA of ``--dna-fasta`` (default: the 10 reads of
    ``virnucpro_sample_viral_test.fasta``) through a DNABERT-S-shaped model
@@ -158,8 +158,8 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
     toks = emb.tokenize(seqs)
     lengths = [len(t.ids) for t in toks]
     schemes = {
-        f"default CPU rule (budget {args.budget})": plan_batches(lengths, "cpu", args.budget),
-        "one at a time (tokens_per_batch 1)": plan_batches(lengths, "cpu", 1),
+        f"default CPU rule (budget {args.budget})": plan_batches(lengths, "cpu", args.budget, kind=emb.kind),
+        "one at a time (tokens_per_batch 1)": plan_batches(lengths, "cpu", 1, kind=emb.kind),
         f"old: sorted, token budget {OLD_BUDGET}": token_budget_batches(lengths, OLD_BUDGET),
     }
     timed(emb, toks, schemes[next(iter(schemes))][:2], 1)  # warm-up

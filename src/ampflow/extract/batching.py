@@ -23,18 +23,22 @@ REFERENCE_TOKENS = 1024
 
 # Why batching loses on the CPU: a forward pass costs a fixed ~2-3 ms (Python, kernel
 # launches, reading the weights) plus work proportional to the tokens, and a call with a
-# hundred token rows already runs the matrix products at full speed, so a batch saves
+# hundred token rows already runs the matrix products near full speed, so a batch saves
 # only the fixed part while it pays for every padded position (in the products and in
 # the B x heads x S^2 attention) and for activations that no longer fit in the cache.
-# Measured on this project's 2-core machine, 1 thread, esm2_t6 shape, the 181 Prodigal
-# proteins of scripts/bench_extract.py: 4096-token sorted batches run at 0.77-0.85x one
-# sequence at a time; batches of at most 256 tokens of near-equal proteins at 0.915x on
-# their members (pairs of 117 tokens, no padding at all: 0.87x); only batches of
-# <= 48-token sequences win (4 of 38-42 tokens: 1.26x, 8 of 32: 1.3x; 16-token ones
-# 1.5-1.8x), where the fixed part dominates. So the CPU batches only sequences of at most
-# this many tokens, ...
-CPU_SHORT_TOKENS = 48
-# ... at most this many padded tokens a batch (16 of 16 tokens, 5 of 48), ...
+# Measured on this project's 2-core machine (32 MiB cache), 1 thread:
+# - ESM-2 (transformers EsmModel), esm2_t6 shape, the 181 Prodigal proteins of
+#   scripts/bench_extract.py: 4096-token sorted batches run at 0.72-0.85x one sequence at
+#   a time; batches of <= 256 tokens of near-equal proteins at 0.915x on their members
+#   (pairs of 117 tokens, no padding at all: 0.87x; t12 shape 0.94x); only sequences of
+#   <= 48 tokens win (4 of 38-42 tokens: 1.26x, t12 1.06x; 8 of 32: 1.3x; of 16: 1.5-1.8x).
+# - DNABERT-S (our ALiBi model, 768 wide, 12 blocks), 4 equal-length sequences: 1.2x at
+#   48 tokens, 1.1x at 128, 1.02x at 256, 0.96x at 512; the 10 reads of 77-86 tokens of
+#   virnucpro_sample_viral_test.fasta in batches of <= 256 tokens: 1.14-1.21x.
+# So the CPU batches only sequences of at most this many tokens (per model kind; the
+# smallest for a model not named), ...
+CPU_SHORT_TOKENS = {"esm2": 48, "dnabert_s": 128}
+# ... at most this many padded tokens a batch (16 of 16 tokens, 5 of 48, 2 of 128), ...
 CPU_TOKENS_PER_BATCH = 256
 # ... and only members of at least this share of the batch's padded length (padding
 # <= 1/8 of each member), so that the saved fixed cost is not spent on padding.
@@ -67,7 +71,9 @@ def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return _sorted_batches(lengths, lambda s, b, _: s * b <= budget)
 
 
-def plan_batches(lengths: list[int], device: str, tokens_per_batch: int, attention_per_batch: int | None = None) -> list[list[int]]:
+def plan_batches(
+    lengths: list[int], device: str, tokens_per_batch: int, attention_per_batch: int | None = None, kind: str | None = None
+) -> list[list[int]]:
     """Batches of indices into ``lengths`` (tokens per sequence), one model call each.
 
     GPU (any device but ``cpu``): longest first, ties in input order, every batch of more
@@ -78,14 +84,15 @@ def plan_batches(lengths: list[int], device: str, tokens_per_batch: int, attenti
     token budget makes them and narrows long DNA ones.
 
     CPU: the same order, but only sequences of at most :data:`CPU_SHORT_TOKENS` tokens
-    share batches, of near-equal lengths (:data:`CPU_MIN_SHARE`) and at most
+    (of the model ``kind``: ``esm2``, ``dnabert_s``, None = the smallest) share batches, of near-equal lengths (:data:`CPU_MIN_SHARE`) and at most
     ``min(tokens_per_batch,`` :data:`CPU_TOKENS_PER_BATCH` ``)`` padded tokens; longer
     ones run alone, which is never slower there.
     ``tokens_per_batch: 1`` gives one sequence per batch on either device.
     """
     if device == "cpu":
         budget = min(tokens_per_batch, CPU_TOKENS_PER_BATCH)
-        return _sorted_batches(lengths, lambda s, b, n: s <= CPU_SHORT_TOKENS and s * b <= budget and n >= CPU_MIN_SHARE * s)
+        short = CPU_SHORT_TOKENS.get(kind, min(CPU_SHORT_TOKENS.values()))
+        return _sorted_batches(lengths, lambda s, b, n: s <= short and s * b <= budget and n >= CPU_MIN_SHARE * s)
     if attention_per_batch is None:
         attention_per_batch = tokens_per_batch * REFERENCE_TOKENS
     return _sorted_batches(lengths, lambda s, b, _: s * b <= tokens_per_batch and s * s * b <= attention_per_batch)
@@ -160,9 +167,8 @@ def embed_with_backoff(
         if len(b) == 1:
             raise InputError(
                 f"sequence {b[0]} ({lengths[b[0]]} tokens) does not fit in memory even alone ({oom}); "
-                "set extract.fasta.too_long: window or a smaller extract.models.max_length",
-                key="extract.models.max_length", value=lengths[b[0]],
-            )  # fmt: skip
+                "set extract.fasta.too_long: window or a smaller extract.models.max_length"
+            )
         record = {"batch": k, "sequences": len(b), "padded_tokens": len(b) * max(lengths[i] for i in b), "depth": depth}
         splits.append(record)
         if on_split is not None:
