@@ -201,7 +201,8 @@ def test_cache_decides_what_is_redone(tiny_models, tmp_path):
     (folder / f"{marks[3]['shard']}.done").write_text("{")
     summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
     assert (summary["run"]["computed"], summary["run"]["cached"]) == (30, 20)
-    assert np.array_equal(ad.read_h5ad(out / "x.h5ad").X, first)
+    # recomputed in other batches: equal up to rounding
+    np.testing.assert_allclose(ad.read_h5ad(out / "x.h5ad").X, first, rtol=0, atol=1e-6)
     assert not list(out.rglob(".tmp-*"))
     summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
     assert (summary["run"]["computed"], summary["run"]["cached"]) == (0, 50)

@@ -1,27 +1,101 @@
-"""Batches of sequences: length-sorted under a token budget, or fixed-size in input order."""
+"""Batches of sequences, and running them so that one out-of-memory batch does not end a job.
+
+:func:`plan_batches` picks the batch rule of a device: on a GPU length-sorted batches under
+a token budget and an attention budget; on the CPU batches of short, near-equal
+sequences only (see :data:`CPU_SHORT_TOKENS` for why). :func:`embed_with_backoff` runs
+a plan and halves any batch that runs out of GPU memory, down to one sequence.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 
-def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Indices grouped longest first so that ``padded length x batch size <= budget``.
+import numpy as np
 
-    A sequence longer than the budget gets a batch of its own. Longest first: a batch
-    that does not fit in memory fails at the start of a chunk, not at its end. Ties keep
-    input order, so the batches are the same on every run.
+from ..io.errors import InputError
+
+# ESM-2's longest input in tokens (1022 residues + <cls> + <eos>). The default attention
+# budget is tokens_per_batch x this: a batch of ESM-2 sequences (S <= 1024) has
+# B x S^2 <= B x S x 1024 <= tokens_per_batch x 1024, so the token budget alone decides
+# every ESM-2 batch, as before; only longer sequences (DNABERT-S reads 10,000 letters,
+# ~2,000 tokens) are cut down to the attention memory of the largest ESM-2 batch.
+REFERENCE_TOKENS = 1024
+
+# Why batching loses on the CPU: a forward pass costs a fixed ~2-3 ms (Python, kernel
+# launches, reading the weights) plus work proportional to the tokens, and a call with a
+# hundred token rows already runs the matrix products near full speed, so a batch saves
+# only the fixed part while it pays for every padded position (in the products and in
+# the B x heads x S^2 attention) and for activations that no longer fit in the cache.
+# Measured on this project's 2-core machine (32 MiB cache), 1 thread:
+# - ESM-2 (transformers EsmModel), esm2_t6 shape, the 181 Prodigal proteins of
+#   scripts/bench_extract.py: 4096-token sorted batches run at 0.72-0.85x one sequence at
+#   a time; batches of <= 256 tokens of near-equal proteins at 0.915x on their members
+#   (pairs of 117 tokens, no padding at all: 0.87x; t12 shape 0.94x); only sequences of
+#   <= 48 tokens win (4 of 38-42 tokens: 1.26x, t12 1.06x; 8 of 32: 1.3x; of 16: 1.5-1.8x).
+# - DNABERT-S (our ALiBi model, 768 wide, 12 blocks), 4 equal-length sequences: 1.2x at
+#   48 tokens, 1.1x at 128, 1.02x at 256, 0.96x at 512; the 10 reads of 77-86 tokens of
+#   virnucpro_sample_viral_test.fasta in batches of <= 256 tokens: 1.14-1.21x.
+# So the CPU batches only sequences of at most this many tokens (per model kind; the
+# smallest for a model not named), ...
+CPU_SHORT_TOKENS = {"esm2": 48, "dnabert_s": 128}
+# ... at most this many padded tokens a batch (16 of 16 tokens, 5 of 48, 2 of 128), ...
+CPU_TOKENS_PER_BATCH = 256
+# ... and only members of at least this share of the batch's padded length (padding
+# <= 1/8 of each member), so that the saved fixed cost is not spent on padding.
+CPU_MIN_SHARE = 7 / 8
+
+
+def _sorted_batches(lengths: list[int], fits: Callable[[int, int, int], bool]) -> list[list[int]]:
+    """Indices longest first (ties in input order), a batch closed when ``fits(padded
+    length, size with the next member, next member's length)`` is false.
+
+    Longest first: a batch that does not fit in memory fails at the start of a chunk, not
+    at its end; sorted, a batch's padded length is that of its first member. A sequence
+    that fits no batch is a batch of its own.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     cur: list[int] = []
     for i in order:
-        # sorted longest first: the batch's padded length is that of its first member
-        if cur and lengths[cur[0]] * (len(cur) + 1) > budget:
+        if cur and not fits(lengths[cur[0]], len(cur) + 1, lengths[i]):
             batches.append(cur)
             cur = []
         cur.append(i)
     if cur:
         batches.append(cur)
     return batches
+
+
+def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices grouped longest first so that ``padded length x batch size <= budget``."""
+    return _sorted_batches(lengths, lambda s, b, _: s * b <= budget)
+
+
+def plan_batches(
+    lengths: list[int], device: str, tokens_per_batch: int, attention_per_batch: int | None = None, kind: str | None = None
+) -> list[list[int]]:
+    """Batches of indices into ``lengths`` (tokens per sequence), one model call each.
+
+    GPU (any device but ``cpu``): longest first, ties in input order, every batch of more
+    than one sequence within ``B x S <= tokens_per_batch`` (activations) and
+    ``B x S^2 <= attention_per_batch`` (attention scores and DNABERT-S's bias are
+    B x heads x S x S), S the padded length. ``attention_per_batch`` None:
+    ``tokens_per_batch x`` :data:`REFERENCE_TOKENS`, which leaves ESM-2 batches as the
+    token budget makes them and narrows long DNA ones.
+
+    CPU: the same order, but only sequences of at most :data:`CPU_SHORT_TOKENS` tokens
+    (of the model ``kind``: ``esm2``, ``dnabert_s``, None = the smallest) share batches, of near-equal lengths (:data:`CPU_MIN_SHARE`) and at most
+    ``min(tokens_per_batch,`` :data:`CPU_TOKENS_PER_BATCH` ``)`` padded tokens; longer
+    ones run alone, which is never slower there.
+    ``tokens_per_batch: 1`` gives one sequence per batch on either device.
+    """
+    if device == "cpu":
+        budget = min(tokens_per_batch, CPU_TOKENS_PER_BATCH)
+        short = CPU_SHORT_TOKENS.get(kind, min(CPU_SHORT_TOKENS.values()))
+        return _sorted_batches(lengths, lambda s, b, n: s <= short and s * b <= budget and n >= CPU_MIN_SHARE * s)
+    if attention_per_batch is None:
+        attention_per_batch = tokens_per_batch * REFERENCE_TOKENS
+    return _sorted_batches(lengths, lambda s, b, _: s * b <= tokens_per_batch and s * s * b <= attention_per_batch)
 
 
 def fixed_batches(n: int, size: int) -> list[list[int]]:
@@ -35,26 +109,78 @@ def padding_fraction(lengths: list[int], batches: list[list[int]]) -> float:
     return 1.0 - sum(lengths) / padded if padded else 0.0
 
 
-def plan_batches(lengths, device, tokens_per_batch, attention_per_batch=None):
-    return token_budget_batches(lengths, tokens_per_batch)
-
-
-def embed_with_backoff(batches, run, lengths):
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch's OutOfMemoryError, or a RuntimeError saying "out of memory" (how older torch
+    and the MPS backend report it)."""
     import torch
 
-    splits = []
+    # torch.cuda.OutOfMemoryError is torch.OutOfMemoryError (the latter only from torch 2.5)
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
 
-    def go(b, depth):
+
+def _free_cache() -> None:
+    """Give the failed batch's cached blocks back so that its halves find them."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def embed_with_backoff(
+    batches: list[list[int]],
+    embed_batch: Callable[[list[int]], np.ndarray],
+    lengths: list[int],
+    dim: int | None,
+    on_batch: Callable[[list[int]], None] | None = None,
+    on_split: Callable[[dict], None] | None = None,
+) -> tuple[np.ndarray | None, list[dict]]:
+    """Run ``embed_batch(indices) -> (len(indices), dim)`` over a plan; the vectors in
+    input order (``(len(lengths), dim)`` float32, row i = index i) and the split records.
+    With ``dim`` None, ``embed_batch`` keeps its results itself (several products, the
+    :class:`~ampflow.extract.models.Embedder`'s case) and the vectors returned are None.
+
+    A batch that runs out of memory is halved (longest half first, length order kept) and
+    each half tried again, down to one sequence: the plan's limits are estimates, and one
+    batch too many for this GPU (or for what else runs on it) should cost a retry, not the
+    job. Each split is recorded as ``{"batch": k, "sequences": n, "padded_tokens": n x S,
+    "depth": d}`` (k = the planned batch, d = 0 for it, 1 for its halves, ...), passed to
+    ``on_split`` when it happens and returned for the chunk's report. ``on_batch(indices)``
+    follows every call that succeeded. A sequence that does not fit alone is an
+    :class:`InputError` naming its index and length (nothing smaller can be tried); any
+    other exception propagates unchanged.
+    """
+    out = None if dim is None else np.empty((len(lengths), dim), dtype=np.float32)
+    splits: list[dict] = []
+
+    def run(k: int, b: list[int], depth: int) -> None:
         try:
-            run(b)
-        except torch.OutOfMemoryError:
-            if len(b) == 1:
+            got = embed_batch(b)
+            if out is not None:
+                out[b] = got
+        except Exception as e:
+            if not is_out_of_memory(e):
                 raise
-            splits.append({"sequences": len(b), "padded_tokens": len(b) * max(lengths[i] for i in b), "depth": depth})
-            h = len(b) // 2
-            go(b[:h], depth + 1)
-            go(b[h:], depth + 1)
+            oom = str(e).splitlines()[0] if str(e) else type(e).__name__
+        else:
+            if on_batch is not None:
+                on_batch(b)
+            return
+        # outside the except block: the exception's frames (and the tensors they hold)
+        # are gone before the cache is emptied
+        _free_cache()
+        if len(b) == 1:
+            raise InputError(
+                f"sequence {b[0]} ({lengths[b[0]]} tokens) does not fit in memory even alone ({oom}); "
+                "set extract.fasta.too_long: window or a smaller extract.models.max_length"
+            )
+        record = {"batch": k, "sequences": len(b), "padded_tokens": len(b) * max(lengths[i] for i in b), "depth": depth}
+        splits.append(record)
+        if on_split is not None:
+            on_split(record)
+        half = (len(b) + 1) // 2
+        run(k, b[:half], depth + 1)
+        run(k, b[half:], depth + 1)
 
-    for b in batches:
-        go(b, 0)
-    return splits
+    for k, b in enumerate(batches):
+        run(k, b, 0)
+    return out, splits

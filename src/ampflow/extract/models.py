@@ -257,6 +257,8 @@ class Embedder:
                         out[name][i] = a
                 else:
                     out[name][b] = v
+
+        def done(b: list[int]) -> None:
             real, padded = sum(lengths[i] for i in b), len(b) * max(lengths[i] for i in b)
             stats["tokens"] += real
             stats["padded_tokens"] += padded
@@ -264,8 +266,8 @@ class Embedder:
             if on_batch is not None:
                 on_batch(len(b), real, padded)
 
-        batches = plan_batches(lengths, self.device, self.tokens_per_batch, self.attention_per_batch)
-        stats["splits"] = embed_with_backoff(batches, run, lengths)
+        batches = plan_batches(lengths, self.device, self.tokens_per_batch, self.attention_per_batch, kind=self.kind)
+        _, stats["splits"] = embed_with_backoff(batches, run, lengths, None, on_batch=done)
         return out, stats
 
 
