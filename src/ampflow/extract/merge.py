@@ -106,9 +106,10 @@ def merge_input(folder, index: dict, reader: ShardReader, products: list[str], d
             "record": records["record"].to_numpy(np.int64),
             "line": records["line"].to_numpy(np.int64),
         },
-        index=pd.Index(records["id"].to_numpy(dtype=object), name="id"),
+        # object, not pandas 3's default string dtype, which anndata writes only on request
+        index=pd.Index(records["id"].to_numpy(dtype=object), name="id", dtype=object),
     )
-    var = pd.DataFrame(index=pd.Index([f"dim_{i}" for i in range(dim)], name="dim"))
+    var = pd.DataFrame(index=pd.Index([f"dim_{i}" for i in range(dim)], name="dim", dtype=object))
     # items of record r are rows first[r]:first[r + 1] of items.tsv
     counts = records["windows"].to_numpy(np.int64)
     first = np.concatenate([[0], np.cumsum(counts)])
@@ -139,9 +140,13 @@ def merge_input(folder, index: dict, reader: ShardReader, products: list[str], d
     if windows_out is not None:
         ids = records["id"].to_numpy(dtype=object)[items["record"].to_numpy(np.int64)]
         wobs = pd.DataFrame(
-            {"parent": ids, "start": items["start"].to_numpy(np.int64), "end": items["end"].to_numpy(np.int64)},
-            index=pd.Index([f"{i}:{s}-{e}" for i, s, e in zip(ids, items["start"], items["end"])], name="id"),
+            {
+                "parent": pd.Series(ids, dtype=object),
+                "start": items["start"].to_numpy(np.int64),
+                "end": items["end"].to_numpy(np.int64),
+            },
         )
+        wobs.index = pd.Index([f"{i}:{s}-{e}" for i, s, e in zip(ids, items["start"], items["end"])], name="id", dtype=object)
 
         def item_blocks():
             for start in range(0, len(items), BLOCK):
