@@ -199,11 +199,18 @@ def test_cache_decides_what_is_redone(tiny_models, tmp_path):
     npz.write_bytes(npz.read_bytes()[:-7])  # truncated, marker still there
     (folder / f"{marks[2]['shard']}.done").unlink()
     (folder / f"{marks[3]['shard']}.done").write_text("{")
+    # temporaries of killed writers: an old one is removed, a fresh one (perhaps another
+    # job's, writing now) is left
+    old, fresh = folder / ".tmp-999-x.npz", folder / ".tmp-998-y.npz"
+    old.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
     summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
     assert (summary["run"]["computed"], summary["run"]["cached"]) == (30, 20)
     # recomputed in other batches: equal up to rounding
     np.testing.assert_allclose(ad.read_h5ad(out / "x.h5ad").X, first, rtol=0, atol=1e-6)
-    assert not list(out.rglob(".tmp-*"))
+    assert not old.exists() and fresh.exists()
+    fresh.unlink()
     summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
     assert (summary["run"]["computed"], summary["run"]["cached"]) == (0, 50)
 

@@ -1,7 +1,10 @@
-"""Protein / DNA language-model features: FASTA -> chunks -> GPU worker pool -> h5ad.
+"""Protein / DNA language-model features: FASTA -> items -> one queue -> worker pool -> h5ad.
 
-``chunks`` splits and cleans the input, ``pool`` and ``worker`` run one model per GPU
-(or N CPU workers) over the chunks, ``markers`` makes every chunk resumable, ``models``
-and ``dnabert`` load ESM-2 and DNABERT-S, ``merge`` writes the AnnData, ``telemetry``
-samples the GPUs, ``run.extract_fasta`` ties one job together.
+``chunks`` cleans each input into records and items (whole records or windows) and writes
+the queue of what the cache lacks, ``pool`` and ``worker`` run one model per GPU (or N CPU
+workers) over the chunks, ``batching`` plans batches per device and splits those that run
+out of memory, ``cache`` stores every vector by sequence and model (the resume and the
+reuse across files), ``markers`` rebuilds the progress from the shards' markers,
+``weights``, ``models`` and ``dnabert`` load ESM-2 and DNABERT-S, ``merge`` writes each
+input's AnnData, ``telemetry`` samples the GPUs, ``run`` ties one model's job together.
 """

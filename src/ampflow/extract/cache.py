@@ -99,6 +99,22 @@ class VectorCache:
                 idx.setdefault(k, (m["shard"], row))
         return idx
 
+    def remove_stale_temps(self, max_age: float = 3600.0) -> int:
+        """Remove temporaries of shards left by killed writers; the number removed.
+
+        Only those older than ``max_age`` seconds: the cache may be shared, and another
+        job, perhaps on another host, may be writing one now (a shard takes seconds).
+        """
+        now, gone = time.time(), 0
+        for p in self.shard_dir.glob(".tmp-*"):
+            try:
+                if now - p.stat().st_mtime > max_age:
+                    p.unlink()
+                    gone += 1
+            except FileNotFoundError:
+                pass  # its writer finished or another job removed it
+        return gone
+
     def reader(self, max_bytes: int = 1 << 29) -> "ShardReader":
         return ShardReader(self.shard_dir, max_bytes)
 

@@ -136,6 +136,8 @@ def compute_model(
         model_id = {"name": model_name, "kind": spec.kind, "source": spec.source or str(model_folder), "fingerprint": cached_fingerprint(folder, work)}
         ident = {"kind": spec.kind, "fingerprint": model_id["fingerprint"], "dtype": dtype}
         cache = VectorCache(cache_root, ident)
+        if cache.remove_stale_temps():
+            log.info("removed shard temporaries of killed writers from the cache (older than an hour)")
         products = product_names(layers, spec.poolings, spec.per_token)
 
         manifests = {name: split_fasta(fastas[name], work / "inputs" / name, spec, policies[name]) for name in inputs}
