@@ -63,8 +63,11 @@ def work_lock(work: Path):
         fh.close()
 
 
-def _remove_temps(work: Path, outputs) -> int:
-    gone = [p for p in work.rglob(".tmp-*")]
+def _remove_temps(work: Path, outputs, keep: Path) -> int:
+    """Temporaries of killed runs in ``work`` (held by this job's lock) and of
+    ``outputs``; none under ``keep``, the cache, which other jobs may be writing."""
+    keep = keep.resolve()
+    gone = [p for p in work.rglob(".tmp-*") if not p.resolve().is_relative_to(keep)]
     for p in gone:
         shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
     for out in outputs:
@@ -125,7 +128,7 @@ def compute_model(
     fastas = {name: require_file(inp["fasta"], "FASTA file") for name, inp in inputs.items()}
     t_start = time.monotonic()
     with work_lock(work):
-        n_temps = _remove_temps(work, [record] if record else [])
+        n_temps = _remove_temps(work, [record] if record else [], Path(cache_root))
         if n_temps:
             log.info("removed %d temporary file(s) left by an interrupted run", n_temps)
         folder = Path(model_folder) if model_folder else resolve_source(spec.source)
