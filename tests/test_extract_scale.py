@@ -212,3 +212,73 @@ def test_injected_oom_splits_batches_and_changes_no_vector(tiny_models, tmp_path
     progress = (tmp_path / "forced" / "p.esm.progress.jsonl").read_text()
     assert '"splits": 0' in progress and any(f'"splits": {n}' in progress for n in range(1, 100))
     np.testing.assert_allclose(forced.X, plain.X, atol=1e-6)
+
+
+def _job_in_process(inputs, work, out, cache, folder, q):
+    from ampflow.extract.config import ExtractSettings, ModelSpec
+    from ampflow.extract.pool import InlinePool
+    from ampflow.extract.run import extract_model
+
+    job = extract_model(inputs, ModelSpec(kind="esm2", tiny=True), "esm", work, out, ExtractSettings(cpu_workers=1, cache=cache),
+                        model_folder=folder, pool=InlinePool)  # fmt: skip
+    q.put(job["run"]["computed"])
+
+
+def test_two_jobs_share_one_cache_at_once(tiny_models, tmp_path):
+    """Two jobs (two processes, two work folders) run at the same time on inputs sharing
+    400 sequences, into one cache: both finish, each output equals one sequence alone,
+    and a third run finds everything cached."""
+    import multiprocessing as mp
+
+    shared = random_fasta(tmp_path / "s.fa", "esm2", 400, seed=11, lengths=(5, 60))
+    own_a = [(f"a{i}", s) for i, (_, s) in enumerate(records(random_fasta(tmp_path / "x.fa", "esm2", 100, seed=12, lengths=(61, 90))))]
+    own_b = [(f"b{i}", s) for i, (_, s) in enumerate(records(random_fasta(tmp_path / "y.fa", "esm2", 100, seed=13, lengths=(91, 120))))]
+    a = write(tmp_path / "a.fa", records(shared) + own_a)
+    b = write(tmp_path / "b.fa", own_b + records(shared))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    cache = str(tmp_path / "cache")
+    procs = [
+        ctx.Process(target=_job_in_process, args=({n: {"fasta": str(f)}}, str(tmp_path / f"w{n}"), str(tmp_path / "out"), cache, str(tiny_models["esm2"]), q))
+        for n, f in (("a", a), ("b", b))
+    ]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0
+    computed = sorted(q.get(timeout=5) for _ in procs)
+    print(f"\ntwo jobs at once, 400 shared sequences: computed {computed}")
+    # each its own 100 at least, its 500 at most (racing on the shared ones is allowed)
+    assert all(100 <= c <= 500 for c in computed)
+    for name, path in (("a", a), ("b", b)):
+        got = ad.read_h5ad(tmp_path / "out" / f"{name}.esm.h5ad")
+        recs = records(path)
+        assert list(got.obs_names) == [i for i, _ in recs]
+        np.testing.assert_allclose(got.X, alone("esm2", tiny_models["esm2"], [s for _, s in recs]), atol=1e-5)
+    q2 = ctx.Queue()
+    _job_in_process({"a": {"fasta": str(a)}, "b": {"fasta": str(b)}}, str(tmp_path / "w3"), str(tmp_path / "out3"), cache, str(tiny_models["esm2"]), q2)
+    assert q2.get() == 0
+
+
+def test_the_model_fingerprint_is_hashed_once_per_change(tiny_models, tmp_path, monkeypatch):
+    """The fingerprint is read from the work folder while the model's files keep their
+    names, sizes and times; a file touched is hashed again."""
+    import os
+    import shutil
+
+    from ampflow.extract import models
+
+    folder = shutil.copytree(tiny_models["esm2"], tmp_path / "m")
+    first = models.cached_fingerprint(folder, tmp_path / "w")
+    assert first == models.fingerprint(folder)
+
+    def no_hash(_):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(models, "fingerprint", no_hash)
+    assert models.cached_fingerprint(folder, tmp_path / "w") == first
+    weights = folder / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    with pytest.raises(AssertionError, match="hashed again"):
+        models.cached_fingerprint(folder, tmp_path / "w")
