@@ -34,11 +34,10 @@ INPUTS = config["inputs"]
 # only the extraction rules exist (see the Snakefile)
 HAS_HIC = bool(INPUTS.get("cells"))
 if HAS_HIC:
-    for key in ("chromsizes",):
-        if not INPUTS.get(key):
-            raise InputError(
-                "is needed with inputs.cells", key=f"inputs.{key}", value=None
-            )
+    if not INPUTS.get("chromsizes"):
+        raise InputError(
+            "is needed with inputs.cells", key="inputs.chromsizes", value=None
+        )
     if not config["configs"]:
         raise InputError(
             "give at least one training configuration with inputs.cells",

@@ -85,18 +85,14 @@ class VectorCache:
             out.append(m)
         return out
 
-    def index(self, products: list[str]) -> dict[str, tuple[str, int]]:
-        """key -> (shard name, row) for every key some shard holds all ``products`` of."""
+    def index(self, products: list[str], markers: list[dict] | None = None) -> dict[str, tuple[str, int]]:
+        """key -> (shard name, row) for every key some shard holds all ``products`` of
+        (from ``markers``, or the markers on disk now)."""
         idx: dict[str, tuple[str, int]] = {}
-        for m in self.markers():
-            if not set(products) <= set(m["products"]):
-                continue
-            keys = m.get("keys")
-            if keys is None:
-                with np.load(self.shard_dir / m["output"], allow_pickle=False) as z:
-                    keys = z["keys"].astype(str).tolist()
-            for row, k in enumerate(keys):
-                idx.setdefault(k, (m["shard"], row))
+        for m in self.markers() if markers is None else markers:
+            if set(products) <= set(m["products"]):
+                for row, k in enumerate(m["keys"]):
+                    idx.setdefault(k, (m["shard"], row))
         return idx
 
     def remove_stale_temps(self, max_age: float = 3600.0) -> int:

@@ -160,12 +160,6 @@ class BertEncoder(nn.Module):
         pad = pad.masked_fill(attention_mask == 0, float("-inf"))
         return alibi[None] + pad[:, None, None, :]
 
-    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, n_layers: int | None = None) -> torch.Tensor:
-        bias = self.attention_bias(attention_mask)
-        for block in self.layer[:n_layers]:
-            x = block(x, bias)
-        return x
-
 
 class BertPooler(nn.Module):
     def __init__(self, cfg: DnabertConfig):
@@ -185,7 +179,8 @@ class DnabertModel(nn.Module):
         self.pooler = BertPooler(cfg)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_layers: int | None = None) -> torch.Tensor:
-        return self.encoder(self.embeddings(input_ids), attention_mask, n_layers)
+        n = len(self.encoder.layer) if n_layers is None else n_layers
+        return self.hidden_states(input_ids, attention_mask, [n])[n]
 
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:
         """Hidden states after each of ``layers`` blocks (0 = the embedding output), from

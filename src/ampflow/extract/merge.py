@@ -79,12 +79,12 @@ def _write_matrices(f, n: int, dim: int, products: list[str], blocks) -> None:
             ds[p][start:stop] = rows[p]
 
 
-def merge_input(folder, index: dict, reader: ShardReader, products: list[str], dim: int, out=None, uns: dict | None = None,
-                windows_out=None, tokens_out=None) -> int:  # fmt: skip
+def merge_input(folder, items: pd.DataFrame, index: dict, reader: ShardReader, products: list[str], dim: int, out=None,
+                uns: dict | None = None, windows_out=None, tokens_out=None) -> int:  # fmt: skip
     """Write one input's outputs (those given a path) atomically from the cache; the
     number of records.
 
-    ``index`` maps every item key to its (shard, row) (``VectorCache.index``);
+    ``items`` is the input's ``items.tsv`` (:func:`read_items`); ``index`` maps every item key to its (shard, row) (``VectorCache.index``);
     ``products`` are the pooled products, the first one X; ``tokens_out`` gets the
     ``L{k}.tokens`` products of ``uns["layers"]``.
     """
@@ -92,7 +92,7 @@ def merge_input(folder, index: dict, reader: ShardReader, products: list[str], d
     import h5py
 
     folder = Path(folder)
-    records, items = read_records(folder), read_items(folder)
+    records = read_records(folder)
     missing = [k for k in items["key"] if k not in index]
     if missing:
         raise RuntimeError(f"{folder}: {len(missing)} sequence(s) not in the cache after the run (first key {missing[0]})")

@@ -42,27 +42,29 @@ def resolve_source(source: str) -> Path:
         ) from None  # fmt: skip
 
 
+def _model_files(folder: Path):
+    """(name relative to the folder, path) of the model's files, sorted; hidden ones
+    (a hub cache's .locks, editors' files) left out."""
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if p.is_file() and not any(part.startswith(".") for part in rel.parts):
+            yield rel.as_posix(), p
+
+
 def fingerprint(folder) -> str:
     """sha256 over the names and contents of a model folder's files (weights, config,
-    vocabulary): a marker made with other weights does not count as done."""
+    vocabulary): vectors made with other weights are never taken from the cache."""
     h = hashlib.sha256()
-    folder = Path(folder)
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts):
-            h.update(rel.encode() + b"\0")
-            with open(p, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
+    for rel, p in _model_files(Path(folder)):
+        h.update(rel.encode() + b"\0")
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
     return "sha256:" + h.hexdigest()
 
 
 def _file_stats(folder: Path) -> list:
-    return [
-        [p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns]
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    ]
+    return [[rel, p.stat().st_size, p.stat().st_mtime_ns] for rel, p in _model_files(folder)]
 
 
 def cached_fingerprint(folder, work) -> str:

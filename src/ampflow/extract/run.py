@@ -211,7 +211,8 @@ def write_outputs(job: dict, name: str, files: dict) -> int:
     work = Path(job["work"])
     inp = job["inputs"][name]
     cache = VectorCache(job["cache"], job["ident"])
-    index = cache.index(job["products"])
+    markers = cache.markers()
+    index = cache.index(job["products"], markers)
     pooled = [p for p in job["products"] if not p.endswith(".tokens")]
     summary, policy = inp["summary"], inp["policy"]
     uns = {
@@ -228,14 +229,15 @@ def write_outputs(job: dict, name: str, files: dict) -> int:
         "fasta": {"file": inp["fasta"], "policy": policy, "summary": summary},
     }
     folder = work / "inputs" / name
-    n = merge_input(folder, index, cache.reader(), pooled, job["dim"], files.get("h5ad"), uns, files.get("windows"), files.get("tokens"))
+    items = read_items(folder)
+    n = merge_input(folder, items, index, cache.reader(), pooled, job["dim"], files.get("h5ad"), uns, files.get("windows"), files.get("tokens"))
     if "report" in files:
         _publish(folder / "report.tsv", files["report"])
     if "telemetry" in files:
         _publish(work / "telemetry.jsonl", files["telemetry"])
     if "progress" in files:
-        counts = Counter(index[k][0] for k in dict.fromkeys(read_items(folder)["key"]))
-        write_text_atomic(files["progress"], progress_text(progress_rows(cache.markers(), counts, inp["n_distinct"])))
+        counts = Counter(index[k][0] for k in dict.fromkeys(items["key"]))
+        write_text_atomic(files["progress"], progress_text(progress_rows(markers, counts, inp["n_distinct"])))
     log.info("%s: %d record(s); written: %s", name, n, ", ".join(str(p) for p in files.values()))
     return n
 
