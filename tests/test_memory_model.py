@@ -289,9 +289,9 @@ def test_feature_parallel_halves_the_feature_terms():
     assert two.components["zinb_likelihood"] * 2 == one.components["zinb_likelihood"]
     B, F, b = 32, 400 + 3 * 300, 4
     assert one.components["hic_encoder"] - two.components["hic_encoder"] == B * F * b // 2
-    # decode: logits, softmax, scale halve; the n x D keys and the library do not
+    # decode: logits, softmax, scale halve; the n x D keys do not
     n, D = 400, 32
-    rest = 3 * (n * D * b + B * b)
+    rest = 3 * n * D * b
     assert (one.components["stratum_decode"] - rest) == 2 * (two.components["stratum_decode"] - rest)
     for name in ("stratum_projections", "stratum_feed_forward", "stratum_attention_scores", "rna_decoder"):
         assert two.components[name] == one.components[name]

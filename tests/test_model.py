@@ -72,14 +72,14 @@ def test_chunked_attention_and_key_first_decode_equal_the_naive_model(n_anchors,
     g = torch.Generator().manual_seed(7)
     u = torch.randn(B, latent, generator=g, dtype=F64)
     v = torch.randn(n_anchors, latent, generator=g, dtype=F64)
-    lib = torch.rand(B, generator=g, dtype=F64) * 100 + 10
+    totals = torch.rand(B, n_strata, generator=g, dtype=F64) * 100 + 10
     n_features = _decoder(0, False, n_anchors, n_strata, window, D, latent, seed=3).scale_lin.numel()
     x = torch.poisson(torch.full((B, n_features), 0.7, dtype=F64), generator=g)
     results = {}
     for c, kf in itertools.product((0, chunk), (False, True)):
         dec = _decoder(c, kf, n_anchors, n_strata, window, D, latent, seed=3)
         uu, vv = u.clone().requires_grad_(), v.clone().requires_grad_()
-        loss = -dec(uu, vv, lib).log_prob(x).sum()
+        loss = -dec(uu, vv, totals).log_prob(x).sum()
         loss.backward()
         grads = {n: p.grad.clone() for n, p in dec.named_parameters()}
         grads["u"], grads["v"] = uu.grad, vv.grad

@@ -82,6 +82,9 @@ def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
     torch.manual_seed(seed)
     model = PairedModel(cfg, G, anchor, stratum, L, graph).to(F64)
     with torch.no_grad():  # move the zero-initialised decoder parameters off zero
+        # the key term at full weight (not softplus(-5) as training starts), so that the
+        # blocks' gradients are not scaled down 150-fold
+        model.hic_decoder.scale_lin.zero_()
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=F64))
     rna = torch.poisson(torch.full((B, G), 0.8, dtype=F64), generator=g)  # sparse, as scRNA is
@@ -158,11 +161,13 @@ def assert_rank_matches(got: dict, ref: dict, dtype, tag: str, close=None, truth
     terms and gradients compared by ``close`` (default this module's tolerances).
 
     With ``truth``, the fp32 reference computed in fp64 (:func:`_truth`), an fp32 rank's
-    terms and gradients are compared with the truth instead, to four times the single
+    terms and gradients are compared with the truth instead, to six times the single
     process's worst relative rounding error over all of them (at least 1e-5). Sharded
     sums add in another order: on a tensor that cancels (a bias gradient summed over
     signed rows) a 4-rank S2+S3+S4+S5 run measured 1.03e-5 from fp64 where the one
-    process was 2.9e-6 on that tensor and 5e-6 at worst. fp32 promises the accuracy
+    process was 2.9e-6 on that tensor and 5e-6 at worst; with the decoder's per-feature
+    loadings, a 4-rank narrow S3+S5 run measured 2.32e-5 on ``blocks.1.w_out.bias``
+    against the one process's worst 4.7e-6 (4.9 times). fp32 promises the accuracy
     class of one process; exactness is the fp64 runs' proof (1e-9 elementwise)."""
     close = close or _assert_close
     shards = got["shards"]
@@ -175,7 +180,7 @@ def assert_rank_matches(got: dict, ref: dict, dtype, tag: str, close=None, truth
     if truth is not None and dtype != F64:
         one = [_rel(ref[kind][n], truth[kind][n]) for kind in ("terms", "grads") for n in ref[kind]]
         assert max(one) <= 1e-4, f"{tag}: the fp32 reference is {max(one):.3g} from fp64, more than rounding"
-        bound = max(1e-5, 4 * max(one))
+        bound = max(1e-5, 6 * max(one))
         for k in ref["terms"]:
             close(got["terms"][k], truth["terms"][k], dtype, f"{tag} term {k} (vs fp64)", bound=bound)
         for n in ref["grads"]:

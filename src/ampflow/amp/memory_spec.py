@@ -186,8 +186,7 @@ class Estimate:
         block's parameters, optimizer state (and gradients, when the peak holds
         them), its saved activations (those still held), and every
         term proportional to ``|F_k|`` (encoder input columns and weights, per-feature
-        parameters, decode, likelihood, index entries) or to the stratum count (its
-        row of the strata head and column of the strata weights).
+        parameters and loadings, decode, likelihood, index entries).
     components : dict of str to int
         ``total`` broken down by what holds the bytes at the peak (sums to
         ``total``; the saved activations of parts that the backward pass has already
@@ -231,7 +230,7 @@ class Estimate:
             and the NB likelihood's ``B x G`` intermediates.
         ``hic_decoder_head``
             The Hi-C decoder's shared inputs: ``u`` (and ``u_D`` when ``D != d``),
-            strata weights ``B x L``, library, anchor latents.
+            contacts per stratum ``B x L``, anchor latents.
         ``stratum0_decode``
             Stratum 0's logits, softmax and per-feature softplus scale.
         ``stratum_norms``
@@ -250,7 +249,7 @@ class Estimate:
         ``stratum_decode``
             Per attention stratum: keys ``n x D`` saved by ``u_D key^T`` (naive) or
             gathered keys ``|F_k| x D`` (key-first, S4), logits and softmax
-            ``B x |F_k|``, softplus scale, strata-weighted library.
+            ``B x |F_k|``, softplus scale.
         ``zinb_likelihood``
             ZINB over ``B x F``: five float intermediates, the bool zero mask, two
             ``(F,)`` vectors.

@@ -318,7 +318,7 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     """The stratified ZINB decoder and its likelihood, per stratum.
 
     ``first=False``: the cross-reconstruction pass (from the RNA latent). Everything
-    it computes is new (``u_D``, strata weights, every block's activations, decode and
+    it computes is new (``u_D``, every block's activations, decode and
     likelihood) and comes after the last mark; the cell latent, anchor latents,
     library and feature indices it reads are already held.
 
@@ -350,13 +350,13 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         used = {m: p for m, p in head0.items() if m not in unused}
         params.add(_local(used, dev), len(used))
         params.add(_local(unused, dev), len(unused), used=False)
-        vectors = []
+        loadings = []
         for k, fk in enumerate(fps):
-            # per-feature vectors and the strata head's row
+            # per-feature vectors and loadings
             head = _per_stratum(head0, hic_decoder_shared_params(d, D, 1, fk), dev)
             params.add(head, 0, k or None)
-            vectors.append((fp(fk) * b, k or None))
-        params.tensor(vectors)
+            loadings.append((fp(fk) * d * b, k or None))
+        params.tensor(loadings)  # the loadings, d times a per-feature vector
         head_step.kept.extend(params.grads)
         led.add("hic_decoder_head", B * d * b)  # u
         # The anchor latents are gathered before the decoder runs and saved by stratum
@@ -364,11 +364,10 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         # one stratum, never (they are then freed with the forward pass's locals).
         if not key_first or L > 1:
             led.add("hic_decoder_head", n * d * b)
-        led.add("hic_decoder_head", B * b, None, 0)  # library
+        for k in range(L):  # contacts per stratum (B, L), column k
+            led.add("hic_decoder_head", B * b, k or None, 0)
     if D != d and L > 1:
         led.add("hic_decoder_head", hp(B * D) * b, None, at(1))  # u_D, first saved by stratum 1
-    for k in range(L):
-        led.add("hic_decoder_head", B * b, k or None, PRE if first else POST)  # strata weights (B, L)
 
     width = band_width(n, s.window)
     rows = min(dev.chunk, n) if dev.chunk else n
@@ -401,13 +400,13 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         step.transient.append((2 * fp(B * fk) * b + scatter, k or None))
         if k == 0:
             step.release.append((fp(B * s.n_features) * b, None))  # the mean's gradient
-        if k == 0:  # logits, softmax, softplus scale, strata-weighted library
-            led.add("stratum0_decode", 2 * fp(B * fk) * b + fp(fk) * b + B * b, None, at(0))
+        if k == 0:  # logits, softmax, softplus scale
+            led.add("stratum0_decode", 2 * fp(B * fk) * b + fp(fk) * b, None, at(0))
             if key_first:
                 led.add("stratum0_decode", fp(fk * d) * b, None, at(0))  # gathered anchor latents
         else:
             keys = ceil_div(fk * D, max(dev.hp_div, dev.fp_div)) if key_first else hp(n * D)
-            led.add("stratum_decode", keys * b + 2 * fp(B * fk) * b + fp(fk) * b + B * b, k, at(k))
+            led.add("stratum_decode", keys * b + 2 * fp(B * fk) * b + fp(fk) * b, k, at(k))
 
     step = led.step("zinb_likelihood")
     for k, fk in enumerate(fps):

@@ -184,6 +184,52 @@ def hic_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = N_COMPS, see
     return emb, info
 
 
+#: Principal components of the BandNorm-style baseline (as its authors' example uses).
+BANDNORM_COMPS = 20
+
+
+def bandnorm_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = BANDNORM_COMPS, seed: int = 0, log1p: bool = True, path=None):
+    """BandNorm-style embedding (Zheng et al. 2022): band normalisation, ``log1p``, PCA.
+
+    Strata k >= 1 only (the diagonal holds self-ligations and intra-bin contacts). Each
+    cell's band k is divided by the cell's mean over that band and multiplied by the
+    training cells' mean of those band means, which removes each cell's distance decay
+    and depth while keeping the population's; then ``log1p`` (``log1p=False``: none) and
+    PCA with axes and centre from the ``fit`` cells.
+
+    Returns
+    -------
+    embedding, info
+        ``(n_cells, k)`` float32 PCA coordinates, and a dict saying how it was made.
+    """
+    x = counts_matrix(adata)
+    if "stratum" in adata.var.columns:
+        stratum = adata.var["stratum"].to_numpy().astype(np.int64)
+    else:
+        stratum, _ = strata_from_names(adata.var_names.to_numpy(), path, "var_names")
+    keep = stratum >= 1
+    if not keep.any():
+        raise InputError("the BandNorm baseline needs strata k >= 1; the file has the diagonal only", path=path)
+    x, stratum = x[:, keep].tocsr(), stratum[keep]
+    n_strata = int(stratum.max()) + 1
+    size = np.bincount(stratum, minlength=n_strata).astype(np.float64)
+    band_sum = (x @ sp.csr_matrix((np.ones(len(stratum)), (np.arange(len(stratum)), stratum)), shape=(len(stratum), n_strata))).toarray()
+    band_mean = band_sum / np.maximum(size, 1.0)  # (n_cells, L)
+    population = band_mean[fit].mean(axis=0)  # (L,)
+    factor = np.divide(population, band_mean, out=np.zeros_like(band_mean), where=band_mean > 0)
+    y = x.multiply(factor[:, stratum]).tocsr()
+    if log1p:
+        y.data = np.log1p(y.data)
+    emb = pca_fit_transform(y, fit, n_comps, seed)
+    info = {
+        "steps": "strata k >= 1, band / cell's band mean x training cells' band mean, " + ("log1p, " if log1p else "") + "PCA",
+        "n_features": int(y.shape[1]),
+        "n_strata": n_strata,
+        "n_comps": int(emb.shape[1]),
+    }
+    return emb, info
+
+
 def _aligned(data: ad.AnnData, cells: pd.Index, path) -> None:
     missing = cells.difference(data.obs_names)
     if len(missing):

@@ -47,6 +47,11 @@ def rna_input(counts: torch.Tensor, library: torch.Tensor) -> torch.Tensor:
     return torch.log1p(counts * (1e4 / library.clamp_min(1.0)).unsqueeze(1))
 
 
+def stratum_totals(counts: torch.Tensor, feature_stratum: torch.Tensor, n_strata: int) -> torch.Tensor:
+    """Each cell's contacts per stratum: (B, F) counts -> (B, L)."""
+    return counts.new_zeros(counts.shape[0], n_strata).index_add_(1, feature_stratum, counts)
+
+
 def hic_input(counts: torch.Tensor, feature_stratum: torch.Tensor, n_strata: int) -> torch.Tensor:
     """log1p(counts * 5e4 / library / s_k), s_k = the cell's own share of contacts in
     stratum k, scaled so that every stratum's features average one.
@@ -57,8 +62,7 @@ def hic_input(counts: torch.Tensor, feature_stratum: torch.Tensor, n_strata: int
 
     counts: (B, F); feature_stratum: (F,) long -> (B, F).
     """
-    B = counts.shape[0]
-    totals = counts.new_zeros(B, n_strata).index_add_(1, feature_stratum, counts)  # (B, L)
+    totals = stratum_totals(counts, feature_stratum, n_strata)  # (B, L)
     sizes = torch.bincount(feature_stratum, minlength=n_strata).to(counts.dtype)  # (L,)
     per_feature = (sizes / totals.clamp_min(1.0))[:, feature_stratum]
     return torch.log1p(counts * per_feature)

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from ..spec.config import LossWeights, ModelConfig
 from .decoders import NBDecoder, StratifiedZINBDecoder
-from .encoders import Encoder, hic_input, rna_input
+from .encoders import Encoder, hic_input, rna_input, stratum_totals
 from .graph import GraphEncoder, graph_nll
 from .prob import kl_normal
 
@@ -132,14 +132,17 @@ class PairedModel(nn.Module):
             u_rna = (r_loc + r_std * (torch.randn_like(r_std) if eps_rna is None else eps_rna)) if sample else r_loc
         u_hic = (h_loc + h_std * (torch.randn_like(h_std) if eps_hic is None else eps_hic)) if sample else h_loc
         v, v_loc, v_std = self.node_latents(sample, eps_nodes)
-        v_anchors = v[self.anchor_nodes]
-        hic_lib = hic.sum(1)
+        # the Hi-C decoder's keys come from the anchors' latent means: sampled ones put
+        # noise of the prior's size into every key, and the decoder learnt to ignore the
+        # cell latent (the graph loss still reads the samples)
+        v_anchors = v_loc[self.anchor_nodes]
+        totals = stratum_totals(hic, self.feature_stratum, self.n_strata)
 
         terms = {}
         if self.has_rna:
             v_genes, rna_lib = v[self.gene_nodes], rna.sum(1)
             terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib).log_prob(rna).mean()
-        terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, hic_lib, hic, on_stratum)
+        terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, totals, hic, on_stratum)
         if self.has_rna:
             terms["rna_kl"] = kl_normal(r_loc, r_std).sum(1).mean() / rna.shape[1]
         terms["hic_kl"] = kl_normal(h_loc, h_std).sum(1).mean() / hic.shape[1]
@@ -158,7 +161,7 @@ class PairedModel(nn.Module):
             if weights.cross:
                 terms["cross"] = (
                     -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()
-                    + self.hic_decoder.mean_nll(u_rna, v_anchors, hic_lib, hic)
+                    + self.hic_decoder.mean_nll(u_rna, v_anchors, totals, hic)
                 )
         terms["total"] = self.weighted_total(terms, weights)
         return terms

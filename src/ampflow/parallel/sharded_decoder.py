@@ -11,7 +11,7 @@ parameter names in the same order, and answering the same :meth:`mean_nll` that
 * S2 (``features``): this rank decodes its piece of every stratum's features: logits,
   the stratum softmax (normaliser combined over the ranks), the mean and the ZINB
   likelihood, whose sum is all-reduced. The replicated tensors that enter this
-  feature-sharded computation (keys, ``u``, strata weights) pass ``copy_to_group`` so
+  feature-sharded computation (keys, ``u``) pass ``copy_to_group`` so
   that their gradients sum the ranks' parts.
 * Both: the partial products are all-reduced for all of the stratum's features and each
   rank keeps its piece (a reduce-scatter: sum forward, sum backward, then a slice).
@@ -64,14 +64,15 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         # own parameters first, in the plain order (named_parameters lists them first)
         for name in ("scale_lin", "bias", "log_theta", "zi_logits"):
             setattr(self, name, sharded_parameter(getattr(plain, name), fshard))
+        self.loading = sharded_parameter(plain.loading, fshard)
         self.register_buffer("local_features", local, persistent=False)
         self.register_buffer("feature_anchor", plain.feature_anchor.clone(), persistent=False)
         self.bounds = list(plain.bounds)
         self.shards: dict[str, Shard] = {}
         if fshard is not None:
-            self.shards.update({name: fshard for name in ("scale_lin", "bias", "log_theta", "zi_logits")})
+            self.shards.update({name: fshard for name in ("scale_lin", "bias", "log_theta", "zi_logits", "loading")})
         if hidden:
-            D = plain.u_proj.out_features if plain.u_proj is not None else plain.strata_head.in_features
+            D = plain.u_proj.out_features if plain.u_proj is not None else plain.loading.shape[1]
             heads = plain.blocks[0].heads if len(plain.blocks) else 1
             channels = head_channels(D, heads, tp, rank)
             self.register_buffer("channels", channels, persistent=False)
@@ -86,7 +87,6 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         else:
             self.blocks = plain.blocks
             self.u_proj = plain.u_proj
-        self.strata_head = plain.strata_head
 
     # ------------------------------------------------------------------ pieces
     def _u_D(self, u: torch.Tensor) -> torch.Tensor:
@@ -112,26 +112,26 @@ class ShardedStratifiedZINBDecoder(nn.Module):
                 raw = all_reduce_sum(partial, self.group)[:, self.local_features[lo:hi] - full_lo]
             else:
                 raw = reduce_from_group(self._product(u_D, key, self.feature_anchor[lo:hi]), self.group)
-        return F.softplus(self.scale_lin[lo:hi]) * raw + self.bias[lo:hi]
+        loadings = copy_to_group(u, fg) @ self.loading[lo:hi].T
+        return F.softplus(self.scale_lin[lo:hi]) * raw + loadings + self.bias[lo:hi]
 
     def _product(self, q: torch.Tensor, key: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """``q . key[anchors]^T`` (S4) or ``(q . key^T)[:, anchors]``: (B, len(anchors))."""
         return q @ key[anchors].T if self.key_first else (q @ key.T)[:, anchors]
 
     # ------------------------------------------------------------------ loss
-    def mean_nll(self, u: torch.Tensor, v_anchors: torch.Tensor, library: torch.Tensor, x: torch.Tensor, on_stratum=None) -> torch.Tensor:
+    def mean_nll(self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum=None) -> torch.Tensor:
         """The plain decoder's ``mean_nll`` from this rank's share; equal on every rank.
 
-        u: (B, latent), v_anchors: (n_anchors, latent), library: (B,) and x: (B, F)
+        u: (B, latent), v_anchors: (n_anchors, latent), band_totals: (B, L) and x: (B, F)
         replicated over the group -> 0-d.
         """
         fg = self.group if self.features else None
         u_D = self._u_D(u)
-        w = copy_to_group(torch.softmax(self.strata_head(u), dim=1), fg)  # (B, L)
         means = []
         for k in range(self.n_strata):
             p = sharded_softmax(self._stratum_logits(k, u, u_D, v_anchors), fg)
-            means.append(p * (library * w[:, k]).unsqueeze(1))
+            means.append(p * band_totals[:, k : k + 1])
             if on_stratum is not None:
                 on_stratum(k)
         mu = torch.cat(means, dim=1)

@@ -111,6 +111,42 @@ class StageConfig:
         return cfg
 
 
+@dataclass(frozen=True)
+class EarlyStoppingConfig:
+    """When training stops before its epochs are spent (``train.early_stopping``).
+
+    ``validation`` is the share of the training cells (a fixed subset drawn from
+    ``train.seed``) that no batch contains and whose loss is computed after every epoch;
+    a stage stops once that loss has not improved on its best by more than
+    ``min_delta`` (relative) for ``patience`` epochs, and the best epoch's weights are
+    restored. ``patience: 0`` turns it off (every epoch of every stage runs, and no cell
+    is set aside). The held-out cells of ``evaluate.holdout`` are never among them.
+    """
+
+    validation: float = 0.1
+    patience: int = 0
+    min_delta: float = 1e-4
+
+    def __post_init__(self):
+        v = self.validation
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise InputError("must be a number in (0, 1)", key="train.early_stopping.validation", value=v)
+        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 0:
+            raise InputError("must be an integer >= 0 (0: off)", key="train.early_stopping.patience", value=self.patience)
+        if isinstance(self.min_delta, bool) or not isinstance(self.min_delta, (int, float)) or self.min_delta < 0:
+            raise InputError("must be a number >= 0", key="train.early_stopping.min_delta", value=self.min_delta)
+
+    @property
+    def on(self) -> bool:
+        return self.patience > 0
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "EarlyStoppingConfig":
+        d = dict(d or {})
+        reject_unknown_keys(d, cls, "train.early_stopping")
+        return cls(**d)
+
+
 #: Bytes per element of the dtypes a run may train in (``train.dtype``).
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
@@ -139,6 +175,7 @@ class TrainConfig:
     dtype: str = "float32"
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 2e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 5e-4, LossWeights()))
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
     def __post_init__(self):
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 2:
@@ -172,6 +209,8 @@ class TrainConfig:
     def from_dict(cls, d: dict | None) -> "TrainConfig":
         d = dict(d or {})
         stages = {k: StageConfig.from_dict(d.pop(k), f"train.{k}") for k in ("pretrain", "finetune") if k in d}
+        if "early_stopping" in d:
+            stages["early_stopping"] = EarlyStoppingConfig.from_dict(d.pop("early_stopping"))
         reject_unknown_keys(d, cls, "train")
         return cls(**d, **stages)
 

@@ -164,7 +164,7 @@ def hic_decoder_shared_params(latent: int, D: int, n_strata: int, n_features: in
     """The parameters of :class:`~ampflow.model.decoders.StratifiedZINBDecoder` that
     are not in a stratum block: per-feature vectors (split by S2), the projection
     ``u_proj`` of the cell latent to width D when ``D != latent`` (split by S5) and the
-    head giving the strata weights (one row per stratum).
+    per-feature loadings of the cell latent (one row per feature, split by S2).
 
     The size of each is linear in ``n_strata`` and ``n_features``, which lets the
     memory model attribute a stratum's share by evaluating this with one stratum and
@@ -173,21 +173,20 @@ def hic_decoder_shared_params(latent: int, D: int, n_strata: int, n_features: in
     p = {name: ParamShape((n_features,), FEATURE_PARALLEL, 0) for name in FEATURE_VECTORS}
     if D != latent:
         p["u_proj.weight"] = ParamShape((D, latent), HIDDEN_PARALLEL, 0)
-    p["strata_head.weight"] = ParamShape((n_strata, latent))
-    p["strata_head.bias"] = ParamShape((n_strata,))
+    p["loading"] = ParamShape((n_features, latent), FEATURE_PARALLEL, 0)
     return p
 
 
 def hic_decoder_params(latent: int, D: int, ffn_mult: int, attention: bool, n_strata: int, n_features: int) -> dict[str, ParamShape]:
     """All parameters of a :class:`~ampflow.model.decoders.StratifiedZINBDecoder`:
-    its own per-feature vectors, ``blocks.{k-1}.*`` for strata ``k = 1 .. L-1``, then
-    ``u_proj`` and ``strata_head``."""
+    its own per-feature vectors and loadings, ``blocks.{k-1}.*`` for strata ``k = 1 .. L-1``,
+    then ``u_proj``."""
     shared = hic_decoder_shared_params(latent, D, n_strata, n_features)
-    p = {name: shared[name] for name in FEATURE_VECTORS}
+    p = {name: shared[name] for name in (*FEATURE_VECTORS, "loading")}
     block = stratum_block_params(latent, D, ffn_mult, attention)
     for i in range(n_strata - 1):
         p.update(_prefixed(f"blocks.{i}", block))
-    p.update({name: s for name, s in shared.items() if name not in FEATURE_VECTORS})
+    p.update({name: s for name, s in shared.items() if name not in p})
     return p
 
 

@@ -52,6 +52,7 @@ from ..spec.config import ModelConfig, TrainConfig
 from ..spec.plan import Plan
 from . import checkpoint
 from .data import PairedData
+from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 from .memory import measured_dp_step
 
@@ -158,6 +159,14 @@ class Trainer:
         self.train_rows = data.train_rows
         if len(self.train_rows) < 2:
             raise InputError(f"{len(self.train_rows)} training cell(s) of {data.n_cells}; training needs at least two", key="obs.split")
+        # early stopping sets a fixed subset of them aside to validate on
+        self.train_rows, self.val_rows = validation_split(self.train_rows, train_cfg.early_stopping, train_cfg.seed)
+        self.early = EarlyStopping(train_cfg.early_stopping)
+        if self.early.cfg.on:
+            log.info(
+                "early stopping: %d of %d training cells validate, patience %d epoch(s); the stages' epochs are a ceiling",
+                len(self.val_rows), len(self.val_rows) + len(self.train_rows), self.early.cfg.patience,
+            )  # fmt: skip
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr)
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
@@ -203,6 +212,7 @@ class Trainer:
             "model": model,
             "optimizer": optimizer,
             "rng": checkpoint.rng_state(self.generator),
+            "early_stopping": self.early.state(),
         }
 
     def _save_checkpoint(self) -> None:
@@ -249,6 +259,7 @@ class Trainer:
             return False
         load_full_state(self.model, state["model"], self.optimizer, state["optimizer"])
         checkpoint.set_rng_state(state["rng"], self.generator)
+        self.early.load(state.get("early_stopping"))
         self.step = int(state["step"])
         self.position = tuple(int(x) for x in state["position"])
         log.info("resumed from %s (step %d, stage %d, epoch %d, batch %d)", path, self.step, *self.position)
@@ -382,10 +393,16 @@ class Trainer:
                 for epoch in range(start_epoch if s == start_stage else 0, stage_cfg.epochs):
                     batches = self.batches(s, epoch)
                     first = start_batch if (s == start_stage and epoch == start_epoch) else 0
+                    stop = False
                     for b in range(first, len(batches)):
                         row = self._train_step(batches[b], stage_name, stage_cfg, epoch)
                         self.step += 1
                         row["step"] = self.step
+                        if b + 1 == len(batches) and self.early.cfg.on:
+                            # before this step's checkpoint, so that a resumed run has it
+                            row["validation"] = validation_loss(self.model, self.data, self.val_rows, stage_cfg.weights,
+                                                                self.cfg.batch_size, self.device, self.dtype)  # fmt: skip
+                            stop = self.early.update(row["validation"], epoch, lambda: full_state(self.model)[0])
                         line = json.dumps(row, sort_keys=True) + "\n"
                         for fh in (mfh, lfh):
                             fh.write(line)
@@ -394,6 +411,12 @@ class Trainer:
                         if self.step == warm:
                             progress.restart_clock()
                         self.position = (s, epoch, b + 1) if b + 1 < len(batches) else (s, epoch + 1, 0)
+                        if stop:  # the stage's remaining epochs are skipped, after a resume too
+                            self.position = (s, stage_cfg.epochs, 0)
+                            log.info(
+                                "%s stopped after epoch %d of %d: the validation loss did not improve for %d epoch(s) (best %.6g at epoch %d)",
+                                stage_name, epoch + 1, stage_cfg.epochs, self.early.bad, self.early.best, self.early.best_epoch + 1,
+                            )  # fmt: skip
                         if self.step % self.cfg.checkpoint_every == 0:
                             if main:
                                 os.fsync(mfh.fileno())
@@ -402,6 +425,9 @@ class Trainer:
                             return False
                     if math.isnan(row["loss"]["total"]):
                         raise FloatingPointError(f"loss became NaN at step {self.step} ({stage_name}, epoch {epoch})")
+                    if stop:
+                        break
+                self._end_stage(stage_name, stage_cfg.epochs)
                 self.position = (s + 1, 0, 0)
         if self.mesh.dp > 1 and self.work_ratios:
             log.info(
@@ -414,6 +440,16 @@ class Trainer:
         if self.mesh.world > 1:
             dist.barrier()
         return True
+
+    def _end_stage(self, stage_name: str, epochs: int) -> None:
+        """With early stopping: the best epoch's weights back in the model, and a fresh
+        rule for the next stage (the optimizer keeps its moments)."""
+        if self.early.best_state is not None and not self.early.stopped:
+            log.info("%s ran all %d epochs without stopping", stage_name, epochs)
+        if self.early.best_state is not None:
+            load_full_state(self.model, self.early.best_state)
+            log.info("%s: weights of epoch %d restored (validation loss %.6g)", stage_name, self.early.best_epoch + 1, self.early.best)
+        self.early.reset()
 
     # ----------------------------------------------------------- outputs
     def _write_outputs(self, metrics_path: Path, model_state: dict) -> None:
