@@ -195,6 +195,7 @@ def train_and_embed(data_dir: Path, held: np.ndarray, model_cfg: dict, train_cfg
 
     handler = Keep()
     logging.getLogger("ampflow.train.trainer").addHandler(handler)
+    logging.getLogger("ampflow.train.trainer").setLevel(logging.INFO)
     try:
         t0 = time.perf_counter()
         trainer = Trainer(data, ModelConfig.from_dict(model_cfg), TrainConfig.from_dict(train_cfg), out)

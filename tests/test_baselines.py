@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 pytest.importorskip("igraph")
 
-from ampflow.evaluate.baselines import hic_baseline, load_baselines, rna_baseline  # noqa: E402
+from ampflow.evaluate.baselines import bandnorm_baseline, hic_baseline, load_baselines, rna_baseline  # noqa: E402
 from ampflow.evaluate.clusters import leiden_search  # noqa: E402
 from ampflow.evaluate.controls import chance_tolerance, derangement, shuffled_foscttm  # noqa: E402
 from ampflow.evaluate.foscttm import foscttm  # noqa: E402
@@ -208,7 +208,8 @@ def test_heldout_scores_use_only_heldout_cells():
     rna, hic, types = planted(n=150, heldout=0.3)
     a = embeddings_for(rna, types, noise=2.0)
     fit = (rna.obs["split"] == "train").to_numpy()
-    baselines = {"rna_baseline": rna_baseline(rna, fit)[0], "hic_baseline": hic_baseline(hic, fit)[0]}
+    baselines = {"rna_baseline": rna_baseline(rna, fit)[0], "hic_baseline": hic_baseline(hic, fit)[0],
+                 "bandnorm_baseline": bandnorm_baseline(hic, fit)[0]}  # fmt: skip
     full = group_scores(a, baselines, seed=3)
     assert list(full) == ["heldout", "train"]
     held = (a.obs["split"] == "heldout").to_numpy()
@@ -247,3 +248,28 @@ def test_scores_json_layout_with_split_and_data(tmp_path):
             assert scores["groups"][group]["methods"][method]["ari"] > 0.9, (group, method)
     assert held["shuffled_control"]["at_chance"] and held["foscttm"]["foscttm"] < 0.1
     assert scores["baselines"]["rna"]["fit_on"] == "train" and scores["baselines"]["hic"]["n_strata"] == 4
+
+
+def test_bandnorm_baseline_equals_a_dense_recomputation():
+    """The referee: band normalisation written out densely here (the 20 lines a user
+    would write) and a full-SVD PCA; coordinates equal up to each axis's sign."""
+    from sklearn.decomposition import PCA
+
+    rng = np.random.default_rng(0)
+    n, per = 60, 25
+    stratum = np.repeat(np.arange(4), per)
+    counts = rng.poisson(rng.gamma(2.0, 1.0, (n, 1)) * (30.0 / (1 + stratum)) * rng.gamma(5.0, 0.2, (1, 4 * per)))
+    adata = ad.AnnData(sp.csr_matrix(counts.astype(np.float32)), var=pd.DataFrame({"stratum": stratum}, index=[f"f{i}" for i in range(4 * per)]))
+    fit = np.arange(n) % 5 != 0
+    got, info = bandnorm_baseline(adata, fit, n_comps=5)
+    x = counts[:, stratum >= 1].astype(float)
+    s = stratum[stratum >= 1]
+    y = np.empty_like(x)
+    for k in np.unique(s):
+        band = x[:, s == k]
+        cell_mean = band.mean(axis=1, keepdims=True)
+        y[:, s == k] = band / cell_mean * cell_mean[fit].mean()
+    want = PCA(5, svd_solver="full").fit(np.log1p(y[fit])).transform(np.log1p(y))
+    signs = np.sign((got * want).sum(axis=0))
+    np.testing.assert_allclose(got * signs, want, rtol=1e-4, atol=1e-4)
+    assert info["n_features"] == 3 * per and info["n_comps"] == 5

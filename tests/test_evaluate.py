@@ -20,6 +20,8 @@ from ampflow.io.errors import InputError  # noqa: E402
 SCORE_KEYS = {
     "ari",
     "nmi",
+    "ari_shuffled_p95",
+    "nmi_shuffled_p95",
     "leiden_resolution",
     "n_clusters",
     "n_cells",
@@ -122,6 +124,21 @@ def test_cluster_scores_random_labels_score_near_zero():
     a.obs["cell_type"] = np.random.default_rng(4).choice(["a", "b", "c", "d", "e"], a.n_obs)
     s = cluster_scores(a, seed=0)
     assert abs(s["ari"]) < 0.05
+    # the shuffled-label control reads these labels as chance: the score is inside its band
+    assert s["ari"] <= s["ari_shuffled_p95"] and s["nmi"] <= s["nmi_shuffled_p95"] + 0.02
+
+
+def test_kmeans_scores_with_their_shuffled_control():
+    from ampflow.evaluate.clusters import kmeans_scores
+
+    a = blobs()
+    labels = a.obs["cell_type"]
+    k = kmeans_scores(a.obsm["X_joint"], labels, seed=0)
+    assert k["k"] == labels.nunique() and k["ari"] > 0.95 and k["ari_shuffled_p95"] < 0.05
+    noise = pd.Series(np.random.default_rng(4).choice(list("abcde"), a.n_obs), index=labels.index)
+    r = kmeans_scores(a.obsm["X_joint"], noise, seed=0)
+    assert abs(r["ari"]) < 0.05 and r["ari"] <= r["ari_shuffled_p95"]
+    assert kmeans_scores(a.obsm["X_joint"], None) is None
 
 
 def test_cluster_scores_deterministic_for_a_seed():

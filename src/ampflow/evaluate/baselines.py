@@ -8,7 +8,9 @@ training cells only, as the model does, so that held-out cells are new to them t
 * :func:`rna_baseline`: scanpy's pipeline on ``rna.h5ad`` counts: ``normalize_total``
   (1e4 per cell), ``log1p``, ``highly_variable_genes`` (``seurat`` flavour), PCA;
 * :func:`hic_baseline`: scHiCluster-style PCA of the strata features of ``hic.h5ad``:
-  counts / cell total, ``log1p``, each stratum scaled to unit root mean square, PCA.
+  counts / cell total, ``log1p``, each stratum scaled to unit root mean square, PCA;
+* :func:`bandnorm_baseline`: BandNorm-style PCA of the same features: each band
+  divided by the cell's band mean and multiplied by the population's, ``log1p``, PCA 20.
 
 :func:`load_baselines` reads the data folder (:class:`~ampflow.spec.layout.DataFolder`)
 and returns both embeddings row-aligned with the embeddings file's cells; they are
@@ -289,6 +291,9 @@ def load_baselines(data_dir, cells, split: pd.Series | None = None, seed: int = 
             emb, how = rna_baseline(data, fit, n_top_genes=n_top_genes, n_comps=n_comps, seed=seed)
         else:
             emb, how = hic_baseline(data, fit, n_comps=n_comps, seed=seed, path=path)
+            band, band_how = bandnorm_baseline(data, fit, seed=seed, path=path)
+            out["bandnorm_baseline"] = band[data.obs_names.get_indexer(cells)]
+            info["bandnorm"] = {"file": str(path), "n_cells_fit": int(fit.sum()), **band_how}
         out[f"{name}_baseline"] = emb[data.obs_names.get_indexer(cells)]
         info[name] = {
             "file": str(path),

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.errors import InputError
+from .controls import shuffled_labels
 from .foscttm import foscttm_directions
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "lat
                 best_nmi, best_res, best_clusters = score, res, clusters
         nmi = float(best_nmi)
         ari = float(adjusted_rand_score(truth, best_clusters[mask]))
+        control = shuffled_labels(truth, best_clusters[mask], seed)
     n_clusters = len(set(best_clusters))
     log.info(
         "%s: Leiden resolution %.1f, %d clusters, ARI %s, NMI %s",
@@ -196,7 +198,42 @@ def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "lat
         "n/a" if ari is None else f"{ari:.4f}",
         "n/a" if nmi is None else f"{nmi:.4f}",
     )
-    return {"ari": ari, "nmi": nmi, "leiden_resolution": float(best_res), "n_clusters": int(n_clusters), "n_labelled": n_labelled}
+    found = {"ari": ari, "nmi": nmi, "leiden_resolution": float(best_res), "n_clusters": int(n_clusters), "n_labelled": n_labelled}
+    if labels is not None:
+        found.update(control)
+    return found
+
+
+def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0) -> dict | None:
+    """k-means with k = the number of distinct labels (10 starts), scored over the
+    labelled cells with the shuffled-label control beside it; None without labels or
+    with fewer cells than labels.
+
+    Leiden's resolution is chosen for the best NMI, which at small n favours many small
+    clusters whose NMI is high by chance; k-means with the labels' k has no such choice.
+
+    Returns
+    -------
+    dict or None
+        ``ari``, ``nmi``, ``k``, ``ari_shuffled_p95``, ``nmi_shuffled_p95``.
+    """
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    if labels is None:
+        return None
+    mask = labels.notna().to_numpy()
+    truth = labels.to_numpy()[mask]
+    k = len(set(truth))
+    if k < 2 or len(rep) < k:
+        return None
+    clusters = KMeans(k, n_init=10, random_state=seed).fit_predict(np.asarray(rep, dtype=np.float64))[mask]
+    return {
+        "ari": float(adjusted_rand_score(truth, clusters)),
+        "nmi": float(normalized_mutual_info_score(truth, clusters)),
+        "k": int(k),
+        **shuffled_labels(truth, clusters, seed),
+    }
 
 
 def cluster_scores(

@@ -20,7 +20,7 @@ import logging
 import anndata as ad
 import numpy as np
 
-from .clusters import _labels, aligned_latents, leiden_search
+from .clusters import _labels, aligned_latents, kmeans_scores, leiden_search
 from .controls import shuffled_foscttm
 from .foscttm import foscttm_directions
 from .groups import cell_groups, headline_group
@@ -35,6 +35,7 @@ METHODS = {
     "hic_latent": "X_hic",
     "rna_baseline": "rna_baseline",
     "hic_baseline": "hic_baseline",
+    "bandnorm_baseline": "bandnorm_baseline",
 }
 
 #: Methods and alignment scores that need an RNA modality: Hi-C-only embeddings (no
@@ -113,7 +114,7 @@ def score_group(
             continue
         found = leiden_search(rep[rows], sub_labels, seed, what=f"{name} {key}".strip())
         found.pop("n_labelled")
-        methods[method] = {**found, "representation": key}
+        methods[method] = {**found, "representation": key, "kmeans": kmeans_scores(rep[rows], sub_labels, seed)}
     entry["methods"] = methods
     if hic_only:  # nothing to align: one modality
         entry["absent"] = {k: NO_RNA for k in NEEDS_RNA + (ALIGNMENT if alignment else ())}
@@ -155,7 +156,8 @@ def headline_scores(groups: dict, label_key: str | None, seed: int) -> dict:
     Returns
     -------
     dict
-        ``ari``, ``nmi``, ``leiden_resolution``, ``n_clusters``, ``n_cells``,
+        ``ari``, ``nmi`` (and the 95th percentiles of the same clusters' scores against
+        shuffled labels), ``leiden_resolution``, ``n_clusters``, ``n_cells``,
         ``n_labelled``, ``foscttm``, ``foscttm_rna_to_hic``, ``foscttm_hic_to_rna``,
         ``use_rep`` (``X_joint``), ``label_key`` (None without labels), ``seed`` and
         ``headline_group``; values None where the group was too small to score, or
@@ -168,6 +170,8 @@ def headline_scores(groups: dict, label_key: str | None, seed: int) -> dict:
     return {
         "ari": joint.get("ari"),
         "nmi": joint.get("nmi"),
+        "ari_shuffled_p95": joint.get("ari_shuffled_p95"),
+        "nmi_shuffled_p95": joint.get("nmi_shuffled_p95"),
         "leiden_resolution": joint.get("leiden_resolution"),
         "n_clusters": joint.get("n_clusters"),
         "n_cells": entry["n_cells"],

@@ -28,7 +28,25 @@ METHODS = {
     "hic_latent": "Hi-C latent (X_hic)",
     "rna_baseline": "RNA-only baseline (PCA)",
     "hic_baseline": "Hi-C-only baseline (PCA)",
+    "bandnorm_baseline": "Hi-C BandNorm baseline (PCA)",
 }
+
+#: Per method and group: the score's column suffix -> where it is in ``scores.json``
+#: (the Leiden entry, or its ``kmeans`` entry) and which key.
+SCORES = {
+    "ari": (None, "ari"),
+    "ari_p95": (None, "ari_shuffled_p95"),
+    "nmi": (None, "nmi"),
+    "nmi_p95": (None, "nmi_shuffled_p95"),
+    "kmeans_ari": ("kmeans", "ari"),
+    "kmeans_ari_p95": ("kmeans", "ari_shuffled_p95"),
+}
+
+#: How the page heads those columns (after the group's name).
+SCORE_NAMES = {
+    "ari": "ARI", "ari_p95": "ARI chance", "nmi": "NMI", "nmi_p95": "NMI chance",
+    "kmeans_ari": "k-means ARI", "kmeans_ari_p95": "k-means chance",
+}  # fmt: skip
 PAIRED = "paired latents (X_rna vs X_hic)"
 SHUFFLED = "shuffled pairing (control)"
 
@@ -39,8 +57,9 @@ def comparison_columns(scores: dict) -> dict:
     Returns
     -------
     dict
-        Per group ``g`` present: ``g_n_cells``; ``g_<method>_ari`` and
-        ``g_<method>_nmi`` for every method of :data:`METHODS` (None when not
+        Per group ``g`` present: ``g_n_cells``; ``g_<method>_<score>`` for every
+        method of :data:`METHODS` and score of :data:`SCORES` (Leiden ARI and NMI,
+        k-means ARI, each with its shuffled-label 95th percentile; None when not
         scored); where computed, ``g_foscttm``, ``g_shuffled_foscttm`` and
         ``g_shuffled_tolerance``.
     """
@@ -50,8 +69,8 @@ def comparison_columns(scores: dict) -> dict:
         methods = entry.get("methods") or {}
         for m in METHODS:
             found = methods.get(m) or {}
-            cols[f"{g}_{m}_ari"] = found.get("ari")
-            cols[f"{g}_{m}_nmi"] = found.get("nmi")
+            for col, (inner, key) in SCORES.items():
+                cols[f"{g}_{m}_{col}"] = ((found.get(inner) or {}) if inner else found).get(key)
         if "foscttm" in entry:
             cols[f"{g}_foscttm"] = (entry["foscttm"] or {}).get("foscttm")
         if "shuffled_control" in entry:
@@ -84,7 +103,8 @@ def _fmt(v) -> str:
 def comparison_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and method, one column per group and score, as shown.
 
-    Rows: the five methods of :data:`METHODS` (ARI, NMI), then the paired latents'
+    Rows: the methods of :data:`METHODS` (Leiden ARI and NMI, k-means ARI, each beside
+    the 95th percentile of the same clusters against shuffled labels), then the paired latents'
     FOSCTTM and the shuffled-pairing control's FOSCTTM with its chance band. Empty
     when no configuration has per-method scores.
     """
@@ -97,14 +117,14 @@ def comparison_table(table: pd.DataFrame) -> pd.DataFrame:
         def line(method: str, cells: dict, config=r["configuration"]) -> dict:
             out = {"configuration": config, "method": method}
             for g in groups:
-                out[f"{GROUPS[g]} ARI"] = cells.get((g, "ari"), "-")
-                out[f"{GROUPS[g]} NMI"] = cells.get((g, "nmi"), "-")
+                for col, name in SCORE_NAMES.items():
+                    out[f"{GROUPS[g]} {name}"] = cells.get((g, col), "-")
                 if g in with_foscttm:
                     out[f"{GROUPS[g]} FOSCTTM"] = cells.get((g, "foscttm"), "-")
             return out
 
         for m, name in METHODS.items():
-            rows.append(line(name, {(g, s): _fmt(_value(r, f"{g}_{m}_{s}")) for g in groups for s in ("ari", "nmi")}))
+            rows.append(line(name, {(g, s): _fmt(_value(r, f"{g}_{m}_{s}")) for g in groups for s in SCORES}))
         rows.append(line(PAIRED, {(g, "foscttm"): _fmt(_value(r, f"{g}_foscttm")) for g in with_foscttm}))
         tol = next((t for g in with_foscttm if (t := _value(r, f"{g}_shuffled_tolerance")) is not None), None)
         label = SHUFFLED if tol is None else f"{SHUFFLED[:-1]}; chance 0.5 +/- {tol:.3f})"
