@@ -15,14 +15,16 @@ workflow to mistake for a finished one.
       heldout | train | all
         n_cells, n_labelled
         methods
-          joint | rna_latent | hic_latent | rna_baseline | hic_baseline
-            ari, nmi, leiden_resolution, n_clusters, representation
+          joint | rna_latent | hic_latent | rna_baseline | hic_baseline | bandnorm_baseline
+            ari, nmi, leiden_resolution, n_clusters, representation (Leiden)
+            ari_shuffled_p95, nmi_shuffled_p95   the same clusters against shuffled labels
+            kmeans           ari, nmi, k, ari_shuffled_p95, nmi_shuffled_p95 (k = the labels)
         foscttm              foscttm, foscttm_rna_to_hic, foscttm_hic_to_rna   (not on training cells)
         shuffled_control     foscttm, ..., chance, tolerance, at_chance       (not on training cells)
         absent               Hi-C-only embeddings (no X_rna): rna_latent, rna_baseline, foscttm,
                              shuffled_control -> why they are not scored (never zeros)
     modalities               ["rna", "hic"], or ["hic"] for Hi-C-only embeddings
-    baselines                rna | hic: file, cells embedded and fit, settings (null without --data)
+    baselines                rna | hic | bandnorm: file, cells fit, settings (null without --data)
 """
 
 from __future__ import annotations
