@@ -263,9 +263,9 @@ def test_training_writes_hic_only_outputs(trained, work):
 def test_evaluate_records_rna_scores_as_absent(trained, work, tmp_path):
     scores = main_evaluate(trained / "embeddings.h5ad", tmp_path / "eval", label_key="cell_type", data=work / "data")
     assert scores["modalities"] == ["hic"] and scores["foscttm"] is None
-    assert set(scores["baselines"]) == {"hic"}
+    assert set(scores["baselines"]) == {"hic", "bandnorm"}
     for g, entry in scores["groups"].items():
-        assert set(entry["methods"]) == {"joint", "hic_latent", "hic_baseline"}, g
+        assert set(entry["methods"]) == {"joint", "hic_latent", "hic_baseline", "bandnorm_baseline"}, g
         assert "foscttm" not in entry and "shuffled_control" not in entry
         assert {"rna_latent", "rna_baseline"} <= set(entry["absent"])
         for method in entry["methods"].values():

@@ -85,7 +85,7 @@ def test_hic_only_profile_plan_train_and_scores(run_dir):
     scores = json.loads((res / "eval/1mb_s4/scores.json").read_text())
     assert scores["modalities"] == ["hic"] and scores["foscttm"] is None
     held = scores["groups"]["heldout"]
-    assert set(held["methods"]) == {"joint", "hic_latent", "hic_baseline"}
+    assert set(held["methods"]) == {"joint", "hic_latent", "hic_baseline", "bandnorm_baseline"}
     assert {"rna_latent", "rna_baseline", "foscttm", "shuffled_control"} == set(held["absent"])
     assert all(math.isfinite(m["ari"]) for m in held["methods"].values())
     summary = (res / "figures/summary.txt").read_text()
