@@ -49,6 +49,15 @@ def counts_matrix(adata: ad.AnnData) -> sp.csr_matrix:
     return sp.csr_matrix(x, dtype=np.float64)
 
 
+def strata_counts(adata: ad.AnnData, path=None) -> tuple[sp.csr_matrix, np.ndarray]:
+    """The counts of a strata file and each feature's stratum (``var["stratum"]``, or
+    inferred from the feature names)."""
+    x = counts_matrix(adata)
+    if "stratum" in adata.var.columns:
+        return x, adata.var["stratum"].to_numpy().astype(np.int64)
+    return x, strata_from_names(adata.var_names.to_numpy(), path, "var_names")[0]
+
+
 def pca_fit_transform(x, fit: np.ndarray, n_comps: int, seed: int = 0) -> np.ndarray:
     """Principal axes learned from the rows ``fit`` of ``x``, every row projected on them.
 
@@ -154,11 +163,7 @@ def hic_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = N_COMPS, see
     embedding, info
         ``(n_cells, k)`` float32 PCA coordinates, and a dict saying how it was made.
     """
-    x = counts_matrix(adata)
-    if "stratum" in adata.var.columns:
-        stratum = adata.var["stratum"].to_numpy().astype(np.int64)
-    else:
-        stratum, _ = strata_from_names(adata.var_names.to_numpy(), path, "var_names")
+    x, stratum = strata_counts(adata, path)
     total = np.asarray(x.sum(axis=1)).ravel()
     depth = float(np.median(total[fit]))
     empty = total <= 0
@@ -204,11 +209,7 @@ def bandnorm_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = BANDNOR
     embedding, info
         ``(n_cells, k)`` float32 PCA coordinates, and a dict saying how it was made.
     """
-    x = counts_matrix(adata)
-    if "stratum" in adata.var.columns:
-        stratum = adata.var["stratum"].to_numpy().astype(np.int64)
-    else:
-        stratum, _ = strata_from_names(adata.var_names.to_numpy(), path, "var_names")
+    x, stratum = strata_counts(adata, path)
     keep = stratum >= 1
     if not keep.any():
         raise InputError("the BandNorm baseline needs strata k >= 1; the file has the diagonal only", path=path)
