@@ -185,8 +185,8 @@ def test_batch_independence(tiny_models, tmp_path, kind):
 
 def test_cache_decides_what_is_redone(tiny_models, tmp_path):
     """A shard with a valid marker and matching size is reused; a truncated shard, a
-    missing marker or a garbled one = its sequences computed again; other weights = a
-    cache folder of their own."""
+    missing marker, a garbled one or one whose writer was killed before its marker's
+    rename = its sequences computed again; other weights = a cache folder of their own."""
     fasta = random_fasta(tmp_path / "in.fa", "esm2", 50, lengths=(5, 60))
     summary, out = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
     first = ad.read_h5ad(out / "x.h5ad").X.copy()
@@ -199,6 +199,10 @@ def test_cache_decides_what_is_redone(tiny_models, tmp_path):
     npz.write_bytes(npz.read_bytes()[:-7])  # truncated, marker still there
     (folder / f"{marks[2]['shard']}.done").unlink()
     (folder / f"{marks[3]['shard']}.done").write_text("{")
+    # killed between writing the marker's temporary and renaming it: complete JSON and a
+    # complete .npz under a hidden name that a plain glob("*.done") would also match
+    marker_temp = folder / f".tmp-997-{marks[4]['shard']}.done"
+    (folder / f"{marks[4]['shard']}.done").rename(marker_temp)
     # temporaries of killed writers: an old one is removed, a fresh one (perhaps another
     # job's, writing now) is left
     old, fresh = folder / ".tmp-999-x.npz", folder / ".tmp-998-y.npz"
@@ -206,10 +210,10 @@ def test_cache_decides_what_is_redone(tiny_models, tmp_path):
     fresh.write_bytes(b"half")
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
-    assert (summary["run"]["computed"], summary["run"]["cached"]) == (30, 20)
+    assert (summary["run"]["computed"], summary["run"]["cached"]) == (40, 10)
     # recomputed in other batches: equal up to rounding
     np.testing.assert_allclose(ad.read_h5ad(out / "x.h5ad").X, first, rtol=0, atol=1e-6)
-    assert not old.exists() and fresh.exists()
+    assert not old.exists() and fresh.exists() and marker_temp.exists()
     fresh.unlink()
     summary, _ = run(tmp_path, fasta, "esm2", tiny_models["esm2"], pool=InlinePool, cpu_workers=1)
     assert (summary["run"]["computed"], summary["run"]["cached"]) == (0, 50)

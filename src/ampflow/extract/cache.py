@@ -73,6 +73,10 @@ class VectorCache:
         of another size than its marker says is left out (and computed again)."""
         out = []
         for p in sorted(self.shard_dir.glob("*.done")):
+            if p.name.startswith("."):
+                # a marker's temporary (pathlib's glob matches hidden names): its writer was
+                # killed before the rename, or is renaming it now; not a finished shard
+                continue
             try:
                 m = json.loads(p.read_text())
                 size = (self.shard_dir / m["output"]).stat().st_size
