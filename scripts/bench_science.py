@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -74,19 +75,26 @@ PERMUTATIONS = 200
 
 # ------------------------------------------------------------------ data
 def prepare(src: Path, work: Path, resolution: int, strata: int) -> Path:
-    """The product's prepare commands on the cells of ``src``: the data folder."""
+    """The product's prepare commands on the cells of ``src`` (``cells.tsv``, pairs paths
+    relative to it, ``chrom.sizes``): the data folder."""
+    cells = pd.read_csv(src / "cells.tsv", sep="\t")
+    cells["pairs"] = [str(src / p) for p in cells["pairs"]]
+    return prepare_sheet(cells, src / "chrom.sizes", work, resolution, strata)
+
+
+def prepare_sheet(cells: pd.DataFrame, sizes: Path, work: Path, resolution: int, strata: int, bin_args: tuple = ()) -> Path:
+    """``ampflow bin-cells``, ``qc-cells``, ``pseudobulk``, ``strata`` and ``graph`` on the
+    cell sheet ``cells`` (absolute pairs paths): the data folder under ``work``."""
     data = work / "data"
     if (data / "graph").exists():
         return data
-    cells = pd.read_csv(src / "cells.tsv", sep="\t")
-    cells["pairs"] = [str(src / p) for p in cells["pairs"]]
     work.mkdir(parents=True, exist_ok=True)
     sheet = work / "cells.tsv"
     cells.to_csv(sheet, sep="\t", index=False)
-    sizes, scool, qc, mcool = src / "chrom.sizes", work / "binned.scool", work / "qc" / "cells.tsv", work / "pseudobulk.mcool"
+    scool, qc, mcool = work / "binned.scool", work / "qc" / "cells.tsv", work / "pseudobulk.mcool"
     steps = [
         ["bin-cells", "--sheet", sheet, "--chromsizes", sizes, "--resolutions", resolution, "--out-scool", scool,
-         "--stats", work / "qc" / "contacts.tsv", "--cache-dir", work / "cache", "--threads", "2"],
+         "--stats", work / "qc" / "contacts.tsv", "--cache-dir", work / "cache", "--threads", "2", *bin_args],
         ["qc-cells", "--sheet", sheet, "--contacts", work / "qc" / "contacts.tsv", "--min-contacts", "1000", "--out", qc],
         ["pseudobulk", "--scool", f"{resolution}={scool}", "--qc", qc, "--out", mcool],
         ["strata", "--scool", scool, "--qc", qc, "--chromsizes", sizes, "--strata", strata, "--min-cells", "3",
@@ -118,13 +126,20 @@ def ari_with_control(labels: np.ndarray, clusters: np.ndarray, seed: int = 0) ->
     return float(adjusted_rand_score(labels, clusters)), float(np.percentile(null, 95))
 
 
-def score(z: np.ndarray, types: np.ndarray, batches: np.ndarray, held: np.ndarray) -> dict:
-    k = len(np.unique(types))
+def score(z: np.ndarray, types: np.ndarray, batches: np.ndarray | None, held: np.ndarray) -> dict:
+    """k-means (k = the number of labels) on the held-out cells and on all cells, scored
+    over the labelled ones (``types`` None = unlabelled) with the shuffled-label control;
+    ARI against ``batches`` over every cell of the group."""
+    labelled = np.array([t is not None and t == t for t in types])
+    k = len(np.unique(types[labelled]))
     out = {}
     for group, rows in (("heldout", held), ("all", np.ones_like(held))):
         c = kmeans(z[rows], k)
-        ari, p95 = ari_with_control(types[rows], c)
-        out[group] = {"ari": ari, "shuffled_p95": p95, "ari_batch": float(adjusted_rand_score(batches[rows], c))}
+        lab = labelled[rows]
+        ari, p95 = ari_with_control(types[rows][lab], c[lab])
+        out[group] = {"ari": ari, "shuffled_p95": p95}
+        if batches is not None:
+            out[group]["ari_batch"] = float(adjusted_rand_score(batches[rows], c))
     return out
 
 
@@ -207,25 +222,9 @@ def train_and_embed(data_dir: Path, held: np.ndarray, model_cfg: dict, train_cfg
     return np.asarray(emb.obsm["X_hic"]), seconds, int(trainer.step), lines
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lee", type=Path, default=SHARED / "schic" / "lee2019_pfc_chr1")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/ampflow-bench-science"))
-    ap.add_argument("--config", type=Path, default=REPO / "config" / "config.yaml", help="model and train settings (the template)")
-    ap.add_argument("--splits", type=int, default=5)
-    ap.add_argument("--ablations", default="model", help=f"comma-separated, of {','.join(ABLATIONS)}")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json-out", type=Path)
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    if not (a.lee / "cells.tsv").is_file():
-        print(f"skipped: {a.lee} not present")
-        return 0
-    variants = [v.strip() for v in a.ablations.split(",") if v.strip()]
-    unknown = sorted(set(variants) - set(ABLATIONS))
-    if unknown:
-        ap.error(f"unknown ablation(s) {unknown}; known: {', '.join(ABLATIONS)}")
-    template = yaml.safe_load(a.config.read_text())
+def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
+    """The Lee 2019 shared cells over ``a.splits`` held-out splits: every variant against
+    the baselines fitted on the same split's training cells."""
     data_dir = prepare(a.lee, a.work / "lee2019", 1_000_000, 10)
     hic = read_h5ad(data_dir / "hic.h5ad")
     sheet = pd.read_csv(a.lee / "cells.tsv", sep="\t").set_index("cell_id").loc[hic.obs_names]
@@ -244,26 +243,203 @@ def main(argv=None) -> int:
             model_cfg = dict(template.get("model") or {})
             if "latent32" in names:
                 model_cfg["latent_dim"] = 32
-            train_cfg = {**(template.get("train") or {}), "threads": a.threads, "device": "cpu", "checkpoint_every": 100_000}
             with ablated(names):
-                z, seconds, steps, lines = train_and_embed(data_dir, held, model_cfg, train_cfg, a.work / "runs" / f"{variant}-{split}")
+                z, seconds, steps, lines = train_and_embed(data_dir, held, model_cfg, _train_cfg(template, a), a.work / "runs" / f"{variant}-{split}")
             rows.append({"split": split, "method": variant, "seconds": seconds, "steps": steps, **_flat(score(z, types, batches, held))})
             print(f"split {split} {variant:>15}: held-out ARI {rows[-1]['heldout_ari']:.3f} (baseline {_base(rows, split, 'heldout_ari'):.3f}), "
                   f"all {rows[-1]['all_ari']:.3f} (baseline {_base(rows, split, 'all_ari'):.3f}), batch {rows[-1]['all_ari_batch']:.3f}, "
                   f"{steps} steps in {seconds:.0f} s; {' / '.join(lines)}", flush=True)  # fmt: skip
+    _summary(rows, variants, f"Lee 2019, mean and sd over {a.splits} split(s); k-means with k = {len(np.unique(types))}")
+    return rows
+
+
+def gageseq_splits(a, template: dict) -> list[dict]:
+    """The labelled GAGE-seq cortex cells (chr1, broad classes; ``NA`` and ``Unk`` are
+    unlabelled: trained on and embedded, not scored) over ``a.splits`` splits, the model
+    against the BandNorm-style baseline. The labels come from a join the data's README
+    calls an assumption: an honest figure, no threshold."""
+    src = a.gageseq
+    cells = pd.read_csv(src / "cells_labels.tsv", sep="\t", keep_default_na=False)
+    sheet = pd.DataFrame({"cell_id": cells["cell"], "pairs": [str(src / p) for p in cells["pairs"]], "cell_type": cells["broad_class"]})
+    work = a.work / "gageseq"
+    work.mkdir(parents=True, exist_ok=True)
+    sizes = work / "chr1.sizes"  # the files hold chr1 alone: a genome of chr1 keeps every bin populated
+    sizes.write_text(next(line for line in (a.genome_sizes).read_text().splitlines() if line.split("\t")[0] == "chr1") + "\n")
+    data_dir = prepare_sheet(sheet, sizes, work, 1_000_000, 10, ("--strip-prefix", "mm10_"))
+    hic = read_h5ad(data_dir / "hic.h5ad")
+    label = sheet.set_index("cell_id").loc[hic.obs_names, "cell_type"].to_numpy(dtype=object)
+    types = np.array([t if t not in ("NA", "Unk", "") else None for t in label], dtype=object)
+    print(f"\nGAGE-seq cortex: {hic.n_obs} cells x {hic.n_vars} features (1 Mb x 10 strata), "
+          f"labels {pd.Series([t for t in types if t is not None]).value_counts().to_dict()}, {sum(t is None for t in types)} unlabelled")  # fmt: skip
+    rows = []
+    for split in range(a.splits):
+        held = holdout(hic.n_obs, split)
+        z, _ = bandnorm_baseline(hic, ~held)
+        rows.append({"split": split, "method": "bandnorm", **_flat(score(z, types, None, held))})
+        z, seconds, steps, lines = train_and_embed(data_dir, held, dict(template.get("model") or {}), _train_cfg(template, a), a.work / "runs" / f"gageseq-{split}")
+        rows.append({"split": split, "method": "model", "seconds": seconds, "steps": steps, **_flat(score(z, types, None, held))})
+        print(f"split {split}: held-out ARI {rows[-1]['heldout_ari']:.3f} (baseline {_base(rows, split, 'heldout_ari'):.3f}, shuffled p95 "
+              f"{rows[-1]['heldout_shuffled_p95']:.3f}), all {rows[-1]['all_ari']:.3f} (baseline {_base(rows, split, 'all_ari'):.3f}, "
+              f"shuffled p95 {rows[-1]['all_shuffled_p95']:.3f}), {steps} steps in {seconds:.0f} s; {' / '.join(lines)}", flush=True)  # fmt: skip
+    _summary(rows, ["model"], f"GAGE-seq, mean and sd over {a.splits} split(s); k-means with k = {len({t for t in types if t is not None})}")
+    return [{**r, "dataset": "gageseq"} for r in rows]
+
+
+def leave_one_batch_out(a, template: dict) -> list[dict]:
+    """Each Lee 2019 batch held back in turn: the Hi-C-only workflow (the template's
+    settings) trains on the other batches, and its ``embed`` rule embeds the held-back
+    batch's raw cells (``embed.{name}.cells``; no retraining, nothing fitted on them).
+    Scored on the held-back batch: k-means ARI against type beside the BandNorm-style
+    baseline fitted on that batch itself and the shuffled-label 95th percentile; and over
+    training + held-back cells, ARI of the same k-means against batch."""
+    sheet = pd.read_csv(a.lee / "cells.tsv", sep="\t")
+    sheet["pairs"] = [str(a.lee / p) for p in sheet["pairs"]]
+    rows = []
+    print("\nLee 2019, each batch held back and embedded by a model trained on the others (the workflow, `embed`):")
+    for batch in sorted(sheet["batch"].unique()):
+        dest = a.work / "lobo" / batch
+        dest.mkdir(parents=True, exist_ok=True)
+        sheet[sheet["batch"] != batch].to_csv(dest / "train_cells.tsv", sep="\t", index=False)
+        sheet[sheet["batch"] == batch].to_csv(dest / "new_cells.tsv", sep="\t", index=False)
+        cfg = yaml.safe_load(yaml.safe_dump(template))
+        cfg.update(dataset="lobo", configs=[{"resolution": 1_000_000, "strata": 10}])
+        cfg["inputs"] = {"cells": str(dest / "train_cells.tsv"), "chromsizes": str(a.lee / "chrom.sizes")}
+        cfg["pseudobulk"]["resolutions"] = []
+        cfg["cluster"]["gpus_per_node"] = 0  # a CPU machine
+        cfg["train"]["threads"] = a.threads
+        cfg["embed"] = {"new": {"cells": str(dest / "new_cells.tsv")}}
+        seconds = run_workflow(dest, cfg, ["results/lobo/embed/1mb_s10/new/embeddings.h5ad"])
+        res = dest / "results" / "lobo"
+        new = read_h5ad(res / "embed" / "1mb_s10" / "new" / "embeddings.h5ad")
+        trained = read_h5ad(res / "train" / "1mb_s10" / "embeddings.h5ad")
+        new_hic = read_h5ad(res / "embed" / "cells" / "new" / "1mb_s10" / "hic.h5ad")
+        meta = sheet.set_index("cell_id")
+        types = meta.loc[new.obs_names, "cell_type"].to_numpy()
+        k = len(np.unique(meta["cell_type"]))
+        c = kmeans(np.asarray(new.obsm["X_hic"]), k)
+        ari, p95 = ari_with_control(types, c)
+        base_z, _ = bandnorm_baseline(new_hic[new.obs_names], np.ones(new.n_obs, dtype=bool))
+        base_ari, base_p95 = ari_with_control(types, kmeans(base_z, k))
+        both = np.vstack([np.asarray(trained.obsm["X_hic"]), np.asarray(new.obsm["X_hic"])])
+        cells = list(trained.obs_names) + list(new.obs_names)
+        c_all = kmeans(both, k)
+        ari_batch = float(adjusted_rand_score(meta.loc[cells, "batch"].to_numpy(), c_all))
+        ari_all_type = float(adjusted_rand_score(meta.loc[cells, "cell_type"].to_numpy(), c_all))
+        stop = next((ln.strip() for ln in (dest / "logs" / "lobo" / "train.1mb_s10.log").read_text().splitlines() if "stopped after" in ln or "ran all" in ln), "")
+        rows.append({"dataset": "lobo", "batch": batch, "n_new": int(new.n_obs), "n_train": int(trained.n_obs), "ari": ari, "shuffled_p95": p95,
+                     "bandnorm_on_batch": base_ari, "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, "seconds": seconds})  # fmt: skip
+        print(f"  {batch}: {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "
+              f"({'above' if ari > p95 else 'NOT above'}), BandNorm fitted on the batch {base_ari:.3f}; training + new cells: "
+              f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; workflow {seconds:.0f} s; {stop.split(': ', 1)[-1]}", flush=True)  # fmt: skip
+    return rows
+
+
+def hires_rna(a) -> list[dict]:
+    """The RNA latent on the real HiRES brain RNA (399 cells), trained by the workflow of
+    ``scripts/negative_control.py`` (its Hi-C carries no information, so the RNA latent
+    is what the RNA side learnt): k-means ARI against the inferred labels beside the
+    scanpy-style RNA baseline and the shuffled-label control; and the control's own
+    acceptance (held-out FOSCTTM at chance, joint not below the RNA latent)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import negative_control as nc
+
+    settings = nc.Settings()
+    work = a.work / "negctl"
+    t0 = time.perf_counter()
+    result = nc.run_control(work, a.shared, settings, log=lambda m: None)
+    seconds = time.perf_counter() - t0
+    scores = json.loads((work / "results" / nc.DATASET / "eval" / settings.cfg / "scores.json").read_text())
+    print(f"\nHiRES brain RNA ({settings.label_column}, labels inferred from the RNA: partly circular), k-means with k = labels:")
+    rows = []
+    for group in ("heldout", "train"):
+        methods = scores["groups"][group]["methods"]
+        for method in ("rna_latent", "rna_baseline", "joint"):
+            km = methods[method]["kmeans"]
+            rows.append({"dataset": "hires", "group": group, "method": method, "ari": km["ari"], "shuffled_p95": km["ari_shuffled_p95"],
+                         "leiden_ari": methods[method]["ari"], "seconds": seconds})  # fmt: skip
+            print(f"  {group:<8} {method:<13} ARI {km['ari']:.3f} (shuffled p95 {km['ari_shuffled_p95']:.3f}; Leiden {methods[method]['ari']:.3f})")
+    print(nc.table(result, settings))
+    print(f"  negative control: {'PASS' if result.passed else 'FAIL: ' + '; '.join(result.failures())} ({seconds:.0f} s)")
+    rows.append({"dataset": "hires", "method": "negative_control", "passed": result.passed, "seconds": seconds})
+    return rows
+
+
+def run_workflow(dest: Path, config: dict, targets: list[str]) -> float:
+    """Snakemake with this checkout's workflow and ``config`` in ``dest``: the seconds."""
+    import shutil
+    import subprocess
+
+    for name in ("workflow", "config", "profiles", "envs"):
+        shutil.copytree(REPO / name, dest / name, dirs_exist_ok=True)
+    (dest / "config" / "bench.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    t0 = time.perf_counter()
+    with open(dest / "snakemake.log", "w") as log:
+        proc = subprocess.run([str(bin_dir / "snakemake"), *targets, "--cores", "2", "--profile", "profiles/local", "--configfile", "config/bench.yaml"],
+                              cwd=dest, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    if proc.returncode != 0:
+        sys.exit(f"{dest}: snakemake exited {proc.returncode}; see {dest / 'snakemake.log'}")
+    return time.perf_counter() - t0
+
+
+SECTIONS = ("lee", "lobo", "gageseq", "hires")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shared", type=Path, default=SHARED, help="the shared real-data folder")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/ampflow-bench-science"))
+    ap.add_argument("--config", type=Path, default=REPO / "config" / "config.yaml", help="model and train settings (the template)")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {','.join(SECTIONS)}")
+    ap.add_argument("--splits", type=int, default=5)
+    ap.add_argument("--ablations", default="model", help=f"comma-separated, of {','.join(ABLATIONS)} (section lee)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json-out", type=Path)
+    a = ap.parse_args(argv)
+    a.lee = a.shared / "schic" / "lee2019_pfc_chr1"
+    a.gageseq = a.shared / "schic" / "gageseq_cortex_chr1"
+    a.genome_sizes = a.shared / "annotation" / "mm10.chrom.sizes"
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if not (a.lee / "cells.tsv").is_file():
+        print(f"skipped: {a.lee} not present")
+        return 0
+    variants = [v.strip() for v in a.ablations.split(",") if v.strip()]
+    sections = [v.strip() for v in a.sections.split(",") if v.strip()]
+    for given, known, what in ((variants, ABLATIONS, "ablation"), (sections, SECTIONS, "section")):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            ap.error(f"unknown {what}(s) {unknown}; known: {', '.join(known)}")
+    template = yaml.safe_load(a.config.read_text())
+    rows = []
+    if "lee" in sections:
+        rows += lee_splits(a, template, variants)
+    if "lobo" in sections:
+        rows += leave_one_batch_out(a, template)
+    if "gageseq" in sections:
+        rows += gageseq_splits(a, template)
+    if "hires" in sections:
+        rows += hires_rna(a)
+    if a.json_out:
+        a.json_out.write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+def _train_cfg(template: dict, a) -> dict:
+    return {**(template.get("train") or {}), "threads": a.threads, "device": "cpu", "checkpoint_every": 100_000}
+
+
+def _summary(rows: list[dict], variants: list[str], title: str) -> None:
     table = pd.DataFrame(rows)
-    cols = ["heldout_ari", "heldout_shuffled_p95", "all_ari", "all_shuffled_p95", "all_ari_batch", "seconds", "steps"]
+    cols = [c for c in ("heldout_ari", "heldout_shuffled_p95", "all_ari", "all_shuffled_p95", "all_ari_batch", "seconds", "steps") if c in table]
     summary = table.groupby("method", sort=False)[cols].agg(["mean", "std"])
     pd.set_option("display.width", 250)
-    print(f"\nmean and sd over {a.splits} split(s); k-means with k = {len(np.unique(types))}; shuffled = 95th percentile of {PERMUTATIONS} label permutations")
+    print(f"\n{title}; shuffled = 95th percentile of {PERMUTATIONS} label permutations")
     print(summary.round(3).to_string())
     for variant in variants:
         for group in ("heldout", "all"):
             gap = table[table.method == variant][f"{group}_ari"].mean() - table[table.method == "bandnorm"][f"{group}_ari"].mean()
             print(f"{variant} {group}: latent - BandNorm baseline = {gap:+.3f}")
-    if a.json_out:
-        a.json_out.write_text(json.dumps(rows, indent=1))
-    return 0
 
 
 def _flat(scores: dict) -> dict:

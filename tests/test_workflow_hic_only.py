@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import anndata as ad
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -30,7 +31,7 @@ train: {pretrain: {epochs: 3}, finetune: {epochs: 1}, batch_size: 16}
 model: {hidden_dim: 32, latent_dim: 8}
 amp: {devices: 1, device_memory_gb: 1.0}
 pseudobulk: {resolutions: [2000000]}
-embed: {again: {data: results/hiconly/data/1mb_s4}}
+embed: {again: {data: results/hiconly/data/1mb_s4}, raw: {cells: resources/demo/cells.tsv}}
 """
 
 
@@ -55,7 +56,7 @@ def test_hic_only_outputs(run_dir):
         "qc/cells.tsv", "qc/split.tsv", "data/1mb_s4/hic.h5ad", "data/1mb_s4/graph/nodes.parquet",
         "amp/1mb_s4/profile.json", "amp/1mb_s4/plan.json", "train/1mb_s4/model.pt",
         "train/1mb_s4/embeddings.h5ad", "eval/1mb_s4/scores.json", "eval/1mb_s4/umap.png",
-        "embed/1mb_s4/again/embeddings.h5ad", "figures/summary.html", "figures/scores.png",
+        "embed/1mb_s4/again/embeddings.h5ad", "embed/1mb_s4/raw/embeddings.h5ad", "figures/summary.html", "figures/scores.png",
         "figures/qc/contacts.png", "figures/1mb_s4/plan.html",
     ]:  # fmt: skip
         assert (res / rel).exists(), rel
@@ -82,6 +83,13 @@ def test_hic_only_profile_plan_train_and_scores(run_dir):
     assert set(emb.obsm) == {"X_hic", "X_joint"}
     again = ad.read_h5ad(res / "embed/1mb_s4/again/embeddings.h5ad")
     assert set(again.obsm) == {"X_hic", "X_joint"}
+    # raw cells (a sheet without RNA) through the embed_* rules: QC'd on contacts alone,
+    # every candidate feature mapped onto the model's by name; the referee is training's
+    # own embedding of the same cells
+    raw = ad.read_h5ad(res / "embed/1mb_s4/raw/embeddings.h5ad")
+    assert set(raw.obsm) == {"X_hic", "X_joint"} and not (res / "embed/cells/raw/rna.h5ad").exists()
+    assert list(raw.obs_names) == list(emb.obs_names)
+    assert np.allclose(raw.obsm["X_hic"], emb.obsm["X_hic"], rtol=0, atol=1e-5)
     scores = json.loads((res / "eval/1mb_s4/scores.json").read_text())
     assert scores["modalities"] == ["hic"] and scores["foscttm"] is None
     held = scores["groups"]["heldout"]

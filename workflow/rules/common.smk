@@ -158,13 +158,19 @@ EXTRACT_INPUTS = extract_inputs()
 
 def embed_sets():
     """Config "embed": each name's entry, checked: a prepared folder (``data``) or raw
-    cells (``cells`` sheet + ``rna`` matrix) that the workflow prepares itself."""
+    cells (``cells`` sheet + ``rna`` matrix; a Hi-C-only dataset: the sheet alone) that
+    the workflow prepares itself."""
     sets = {}
+    raw, what = (
+        (["cells", "rna"], "both cells and rna (a cell sheet and its RNA counts)")
+        if HAS_RNA
+        else (["cells"], "cells (a cell sheet; this dataset has no RNA)")
+    )
     for name, e in config["embed"].items():
         # the schema allows no other key
-        if sorted(e) not in (["data"], ["cells", "rna"]):
+        if sorted(e) not in (["data"], raw):
             raise InputError(
-                "give either data (a prepared folder) or both cells and rna (a cell sheet and its RNA counts)",
+                f"give either data (a prepared folder) or {what}",
                 key=f"embed.{name}",
                 value=sorted(e),
             )

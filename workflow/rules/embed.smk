@@ -111,7 +111,7 @@ rule embed_qc_cells:
     input:
         sheet=lambda wc: EMBED_SETS[wc.cells]["cells"],
         contacts=rules.embed_bin_cells.output.stats,
-        rna=rules.embed_load_rna.output.stats,
+        rna=rules.embed_load_rna.output.stats if HAS_RNA else [],
     output:
         f"{EMBED_PREP}/qc/cells.tsv",
     log:
@@ -120,9 +120,11 @@ rule embed_qc_cells:
         "../../envs/prepare.yaml"
     params:
         qc=qc_args(),
+        # without RNA, cells pass on their contacts alone (as rule qc_cells)
+        rna=lambda wc, input: rna_arg("--rna-stats", input.rna),
     shell:
         "ampflow qc-cells --sheet {input.sheet} --contacts {input.contacts}"
-        " --rna-stats {input.rna} {params.qc} --out {output} > {log} 2>&1"
+        " {params.rna} {params.qc} --out {output} > {log} 2>&1"
 
 
 # every gene: the model picks its own by name (no HVGs chosen on these cells)
