@@ -23,29 +23,29 @@ from ampflow.train.memory import measured_step
 TOLERANCE = 0.10
 
 
-def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0):
+def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0, n_batches=0):
     """A PairedModel on random shapes: all anchors at stratum 0, a random half of the
     valid pairs at each k >= 1, a random graph with both directions and self-loops."""
     g = torch.Generator().manual_seed(seed)
     anchor, stratum = synthetic_features(n, L, 0.5, 0, g)
     graph = synthetic_graph(G, n, g)
     torch.manual_seed(seed)
-    model = PairedModel(cfg, G, anchor, stratum, L, graph).to(dtype)
+    model = PairedModel(cfg, G, anchor, stratum, L, graph, n_batches).to(dtype)
     rna = torch.poisson(torch.full((B, G), 2.0), generator=g).to(dtype)
     hic = torch.poisson(torch.full((B, len(anchor)), 0.5), generator=g).to(dtype)
     fps = torch.bincount(stratum, minlength=L).tolist()
-    spec = ShapeSpec.from_model(cfg, B, G, fps, n, graph.n_nodes, graph.src.numel(), dtype_bytes=torch.finfo(dtype).bits // 8)
+    spec = ShapeSpec.from_model(cfg, B, G, fps, n, graph.n_nodes, graph.src.numel(), dtype_bytes=torch.finfo(dtype).bits // 8, n_batches=n_batches)
     # torch.optim.Adam on CPU steps one parameter at a time
     return model, rna, hic, replace(spec, optimizer_foreach=False)
 
 
-def _measure(model, rna, hic, weights=None):
+def _measure(model, rna, hic, weights=None, cond=None):
     """Two steps as the trainer runs them on CPU; the allocator's peak of the second
     (steady state: Adam's moments exist) and its bytes after each stratum."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     first = None
     for seed in (1, 2):
-        _, memory = measured_step(model, opt, rna, hic, weights or LossWeights(), torch.Generator().manual_seed(seed))
+        _, memory = measured_step(model, opt, rna, hic, weights or LossWeights(), torch.Generator().manual_seed(seed), cond)
         first = first or memory
     assert memory.source == "allocator" and first.peak < memory.peak  # no Adam state in the first step
     return memory.peak, memory.marks
@@ -118,6 +118,24 @@ def test_cross_reconstruction_matches_a_measured_training_step(L, chunk, key_fir
     plain = predict(spec, chunk=chunk, key_first=key_first)
     assert est.marks == plain.marks and est.total >= plain.total
     assert est.phases["end_of_forward"] > plain.phases["end_of_forward"]
+
+
+@pytest.mark.parametrize("L, key_first, cross, n_batches", [(2, False, False, 3), (5, True, True, 4), (4, False, True, 2)])
+def test_batch_conditioned_model_matches_a_measured_training_step(L, key_first, cross, n_batches):
+    """Decoders conditioned on batches: wider loadings read with ``[u, c]``, a bias per
+    gene and batch. The shape description is the model's and the prediction matches
+    the allocator; with many batches it grows by their parameters and state."""
+    cfg = ModelConfig(latent_dim=16, hidden_dim=32, heads=4, window=3, key_first=key_first)
+    model, rna, hic, spec = _model(60, L, 8, cfg, n_batches=n_batches)
+    described = paired_model_params(cfg, spec.n_genes, L, spec.n_features, spec.n_nodes, n_batches)
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == [(n, p.shape) for n, p in described.items()]
+    cond = torch.nn.functional.one_hot(torch.arange(8) % n_batches, n_batches).float()
+    measured, marks = _measure(model, rna, hic, LossWeights(cross=float(cross)), cond)
+    spec = replace(spec, cross=cross)
+    est = predict(spec, key_first=key_first)
+    assert est.components["parameters"] == 4 * sum(p.numel() for p in model.parameters())
+    _assert_matches(est, measured, marks)
+    assert predict(replace(spec, n_batches=50), key_first=key_first).total > est.total
 
 
 #: Components held entirely in the training dtype (no int64 indices, bool masks or

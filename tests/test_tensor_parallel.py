@@ -43,6 +43,9 @@ CONFIGS = {
     # D == latent: u itself is split over the channels
     "narrow": dict(latent_dim=8, hidden_dim=16, heads=2, window=3),
 }
+#: Batches the decoders are conditioned on, per config ("narrow": the loadings' batch
+#: columns, sharded with the features under S2, and the RNA bias per batch)
+BATCHES = {"wide": 0, "narrow": 3}
 
 
 def _rel(a, b) -> float:
@@ -80,7 +83,8 @@ def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
     graph = synthetic_graph(G, n_anchors, g)
     cfg = ModelConfig(dropout=0.0, graph_batch=64, **CONFIGS[config])
     torch.manual_seed(seed)
-    model = PairedModel(cfg, G, anchor, stratum, L, graph).to(F64)
+    n_batches = BATCHES[config]
+    model = PairedModel(cfg, G, anchor, stratum, L, graph, n_batches).to(F64)
     with torch.no_grad():  # move the zero-initialised decoder parameters off zero
         # the key term at full weight (not softplus(-5) as training starts), so that the
         # blocks' gradients are not scaled down 150-fold
@@ -90,20 +94,21 @@ def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
     rna = torch.poisson(torch.full((B, G), 0.8, dtype=F64), generator=g)  # sparse, as scRNA is
     depth = torch.linspace(2.0, 0.2, B, dtype=F64)
     hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g)
+    cond = torch.nn.functional.one_hot(torch.arange(B) % n_batches, n_batches).to(dtype) if n_batches else None
     # one problem in both precisions: the fp32 one is the fp64 one rounded
-    return model.to(dtype), rna.to(dtype), hic.to(dtype)
+    return model.to(dtype), rna.to(dtype), hic.to(dtype), cond
 
 
 def _reference(dtype, config, dp):
     """One process, the full batch. With dp > 1 the noise comes from the shared
     generator (as the data-parallel step draws it); with dp = 1 from the global RNG."""
-    model, rna, hic = _problem(dtype, config)
+    model, rna, hic, cond = _problem(dtype, config)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     gen = torch.Generator().manual_seed(NOISE_SEED)
     torch.manual_seed(GLOBAL_SEED)
     noise = draw_noise(model, B, gen) if dp > 1 else None
-    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise)
+    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond)
     terms["total"].backward()
     opt.step()
     return _snapshot(model, terms)
@@ -113,7 +118,7 @@ def _truth(config, dp):
     """The fp32 reference computed in fp64: the same problem and the same noise (drawn
     in fp32 as the fp32 run draws it, then widened: the generators draw other numbers
     in fp64), so what separates the two is the fp32 run's rounding alone."""
-    model, rna, hic = _problem(F64, config)
+    model, rna, hic, cond = _problem(F64, config)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     gen = torch.Generator().manual_seed(NOISE_SEED)
@@ -125,7 +130,7 @@ def _truth(config, dp):
         return torch.randn(n, d, generator=src, dtype=torch.float32).to(F64)
 
     noise = (draw(B), draw(B), draw(n_nodes))
-    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise)
+    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond)
     terms["total"].backward()
     opt.step()
     return _snapshot(model, terms)
@@ -135,7 +140,7 @@ def _tp_worker(rank, world, cases):
     out = {}
     for name, config, dtype in cases:
         ids, dp, tp = SETS[name](world)
-        model, rna, hic = _problem(dtype, config)
+        model, rna, hic, cond = _problem(dtype, config)
         mesh = Mesh.build(dp, tp)
         model = parallelize(model, _plan(ids, dp, tp), mesh)
         model.train()
@@ -143,7 +148,8 @@ def _tp_worker(rank, world, cases):
         gen = torch.Generator().manual_seed(NOISE_SEED)
         torch.manual_seed(GLOBAL_SEED)
         rows = balanced_split(hic.sum(1), dp)[mesh.dp_rank]
-        terms = DataParallelStep(mesh).step(model, opt, rna[rows], hic[rows], WEIGHTS, rows, batch_size=B, generator=gen)
+        cond = None if cond is None else cond[rows]
+        terms = DataParallelStep(mesh).step(model, opt, rna[rows], hic[rows], WEIGHTS, rows, batch_size=B, generator=gen, cond=cond)
         snap = _snapshot(model, terms)
         snap["shards"] = dict(model.shards)
         # the consolidated state is the single-process one, and loads back

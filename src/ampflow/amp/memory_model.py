@@ -355,6 +355,7 @@ def spec_from_profile(profile: dict) -> ShapeSpec:
         n_edges=int(graph.get("n_edges", 0)),
         dtype_bytes=DTYPE_BYTES[train.dtype],
         cross=train.cross_reconstruction,
+        n_batches=int((profile.get("batches") or {}).get("n_batches", 0)),
     )
     optimizer = train.optimizer.lower()
     if optimizer != spec.optimizer:

@@ -71,6 +71,10 @@ class ShapeSpec:
     shared : int or None
         The latent dimensions the alignment term compares (``latent - private_dim``);
         None: all ``latent``.
+    n_batches : int
+        Batches the decoders are conditioned on (0: none): the Hi-C loadings get
+        that many more columns, read with the cell latent (``B x (d + n_batches)``),
+        and the RNA decoder a bias per gene and batch.
     optimizer_foreach : bool
         Whether the optimizer updates all parameters in one pass of foreach kernels,
         as ``torch.optim.Adam`` does on CUDA (its temporary, ``sqrt`` of the second
@@ -101,6 +105,7 @@ class ShapeSpec:
     cross: bool = False
     shared: int | None = None
     optimizer_foreach: bool = True
+    n_batches: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "features_per_stratum", tuple(int(x) for x in self.features_per_stratum))
@@ -108,7 +113,7 @@ class ShapeSpec:
         for name in ("n_cells_batch", "latent", "hidden", "D", "heads", "ffn_mult", "graph_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("n_genes", "n_features", "n_anchors", "n_nodes", "n_edges", "window", "neg_samples"):
+        for name in ("n_genes", "n_features", "n_anchors", "n_nodes", "n_edges", "window", "neg_samples", "n_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if any(x < 0 for x in self.features_per_stratum):
@@ -143,13 +148,15 @@ class ShapeSpec:
         n_edges: int,
         dtype_bytes: int = 4,
         cross: bool = False,
+        n_batches: int = 0,
     ) -> ShapeSpec:
         """The spec of a :class:`~ampflow.model.paired.PairedModel` built with
         ``model_config`` on data of these shapes.
 
         ``chunk`` and ``key_first`` of the config are not part of the spec: pass them
         to :func:`~ampflow.amp.memory_model.predict` (they are strategies S3 and S4).
-        ``cross``: whether the step trains the cross-reconstruction term.
+        ``cross``: whether the step trains the cross-reconstruction term;
+        ``n_batches``: the batches the decoders are conditioned on (0: none).
         """
         fps = tuple(int(x) for x in features_per_stratum)
         c = model_config
@@ -159,7 +166,7 @@ class ShapeSpec:
             n_edges=int(n_edges), latent=c.latent_dim, hidden=c.hidden_dim, D=c.D,
             heads=c.heads, window=c.window, ffn_mult=c.ffn_mult, attention=c.attention,
             neg_samples=c.neg_samples, graph_batch=c.graph_batch, dtype_bytes=int(dtype_bytes),
-            dropout=c.dropout, cross=cross, shared=c.shared_dim,
+            dropout=c.dropout, cross=cross, shared=c.shared_dim, n_batches=int(n_batches),
         )  # fmt: skip
 
 

@@ -303,7 +303,7 @@ def rna_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     step = led.step("rna_decoder")
     if first:
         params = _Params(led, dev)
-        nb = nb_decoder_params(G)
+        nb = nb_decoder_params(G, s.n_batches)
         params.add(_local(nb, dev), len(nb))
         step.kept.extend(params.grads)
         led.add("rna_decoder", B * d * b + G * d * b + B * b)  # u, gathered gene latents, library
@@ -339,11 +339,12 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     def at(k):  # phase of stratum k's terms: its place in the loop, or after the loop
         return k if first else POST
 
+    nb = s.n_batches
     head_step = led.step("hic_decoder_head")
     block = stratum_block_params(d, D, f, s.attention)
     if first:
         params = _Params(led, dev)
-        head0 = hic_decoder_shared_params(d, D, 0, 0)
+        head0 = hic_decoder_shared_params(d, D, 0, 0, nb)
         # D-proportional head parameters (u_proj) feed only the strata k >= 1: with one
         # stratum they get no gradient, so neither a gradient nor Adam state exists
         unused = {m: p for m, p in head0.items() if p.shard == HIDDEN_PARALLEL} if L == 1 else {}
@@ -353,12 +354,14 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         loadings = []
         for k, fk in enumerate(fps):
             # per-feature vectors and loadings
-            head = _per_stratum(head0, hic_decoder_shared_params(d, D, 1, fk), dev)
+            head = _per_stratum(head0, hic_decoder_shared_params(d, D, 1, fk, nb), dev)
             params.add(head, 0, k or None)
-            loadings.append((fp(fk) * d * b, k or None))
-        params.tensor(loadings)  # the loadings, d times a per-feature vector
+            loadings.append((fp(fk) * (d + nb) * b, k or None))
+        params.tensor(loadings)  # the loadings, d (+ batches) times a per-feature vector
         head_step.kept.extend(params.grads)
         led.add("hic_decoder_head", B * d * b)  # u
+        if nb:  # what the loadings read: u and the batch indicators, side by side
+            led.add("hic_decoder_head", B * (d + nb) * b)
         # The anchor latents are gathered before the decoder runs and saved by stratum
         # 0's product (naive) or by block 1's LayerNorm (key-first); with key-first and
         # one stratum, never (they are then freed with the forward pass's locals).
@@ -366,6 +369,8 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
             led.add("hic_decoder_head", n * d * b)
         for k in range(L):  # contacts per stratum (B, L), column k
             led.add("hic_decoder_head", B * b, k or None, 0)
+    if nb and not first:  # the cross pass's own [u, c]
+        led.add("hic_decoder_head", B * (d + nb) * b, None, POST)
     if D != d and L > 1:
         led.add("hic_decoder_head", hp(B * D) * b, None, at(1))  # u_D, first saved by stratum 1
 

@@ -65,6 +65,27 @@ def _parquet_rows(path: Path) -> int:
         raise InputError(f"cannot be read as parquet ({e})", path=path) from None
 
 
+def batch_count(path: Path, key: str | None) -> int:
+    """The batches a model trained on ``path`` is conditioned on: the distinct values
+    of its ``obs[key]`` when there are two or more (the trainer's rule,
+    :meth:`ampflow.train.data.PairedData.use_batches`), else 0. Reads that one column."""
+    import h5py
+    from anndata.io import read_elem
+
+    if key is None:
+        return 0
+    try:
+        with h5py.File(path, "r") as f:
+            obs = f.get("obs")
+            if obs is None or key not in obs:
+                return 0
+            values = read_elem(obs[key])
+    except OSError as e:
+        raise InputError(f"cannot read obs/{key}: {e}", path=path) from None
+    n = len({str(v) for v in values})
+    return n if n >= 2 else 0
+
+
 def profile_data(data_dir, model_config: dict | None, train_config: dict | None) -> dict:
     """The profile of a data folder, without ``signals`` and ``memory``.
 
@@ -86,7 +107,9 @@ def profile_data(data_dir, model_config: dict | None, train_config: dict | None)
         see :func:`file_fingerprint`), ``modalities`` (``rna``: prob_model, n_features,
         n_cells, nnz; ``hic``: those plus n_strata, n_anchors, features_per_stratum,
         attention, window, heads, resolution; each with ``sources`` telling which
-        values were inferred), ``graph`` (n_nodes, n_edges), ``model`` and ``train``.
+        values were inferred), ``graph`` (n_nodes, n_edges), ``batches`` (``key``, the
+        model's ``batch_key``, and ``n_batches``, the batches its decoders will be
+        conditioned on: 0 for none), ``model`` and ``train``.
         Equal inputs give an equal dict; key order is fixed.
 
     Raises
@@ -140,12 +163,14 @@ def profile_data(data_dir, model_config: dict | None, train_config: dict | None)
     if (d / GRAPH_META).is_file():
         inputs[GRAPH_META] = file_fingerprint(d / GRAPH_META)
 
+    first = d / present[sorted(present)[0]]
     return {
         "version": PROFILE_VERSION,
         "data_dir": str(d),
         "inputs": dict(sorted(inputs.items())),
         "modalities": modalities,
         "graph": dict(sorted(graph.items())),
+        "batches": {"key": model.batch_key, "n_batches": batch_count(first, model.batch_key)},
         "model": dict(sorted(model.to_dict().items())),
         "train": train,
     }

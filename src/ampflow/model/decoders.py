@@ -29,18 +29,29 @@ LOADING_INIT_STD = 0.1
 
 
 class NBDecoder(nn.Module):
-    """RNA: mean = softmax(scale * u . V_genes^T + bias) * library; NB(mean, theta)."""
+    """RNA: mean = softmax(scale * u . V_genes^T + bias + c . b_g) * library; NB(mean, theta).
 
-    def __init__(self, n_genes: int):
+    ``c`` is the cell's batch indicator (one-hot over ``n_batches``) and ``b_g`` the
+    gene's bias per batch (``batch_bias``, starting at 0); without batches the term is
+    absent.
+    """
+
+    def __init__(self, n_genes: int, n_batches: int = 0):
         super().__init__()
-        p = nb_decoder_params(n_genes)
+        p = nb_decoder_params(n_genes, n_batches)
         self.scale_lin = parameter_from(p, "scale_lin", 0.0)
         self.bias = parameter_from(p, "bias", 0.0)
         self.log_theta = parameter_from(p, "log_theta", 0.0)
+        self.batch_bias = parameter_from(p, "batch_bias", 0.0) if n_batches else None
 
-    def forward(self, u: torch.Tensor, v_genes: torch.Tensor, library: torch.Tensor) -> NB:
-        """u: (B, d), v_genes: (G, d), library: (B,) -> NB over (B, G)."""
+    def forward(self, u: torch.Tensor, v_genes: torch.Tensor, library: torch.Tensor, cond: torch.Tensor | None = None) -> NB:
+        """u: (B, d), v_genes: (G, d), library: (B,), cond: (B, n_batches) batch
+        indicators (None without batches) -> NB over (B, G)."""
         logits = F.softplus(self.scale_lin) * (u @ v_genes.T) + self.bias
+        if self.batch_bias is not None:
+            if cond is None or cond.shape != (u.shape[0], self.batch_bias.shape[1]):
+                raise ValueError(f"the decoder is conditioned on {self.batch_bias.shape[1]} batches: it needs their indicators, (B, {self.batch_bias.shape[1]})")
+            logits = logits + cond @ self.batch_bias.T
         mu = torch.softmax(logits, dim=1) * library.unsqueeze(1)
         return NB(mu, self.log_theta.exp())
 
@@ -84,9 +95,13 @@ class StratifiedZINBDecoder(nn.Module):
 
     For stratum 0 the key of anchor a is V[a]; for k >= 1 it is block_k(V)[a]. Over the
     features F_k of stratum k (feature f = anchor pair (a_f, a_f + k)):
-    logits_k = softplus(scale_f) * (u_D . key_k[a_f]) + u . W_f + bias_f,
+    logits_k = softplus(scale_f) * (u_D . key_k[a_f]) + [u, c] . W_f + bias_f,
     mean_k = softmax(logits_k) * n_k, with n_k the cell's observed contacts in stratum k.
-    ZINB with per-feature dispersion and zero-inflation.
+    ZINB with per-feature dispersion and zero-inflation. With batches, ``c`` is the
+    cell's batch indicator (one-hot over ``n_batches``) and the last ``n_batches``
+    columns of the loadings W_f, starting at 0, are the feature's bias per batch: the
+    decoder, not the latent, accounts for what differs between batches. Without
+    batches ``[u, c] = u``.
 
     Why this form (measured on real cortex cells, ``scripts/bench_science.py``):
 
@@ -114,9 +129,11 @@ class StratifiedZINBDecoder(nn.Module):
     n_strata : int
     key_first : bool
         S4: gather keys first, ``u . key[F_k]^T``, instead of ``(u . key^T)[:, F_k]``.
+    n_batches : int
+        Batches the decoder is conditioned on (0: none).
     """
 
-    def __init__(self, latent, D, heads, window, ffn_mult, attention, chunk, feature_anchor, feature_stratum, n_strata, key_first=False):
+    def __init__(self, latent, D, heads, window, ffn_mult, attention, chunk, feature_anchor, feature_stratum, n_strata, key_first=False, n_batches=0):
         super().__init__()
         counts = torch.bincount(feature_stratum, minlength=n_strata)
         self.n_strata = n_strata
@@ -126,16 +143,29 @@ class StratifiedZINBDecoder(nn.Module):
         self.blocks = nn.ModuleList(
             StratumBlock(latent, D, heads, window, ffn_mult, attention, chunk) for _ in range(1, n_strata)
         )
-        p = hic_decoder_shared_params(latent, D, n_strata, int(counts.sum()))
+        self.n_batches = n_batches
+        p = hic_decoder_shared_params(latent, D, n_strata, int(counts.sum()), n_batches)
         self.u_proj = linear_from(p, "u_proj") if "u_proj.weight" in p else None
         self.scale_lin = parameter_from(p, "scale_lin", KEY_SCALE_INIT)
         self.bias = parameter_from(p, "bias", 0.0)
         self.log_theta = parameter_from(p, "log_theta", 0.0)
         self.zi_logits = parameter_from(p, "zi_logits", -2.0)
-        self.loading = nn.Parameter(torch.randn(p["loading"].shape) * LOADING_INIT_STD)
+        loading = torch.randn(p["loading"].shape) * LOADING_INIT_STD
+        loading[:, latent:] = 0.0  # the per-batch biases start at none
+        self.loading = nn.Parameter(loading)
 
-    def stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor) -> torch.Tensor:
-        """Logits over the features of stratum k: (B, |F_k|)."""
+    def loading_input(self, u: torch.Tensor, cond: torch.Tensor | None) -> torch.Tensor:
+        """What the loadings read: ``u``, followed by the batch indicators ``cond``
+        (B, n_batches) when the decoder is conditioned on batches."""
+        if not self.n_batches:
+            return u
+        if cond is None or cond.shape != (u.shape[0], self.n_batches):
+            raise ValueError(f"the decoder is conditioned on {self.n_batches} batches: it needs their indicators, (B, {self.n_batches})")
+        return torch.cat([u, cond], dim=1)
+
+    def stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor, u_load: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits over the features of stratum k: (B, |F_k|); ``u_load`` is
+        :meth:`loading_input` (None: ``u``, a decoder without batches)."""
         lo, hi = self.bounds[k], self.bounds[k + 1]
         anchors = self.feature_anchor[lo:hi]
         if k == 0:
@@ -146,20 +176,24 @@ class StratifiedZINBDecoder(nn.Module):
             raw = q @ key[anchors].T
         else:
             raw = (q @ key.T)[:, anchors]
-        return F.softplus(self.scale_lin[lo:hi]) * raw + u @ self.loading[lo:hi].T + self.bias[lo:hi]
+        u_load = u if u_load is None else u_load
+        return F.softplus(self.scale_lin[lo:hi]) * raw + u_load @ self.loading[lo:hi].T + self.bias[lo:hi]
 
     def forward(
-        self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, on_stratum: Callable[[int], None] | None = None
+        self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, on_stratum: Callable[[int], None] | None = None,
+        cond: torch.Tensor | None = None,
     ) -> ZINB:
-        """u: (B, latent), v_anchors: (n_anchors, latent), band_totals: (B, L) -> ZINB over (B, F).
+        """u: (B, latent), v_anchors: (n_anchors, latent), band_totals: (B, L), cond:
+        (B, n_batches) batch indicators (None without batches) -> ZINB over (B, F).
 
         ``on_stratum(k)`` is called after stratum k's part of the graph is built (the
         trainer measures memory there).
         """
         u_D = self.u_proj(u) if self.u_proj is not None else u
+        u_load = self.loading_input(u, cond)
         means = []
         for k in range(self.n_strata):
-            p = torch.softmax(self.stratum_logits(k, u, u_D, v_anchors), dim=1)
+            p = torch.softmax(self.stratum_logits(k, u, u_D, v_anchors, u_load), dim=1)
             means.append(p * band_totals[:, k : k + 1])
             if on_stratum is not None:
                 on_stratum(k)
@@ -167,11 +201,12 @@ class StratifiedZINBDecoder(nn.Module):
         return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))
 
     def mean_nll(
-        self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum: Callable[[int], None] | None = None
+        self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum: Callable[[int], None] | None = None,
+        cond: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Negative log-likelihood of counts ``x`` (B, F), averaged over cells and features.
 
         The one place the model turns the decoder into its loss term, so that a sharded
         decoder (S2, S5) can compute the same number from its share of the features.
         """
-        return -self(u, v_anchors, band_totals, on_stratum).log_prob(x).mean()
+        return -self(u, v_anchors, band_totals, on_stratum, cond).log_prob(x).mean()

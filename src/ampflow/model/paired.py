@@ -49,6 +49,10 @@ class PairedModel(nn.Module):
         Hi-C features in stratum-major order.
     n_strata : int
     graph : GraphSpec
+    n_batches : int
+        Batches the decoders are conditioned on (0: none; see
+        :attr:`~ampflow.spec.config.ModelConfig.batch_key`). The encoders never see
+        them, so a cell of any batch, one training never saw included, is embedded.
     """
 
     #: Terms that are means over the batch's cells.
@@ -56,11 +60,12 @@ class PairedModel(nn.Module):
     #: Terms of the graph alone: the same whichever cells are in the batch.
     SHARED_TERMS = ("graph_nll", "graph_kl")
 
-    def __init__(self, cfg: ModelConfig, n_genes: int, feature_anchor, feature_stratum, n_strata: int, graph: GraphSpec):
+    def __init__(self, cfg: ModelConfig, n_genes: int, feature_anchor, feature_stratum, n_strata: int, graph: GraphSpec, n_batches: int = 0):
         super().__init__()
         self.cfg = cfg
         d = cfg.latent_dim
         self.n_strata = n_strata
+        self.n_batches = n_batches
         self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
         self.register_buffer("gene_nodes", graph.gene_nodes.long(), persistent=False)
         self.register_buffer("anchor_nodes", graph.anchor_nodes.long(), persistent=False)
@@ -74,10 +79,10 @@ class PairedModel(nn.Module):
             self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, d, cfg.dropout)
         self.hic_encoder = Encoder(len(feature_anchor), cfg.hidden_dim, d, cfg.dropout)
         if self.has_rna:
-            self.rna_decoder = NBDecoder(n_genes)
+            self.rna_decoder = NBDecoder(n_genes, n_batches)
         self.hic_decoder = StratifiedZINBDecoder(
             d, cfg.D, cfg.heads, cfg.window, cfg.ffn_mult, cfg.attention, cfg.chunk,
-            feature_anchor, feature_stratum, n_strata, key_first=cfg.key_first,
+            feature_anchor, feature_stratum, n_strata, key_first=cfg.key_first, n_batches=n_batches,
         )  # fmt: skip
 
     def encode(self, rna: torch.Tensor, hic: torch.Tensor):
@@ -96,7 +101,7 @@ class PairedModel(nn.Module):
             return loc, loc, std
         return loc + std * (torch.randn_like(std) if eps is None else eps), loc, std
 
-    def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None, noise=None) -> dict:
+    def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None, noise=None, cond=None) -> dict:
         """Loss terms and their weighted total for one batch of paired cells.
 
         Every term is normalised per element (as GLUE does) so that their sizes are
@@ -116,6 +121,9 @@ class PairedModel(nn.Module):
             reparameterised samples instead of the model's own ``randn_like`` draws (in
             training mode only). Data parallelism passes each rank its rows of one
             full-batch draw so that the ranks together sample what one process would.
+        cond : (B, n_batches), optional
+            The cells' batch indicators (one-hot), for a model with ``n_batches``;
+            None for one without.
 
         Returns
         -------
@@ -141,8 +149,8 @@ class PairedModel(nn.Module):
         terms = {}
         if self.has_rna:
             v_genes, rna_lib = v[self.gene_nodes], rna.sum(1)
-            terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib).log_prob(rna).mean()
-        terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, totals, hic, on_stratum)
+            terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib, cond).log_prob(rna).mean()
+        terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, totals, hic, on_stratum, cond)
         if self.has_rna:
             terms["rna_kl"] = kl_normal(r_loc, r_std).sum(1).mean() / rna.shape[1]
         terms["hic_kl"] = kl_normal(h_loc, h_std).sum(1).mean() / hic.shape[1]
@@ -160,8 +168,8 @@ class PairedModel(nn.Module):
             terms["align"] = (r_loc[:, :s].detach() - h_loc[:, :s]).square().sum(1).mean() / s
             if weights.cross:
                 terms["cross"] = (
-                    -self.rna_decoder(u_hic, v_genes, rna_lib).log_prob(rna).mean()
-                    + self.hic_decoder.mean_nll(u_rna, v_anchors, totals, hic)
+                    -self.rna_decoder(u_hic, v_genes, rna_lib, cond).log_prob(rna).mean()
+                    + self.hic_decoder.mean_nll(u_rna, v_anchors, totals, hic, cond=cond)
                 )
         terms["total"] = self.weighted_total(terms, weights)
         return terms

@@ -176,7 +176,7 @@ class DataParallelStep:
 
     def step(self, model: PairedModel, optimizer: torch.optim.Optimizer, rna: torch.Tensor, hic: torch.Tensor,
              weights: LossWeights, rows: torch.Tensor, batch_size: int | None = None,
-             generator: torch.Generator | None = None, on_stratum=None, on_phase=None) -> dict:  # fmt: skip
+             generator: torch.Generator | None = None, on_stratum=None, on_phase=None, cond=None) -> dict:  # fmt: skip
         """Forward on this rank's rows, backward, gradient all-reduce, ``optimizer.step()``.
 
         The model must be in training mode and prepared by :func:`parallelize_data_parallel`.
@@ -205,6 +205,9 @@ class DataParallelStep:
             Called with ``"forward"``, ``"backward"`` and ``"optimizer_step"`` as each
             phase begins (:func:`ampflow.train.memory.measure_step` measures each
             phase's peak).
+        cond : (B, n_batches) or (B_r, n_batches), optional
+            Batch indicators of the rows of ``rna`` / ``hic`` (a model conditioned on
+            batches); taken by ``rows`` alike.
 
         Returns
         -------
@@ -216,6 +219,7 @@ class DataParallelStep:
         if batch_size is None:
             batch_size = rna.shape[0]
             rna, hic = rna[rows.to(rna.device)], hic[rows.to(hic.device)]
+            cond = None if cond is None else cond[rows.to(cond.device)]
         n_local, dp = rows.numel(), self.mesh.dp
         if self.group is None:
             noise = None
@@ -230,7 +234,7 @@ class DataParallelStep:
         phase = on_phase or (lambda name: None)
         optimizer.zero_grad(set_to_none=True)
         phase("forward")
-        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, noise=noise)
+        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, noise=noise, cond=cond)
         cell_scale, shared_scale = n_local / batch_size, 1.0 / dp
         loss = model.weighted_total(terms, weights, cell_scale, shared_scale)
         phase("backward")

@@ -54,7 +54,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
     def __init__(self, plain: StratifiedZINBDecoder, group, tp: int, rank: int, features: bool, hidden: bool):
         super().__init__()
         self.group, self.features, self.hidden = group, features, hidden
-        self.n_strata, self.key_first = plain.n_strata, plain.key_first
+        self.n_strata, self.key_first, self.n_batches = plain.n_strata, plain.key_first, plain.n_batches
         n_features = plain.scale_lin.numel()
         if features:
             local, self.local_bounds = feature_shards(plain.bounds, tp, rank)
@@ -72,7 +72,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         if fshard is not None:
             self.shards.update({name: fshard for name in ("scale_lin", "bias", "log_theta", "zi_logits", "loading")})
         if hidden:
-            D = plain.u_proj.out_features if plain.u_proj is not None else plain.loading.shape[1]
+            D = plain.u_proj.out_features if plain.u_proj is not None else plain.loading.shape[1] - plain.n_batches
             heads = plain.blocks[0].heads if len(plain.blocks) else 1
             channels = head_channels(D, heads, tp, rank)
             self.register_buffer("channels", channels, persistent=False)
@@ -89,6 +89,8 @@ class ShardedStratifiedZINBDecoder(nn.Module):
             self.u_proj = plain.u_proj
 
     # ------------------------------------------------------------------ pieces
+    loading_input = StratifiedZINBDecoder.loading_input
+
     def _u_D(self, u: torch.Tensor) -> torch.Tensor:
         """The query of strata k >= 1: (B, D), or this rank's (B, D / tp) under S5."""
         if not self.hidden:
@@ -96,7 +98,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         u = copy_to_group(u, self.group)
         return u @ self.u_proj.weight.T if self.u_proj is not None else u[:, self.channels]
 
-    def _stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor) -> torch.Tensor:
+    def _stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor, u_load: torch.Tensor) -> torch.Tensor:
         """Logits of this rank's features of stratum k: (B, |local piece of F_k|)."""
         lo, hi = self.local_bounds[k], self.local_bounds[k + 1]
         fg = self.group if self.features else None
@@ -112,7 +114,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
                 raw = all_reduce_sum(partial, self.group)[:, self.local_features[lo:hi] - full_lo]
             else:
                 raw = reduce_from_group(self._product(u_D, key, self.feature_anchor[lo:hi]), self.group)
-        loadings = copy_to_group(u, fg) @ self.loading[lo:hi].T
+        loadings = copy_to_group(u_load, fg) @ self.loading[lo:hi].T
         return F.softplus(self.scale_lin[lo:hi]) * raw + loadings + self.bias[lo:hi]
 
     def _product(self, q: torch.Tensor, key: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -120,17 +122,18 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         return q @ key[anchors].T if self.key_first else (q @ key.T)[:, anchors]
 
     # ------------------------------------------------------------------ loss
-    def mean_nll(self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum=None) -> torch.Tensor:
+    def mean_nll(self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum=None, cond=None) -> torch.Tensor:
         """The plain decoder's ``mean_nll`` from this rank's share; equal on every rank.
 
-        u: (B, latent), v_anchors: (n_anchors, latent), band_totals: (B, L) and x: (B, F)
-        replicated over the group -> 0-d.
+        u: (B, latent), v_anchors: (n_anchors, latent), band_totals: (B, L), x: (B, F)
+        and cond: (B, n_batches) or None replicated over the group -> 0-d.
         """
         fg = self.group if self.features else None
         u_D = self._u_D(u)
+        u_load = self.loading_input(u, cond)
         means = []
         for k in range(self.n_strata):
-            p = sharded_softmax(self._stratum_logits(k, u, u_D, v_anchors), fg)
+            p = sharded_softmax(self._stratum_logits(k, u, u_D, v_anchors, u_load), fg)
             means.append(p * band_totals[:, k : k + 1])
             if on_stratum is not None:
                 on_stratum(k)

@@ -22,6 +22,12 @@ class ModelConfig:
     the dimension the hidden-parallel strategy shards. ``chunk`` > 0 turns on chunked
     local attention (S3) with query chunks of that many anchors; ``key_first`` the
     key-first decode (S4). Both give the same numbers as the naive forms.
+    ``batch_key`` is the cell-sheet column naming each cell's batch (sequencing run,
+    donor, library): with two or more batches the decoders learn a bias per feature
+    and batch, which the encoders never see, so the latent is left what the batches
+    share and cells of a batch training never saw embed all the same (as scGLUE's
+    decoders do). A data file without the column, or with one batch, trains without it;
+    None turns it off.
     """
 
     latent_dim: int = 32
@@ -37,8 +43,11 @@ class ModelConfig:
     dropout: float = 0.1
     neg_samples: int = 5
     graph_batch: int = 4096
+    batch_key: str | None = "batch"
 
     def __post_init__(self):
+        if self.batch_key is not None and (not isinstance(self.batch_key, str) or not self.batch_key):
+            raise InputError("must be a column name or null", key="model.batch_key", value=self.batch_key)
         for name in ("latent_dim", "hidden_dim", "heads", "ffn_mult", "graph_batch"):
             if getattr(self, name) < 1:
                 raise InputError("must be >= 1", key=f"model.{name}", value=getattr(self, name))

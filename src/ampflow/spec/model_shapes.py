@@ -122,9 +122,13 @@ def graph_encoder_params(n_nodes: int, latent: int) -> dict[str, ParamShape]:
 
 
 # ------------------------------------------------------------------ decoders
-def nb_decoder_params(n_genes: int) -> dict[str, ParamShape]:
-    """:class:`~ampflow.model.decoders.NBDecoder`: per-gene scale, bias, log dispersion."""
-    return {name: ParamShape((n_genes,)) for name in ("scale_lin", "bias", "log_theta")}
+def nb_decoder_params(n_genes: int, n_batches: int = 0) -> dict[str, ParamShape]:
+    """:class:`~ampflow.model.decoders.NBDecoder`: per-gene scale, bias, log dispersion;
+    with batches, a bias per gene and batch."""
+    p = {name: ParamShape((n_genes,)) for name in ("scale_lin", "bias", "log_theta")}
+    if n_batches:
+        p["batch_bias"] = ParamShape((n_genes, n_batches))
+    return p
 
 
 def stratum_block_params(latent: int, D: int, ffn_mult: int, attention: bool) -> dict[str, ParamShape]:
@@ -160,11 +164,13 @@ def stratum_block_params(latent: int, D: int, ffn_mult: int, attention: bool) ->
 FEATURE_VECTORS = ("scale_lin", "bias", "log_theta", "zi_logits")
 
 
-def hic_decoder_shared_params(latent: int, D: int, n_strata: int, n_features: int) -> dict[str, ParamShape]:
+def hic_decoder_shared_params(latent: int, D: int, n_strata: int, n_features: int, n_batches: int = 0) -> dict[str, ParamShape]:
     """The parameters of :class:`~ampflow.model.decoders.StratifiedZINBDecoder` that
     are not in a stratum block: per-feature vectors (split by S2), the projection
     ``u_proj`` of the cell latent to width D when ``D != latent`` (split by S5) and the
-    per-feature loadings of the cell latent (one row per feature, split by S2).
+    per-feature loadings of the cell latent (one row per feature, split by S2), with
+    ``n_batches`` more columns when the model is conditioned on batches (the per-batch
+    biases, read by the batch indicators).
 
     The size of each is linear in ``n_strata`` and ``n_features``, which lets the
     memory model attribute a stratum's share by evaluating this with one stratum and
@@ -173,15 +179,15 @@ def hic_decoder_shared_params(latent: int, D: int, n_strata: int, n_features: in
     p = {name: ParamShape((n_features,), FEATURE_PARALLEL, 0) for name in FEATURE_VECTORS}
     if D != latent:
         p["u_proj.weight"] = ParamShape((D, latent), HIDDEN_PARALLEL, 0)
-    p["loading"] = ParamShape((n_features, latent), FEATURE_PARALLEL, 0)
+    p["loading"] = ParamShape((n_features, latent + n_batches), FEATURE_PARALLEL, 0)
     return p
 
 
-def hic_decoder_params(latent: int, D: int, ffn_mult: int, attention: bool, n_strata: int, n_features: int) -> dict[str, ParamShape]:
+def hic_decoder_params(latent: int, D: int, ffn_mult: int, attention: bool, n_strata: int, n_features: int, n_batches: int = 0) -> dict[str, ParamShape]:
     """All parameters of a :class:`~ampflow.model.decoders.StratifiedZINBDecoder`:
     its own per-feature vectors and loadings, ``blocks.{k-1}.*`` for strata ``k = 1 .. L-1``,
     then ``u_proj``."""
-    shared = hic_decoder_shared_params(latent, D, n_strata, n_features)
+    shared = hic_decoder_shared_params(latent, D, n_strata, n_features, n_batches)
     p = {name: shared[name] for name in (*FEATURE_VECTORS, "loading")}
     block = stratum_block_params(latent, D, ffn_mult, attention)
     for i in range(n_strata - 1):
@@ -191,10 +197,11 @@ def hic_decoder_params(latent: int, D: int, ffn_mult: int, attention: bool, n_st
 
 
 # ------------------------------------------------------------------ the paired model
-def paired_model_params(cfg, n_genes: int, n_strata: int, n_features: int, n_nodes: int) -> dict[str, ParamShape]:
+def paired_model_params(cfg, n_genes: int, n_strata: int, n_features: int, n_nodes: int, n_batches: int = 0) -> dict[str, ParamShape]:
     """All parameters of a :class:`~ampflow.model.paired.PairedModel` built with the
     :class:`~ampflow.spec.config.ModelConfig` ``cfg``, by full name (``n_genes = 0``:
-    the Hi-C-only model, without RNA encoder and decoder)."""
+    the Hi-C-only model, without RNA encoder and decoder; ``n_batches``: the batches
+    it is conditioned on, 0 for none)."""
     d = cfg.latent_dim
     p: dict[str, ParamShape] = {}
     p.update(_prefixed("graph_encoder", graph_encoder_params(n_nodes, d)))
@@ -202,6 +209,6 @@ def paired_model_params(cfg, n_genes: int, n_strata: int, n_features: int, n_nod
         p.update(_prefixed("rna_encoder", encoder_params(n_genes, cfg.hidden_dim, d)))
     p.update(_prefixed("hic_encoder", encoder_params(n_features, cfg.hidden_dim, d, FEATURE_PARALLEL)))
     if n_genes:
-        p.update(_prefixed("rna_decoder", nb_decoder_params(n_genes)))
-    p.update(_prefixed("hic_decoder", hic_decoder_params(d, cfg.D, cfg.ffn_mult, cfg.attention, n_strata, n_features)))
+        p.update(_prefixed("rna_decoder", nb_decoder_params(n_genes, n_batches)))
+    p.update(_prefixed("hic_decoder", hic_decoder_params(d, cfg.D, cfg.ffn_mult, cfg.attention, n_strata, n_features, n_batches)))
     return p

@@ -39,6 +39,10 @@ class PairedData:
     meta: dict
     genes: list[str] = field(default_factory=list)  # (G,) rna.h5ad var names, in column order
     features: list[str] = field(default_factory=list)  # (F,) hic.h5ad var names, in column order
+    #: the batches the model is conditioned on (sorted names; empty: none) and each
+    #: cell's index among them (:meth:`use_batches`)
+    batch_names: list[str] = field(default_factory=list)
+    batch_codes: np.ndarray | None = None
 
     @property
     def n_cells(self) -> int:
@@ -52,6 +56,37 @@ class PairedData:
     def train_rows(self) -> np.ndarray:
         """Rows of the cells training fits on: all but those ``obs["split"]`` holds out."""
         return training_rows(self.obs)
+
+    @property
+    def n_batches(self) -> int:
+        return len(self.batch_names)
+
+    def use_batches(self, key: str | None, path=None) -> None:
+        """Condition on the batches of ``obs[key]``: two or more distinct values give
+        :attr:`batch_names` and :attr:`batch_codes`; no such column, one batch, or
+        ``key`` None: none. A cell without a batch is an error naming it."""
+        self.batch_names, self.batch_codes = [], None
+        if key is None or key not in self.obs.columns:
+            return
+        values = self.obs[key]
+        missing = values.isna().to_numpy() | (values.astype(str).str.strip() == "").to_numpy()
+        if missing.any():
+            i = int(np.flatnonzero(missing)[0])
+            raise InputError(f"cell {self.obs.index[i]!r} has no batch ({int(missing.sum())} cells lack one)", path=path, key=key, value=values.iloc[i])
+        names = sorted(set(values.astype(str)))
+        if len(names) < 2:
+            return
+        self.batch_names = names
+        self.batch_codes = np.searchsorted(np.array(names), values.astype(str).to_numpy()).astype(np.int64)
+        log.info("conditioning the decoders on %d batches of %r: %s", len(names), key,
+                 ", ".join(f"{n} ({int((self.batch_codes == i).sum())} cells)" for i, n in enumerate(names)))  # fmt: skip
+
+    def conditions(self, idx: np.ndarray, dtype=torch.float32) -> torch.Tensor | None:
+        """One-hot batch indicators (B, n_batches) of rows ``idx``; None without batches."""
+        if not self.batch_names:
+            return None
+        codes = torch.as_tensor(self.batch_codes[np.asarray(idx)], dtype=torch.long)
+        return torch.nn.functional.one_hot(codes, len(self.batch_names)).to(dtype)
 
     def batch(self, idx: np.ndarray, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense (B, G) and (B, F) count tensors for rows ``idx``."""

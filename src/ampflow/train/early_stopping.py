@@ -111,7 +111,9 @@ def validation_loss(model, data, rows: np.ndarray, weights, batch_size: int, dev
         for i in range(0, len(rows), batch_size):
             idx = rows[i : i + batch_size]
             rna, hic = (t.to(device, dtype) for t in data.batch(idx))
-            terms = model(rna, hic, weights, generator=torch.Generator().manual_seed(0))
+            cond = data.conditions(idx, dtype)
+            cond = None if cond is None else cond.to(device)
+            terms = model(rna, hic, weights, generator=torch.Generator().manual_seed(0), cond=cond)
             total += float(PairedModel.weighted_total(terms, weights, 1.0, 0.0)) * len(idx)
             n += len(idx)
     finally:

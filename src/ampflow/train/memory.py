@@ -383,7 +383,7 @@ def _measure_cuda(run) -> tuple[Any, StepMemory]:
     return result, StepMemory(phases[peak_phase], phases, peak_phase, tuple(marks), base, "cuda")
 
 
-def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None) -> tuple[dict, StepMemory]:
+def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None, cond: Tensor | None = None) -> tuple[dict, StepMemory]:
     """One optimisation step in train mode, as the trainer runs it in one process
     (``zero_grad``, forward, backward, ``optimizer.step()``), with its
     :class:`StepMemory` (:func:`measure_step`). The trainer, the memory-model benchmark
@@ -400,7 +400,7 @@ def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator
     def run(on_stratum, on_phase):
         optimizer.zero_grad(set_to_none=True)
         on_phase("forward")
-        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum)
+        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, cond=cond)
         on_phase("backward")
         terms["total"].backward()
         on_phase("optimizer_step")
@@ -411,10 +411,10 @@ def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator
 
 
 def measured_dp_step(dp_step, model, optimizer, rna: Tensor, hic: Tensor, weights, rows: Tensor, batch_size: int,
-                     generator, measure: bool = True) -> tuple[dict, StepMemory | None]:  # fmt: skip
+                     generator, measure: bool = True, cond: Tensor | None = None) -> tuple[dict, StepMemory | None]:  # fmt: skip
     """One rank's S1 data-parallel step
     (:meth:`~ampflow.parallel.data_parallel.DataParallelStep.step` on this rank's rows
-    ``rna`` / ``hic`` of a batch of ``batch_size`` cells) with this rank's
+    ``rna`` / ``hic``, batch indicators ``cond``, of a batch of ``batch_size`` cells) with this rank's
     :class:`StepMemory`. ``measure=False`` on CPU runs the step untraced (full speed)
     and returns None for the memory; on CUDA the step is always measured (it costs
     nothing there)."""
@@ -422,7 +422,7 @@ def measured_dp_step(dp_step, model, optimizer, rna: Tensor, hic: Tensor, weight
 
     def run(on_stratum=None, on_phase=None):
         return dp_step.step(model, optimizer, rna, hic, weights, rows, batch_size=batch_size, generator=generator,
-                            on_stratum=on_stratum, on_phase=on_phase)  # fmt: skip
+                            on_stratum=on_stratum, on_phase=on_phase, cond=cond)  # fmt: skip
 
     if measure or rna.is_cuda:
         return measure_step(run, model, optimizer, rna, hic)

@@ -67,7 +67,7 @@ MEASURED_STEPS = 3
 
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
     return PairedModel(
-        cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph
+        cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches
     )
 
 
@@ -151,6 +151,7 @@ class Trainer:
         log.info("torch threads: %d per process (%s)", torch.get_num_threads(), why)
         self.generator = seed_everything(train_cfg.seed)
         self.dtype = getattr(torch, train_cfg.dtype)
+        data.use_batches(model_cfg.batch_key)
         self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), self.plan, self.mesh)
         self.dp_step = DataParallelStep(self.mesh)
         self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
@@ -191,6 +192,8 @@ class Trainer:
             h.update(json.dumps(self.applied_settings(), sort_keys=True).encode())
         if self.mesh.dp > 1:  # other dp degrees draw other noise
             h.update(json.dumps({"dp": self.mesh.dp}).encode())
+        if d.batch_names:  # the cells' batches are what the decoders are conditioned on
+            h.update(json.dumps(d.batch_names).encode() + d.batch_codes.tobytes())
         if len(self.train_rows) < d.n_cells:  # another split trains on other cells
             h.update(json.dumps({"train_rows": self.train_rows.tolist()}).encode())
         return h.hexdigest()
@@ -337,11 +340,13 @@ class Trainer:
         rows = split[self.mesh.dp_rank]
         rna, hic = self.data.batch(idx[rows.numpy()])
         rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
+        cond = self.data.conditions(idx[rows.numpy()], self.dtype)
+        cond = None if cond is None else cond.to(self.device)
         # the same decision on every rank: the step count is
         measure = self.device.type == "cuda" or self.measured_steps < MEASURED_STEPS
         t0 = time.perf_counter()
         terms, memory = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx),
-                                         self.generator, measure=measure)  # fmt: skip
+                                         self.generator, measure=measure, cond=cond)  # fmt: skip
         seconds = time.perf_counter() - t0
         self.measured_steps += memory is not None
         if self.mesh.world == 1:
@@ -482,6 +487,8 @@ class Trainer:
                     "features": list(self.data.features),
                     "n_strata": int(self.data.n_strata),
                     "feature_stratum": [int(k) for k in self.data.feature_stratum.tolist()],
+                    # the decoders' batches (the encoders that ``embed`` runs need none)
+                    "batches": list(self.data.batch_names),
                 },
                 tmp,
             )
