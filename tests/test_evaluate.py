@@ -139,6 +139,11 @@ def test_kmeans_scores_with_their_shuffled_control():
     r = kmeans_scores(a.obsm["X_joint"], noise, seed=0)
     assert abs(r["ari"]) < 0.05 and r["ari"] <= r["ari_shuffled_p95"]
     assert kmeans_scores(a.obsm["X_joint"], None) is None
+    # against the batch: the clusters are the types, so a batch that is the type reads
+    # as high as the type, one drawn apart from it as chance; one batch: not scored
+    assert kmeans_scores(a.obsm["X_joint"], labels, 0, labels.astype(str))["ari_batch"] == k["ari"]
+    assert abs(kmeans_scores(a.obsm["X_joint"], labels, 0, noise)["ari_batch"]) < 0.05
+    assert "ari_batch" not in kmeans_scores(a.obsm["X_joint"], labels, 0, pd.Series("b", index=labels.index))
 
 
 def test_cluster_scores_deterministic_for_a_seed():

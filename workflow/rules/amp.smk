@@ -125,7 +125,8 @@ rule evaluate:
         out=lambda wc: f"{RESULTS}/eval/{wc.cfg}",
         data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
         label=config["evaluate"]["label_key"],
+        batch=shlex.quote(config["model"].get("batch_key") or ""),
         seed=config["train"]["seed"],
     shell:
         "ampflow evaluate --embeddings {input.embeddings} --data {params.data} --out-dir {params.out}"
-        " --label-key {params.label} --seed {params.seed} > {log} 2>&1"
+        " --label-key {params.label} --batch-key {params.batch} --seed {params.seed} > {log} 2>&1"

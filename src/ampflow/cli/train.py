@@ -24,7 +24,7 @@ def cmd_train(a):
 def cmd_evaluate(a):
     from ..evaluate.run import main_evaluate
 
-    scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed, data=a.data)
+    scores = main_evaluate(a.embeddings, a.out_dir, label_key=a.label_key, seed=a.seed, data=a.data, batch_key=a.batch_key or None)
     log.info("scores: %s", json.dumps(scores, sort_keys=True))
 
 
@@ -63,6 +63,7 @@ def add_commands(sub) -> None:
     s.add_argument("--data", default=None, help="data/{cfg} folder (rna.h5ad, hic.h5ad) for the baselines; without it they are left out")
     s.add_argument("--out-dir", required=True)
     s.add_argument("--label-key", default="cell_type")
+    s.add_argument("--batch-key", default="batch", help="obs column with the cells' batches, scored against the k-means clusters too ('' for none)")
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_evaluate)
 

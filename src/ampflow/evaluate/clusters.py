@@ -204,10 +204,12 @@ def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "lat
     return found
 
 
-def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0) -> dict | None:
+def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0, batches: pd.Series | None = None) -> dict | None:
     """k-means with k = the number of distinct labels (10 starts), scored over the
     labelled cells with the shuffled-label control beside it; None without labels or
-    with fewer cells than labels.
+    with fewer cells than labels. With ``batches`` (the cells' batch, two or more
+    values) the same clusters are scored against the batch over every cell too
+    (``ari_batch``): a latent that sorts by batch reads high there.
 
     Leiden's resolution is chosen for the best NMI, which at small n favours many small
     clusters whose NMI is high by chance; k-means with the labels' k has no such choice.
@@ -215,7 +217,8 @@ def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0) -> dict | None:
     Returns
     -------
     dict or None
-        ``ari``, ``nmi``, ``k``, ``ari_shuffled_p95``, ``nmi_shuffled_p95``.
+        ``ari``, ``nmi``, ``k``, ``ari_shuffled_p95``, ``nmi_shuffled_p95``; and
+        ``ari_batch`` with ``batches``.
     """
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
@@ -227,13 +230,17 @@ def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0) -> dict | None:
     k = len(set(truth))
     if k < 2 or len(rep) < k:
         return None
-    clusters = KMeans(k, n_init=10, random_state=seed).fit_predict(np.asarray(rep, dtype=np.float64))[mask]
-    return {
+    every = KMeans(k, n_init=10, random_state=seed).fit_predict(np.asarray(rep, dtype=np.float64))
+    clusters = every[mask]
+    out = {
         "ari": float(adjusted_rand_score(truth, clusters)),
         "nmi": float(normalized_mutual_info_score(truth, clusters)),
         "k": int(k),
         **shuffled_labels(truth, clusters, seed),
     }
+    if batches is not None and batches.astype(str).nunique() >= 2:
+        out["ari_batch"] = float(adjusted_rand_score(batches.astype(str).to_numpy(), every))
+    return out
 
 
 def cluster_scores(

@@ -18,7 +18,8 @@ workflow to mistake for a finished one.
           joint | rna_latent | hic_latent | rna_baseline | hic_baseline | bandnorm_baseline
             ari, nmi, leiden_resolution, n_clusters, representation (Leiden)
             ari_shuffled_p95, nmi_shuffled_p95   the same clusters against shuffled labels
-            kmeans           ari, nmi, k, ari_shuffled_p95, nmi_shuffled_p95 (k = the labels)
+            kmeans           ari, nmi, k, ari_shuffled_p95, nmi_shuffled_p95 (k = the labels);
+                             ari_batch: the same clusters against obs[batch_key] (two or more batches)
         foscttm              foscttm, foscttm_rna_to_hic, foscttm_hic_to_rna   (not on training cells)
         shuffled_control     foscttm, ..., chance, tolerance, at_chance       (not on training cells)
         absent               Hi-C-only embeddings (no X_rna): rna_latent, rna_baseline, foscttm,
@@ -58,7 +59,7 @@ def _plain(value):
     return value
 
 
-def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type", seed: int = 0, data=None) -> dict:
+def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type", seed: int = 0, data=None, batch_key: str | None = "batch") -> dict:
     """Score one ``embeddings.h5ad`` and write ``scores.json`` and ``umap.png``.
 
     Parameters
@@ -77,6 +78,9 @@ def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type",
     data
         The configuration's data folder (``data/{cfg}`` with ``rna.h5ad`` and
         ``hic.h5ad``) for the baselines; without it their scores are None.
+    batch_key
+        ``obs`` column with the cells' batches (``model.batch_key``): k-means clusters
+        are scored against it beside the labels.
 
     Returns
     -------
@@ -110,7 +114,7 @@ def main_evaluate(embeddings_path, out_dir, label_key: str | None = "cell_type",
         baselines, info = load_baselines(data, adata.obs_names, split=split, seed=seed)
     else:
         log.info("no data folder given: no baselines")
-    groups = group_scores(adata, baselines, label_key=label_key, seed=seed, path=path)
+    groups = group_scores(adata, baselines, label_key=label_key, seed=seed, path=path, batch_key=batch_key)
     scores = _plain({**headline_scores(groups, label_key, seed), "groups": groups, "baselines": info})
     scores_path = out_dir / "scores.json"
     write_text_atomic(scores_path, json.dumps(scores, sort_keys=True, indent=2) + "\n")

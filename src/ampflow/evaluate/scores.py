@@ -58,7 +58,7 @@ def _representation(adata: ad.AnnData, baselines: dict | None, key: str):
 
 def score_group(
     adata: ad.AnnData, rows: np.ndarray, baselines: dict | None = None, label_key: str | None = "cell_type",
-    seed: int = 0, alignment: bool = True, name: str = "",
+    seed: int = 0, alignment: bool = True, name: str = "", batch_key: str | None = "batch",
 ) -> dict:  # fmt: skip
     """Scores of one group of cells.
 
@@ -79,6 +79,9 @@ def score_group(
         Whether to compute FOSCTTM and the shuffled-pairing control.
     name
         The group's name, for the log.
+    batch_key
+        ``obs`` column with the cells' batches: each method's k-means clusters are
+        scored against it too (``kmeans.ari_batch``) when it has two or more values.
 
     Returns
     -------
@@ -100,6 +103,7 @@ def score_group(
     if sub_labels is not None and sub_labels.isna().all():
         sub_labels = None
     entry = {"n_cells": int(len(rows)), "n_labelled": 0 if sub_labels is None else int(sub_labels.notna().sum())}
+    sub_batches = adata.obs[batch_key].iloc[rows] if batch_key is not None and batch_key in adata.obs.columns else None
     if len(rows) < MIN_CELLS:
         log.warning("%s: %d cells, too few to score", name or "group", len(rows))
         return {**entry, "skipped": f"fewer than {MIN_CELLS} cells"}
@@ -114,7 +118,7 @@ def score_group(
             continue
         found = leiden_search(rep[rows], sub_labels, seed, what=f"{name} {key}".strip())
         found.pop("n_labelled")
-        methods[method] = {**found, "representation": key, "kmeans": kmeans_scores(rep[rows], sub_labels, seed)}
+        methods[method] = {**found, "representation": key, "kmeans": kmeans_scores(rep[rows], sub_labels, seed, sub_batches)}
     entry["methods"] = methods
     if hic_only:  # nothing to align: one modality
         entry["absent"] = {k: NO_RNA for k in NEEDS_RNA + (ALIGNMENT if alignment else ())}
@@ -131,7 +135,8 @@ def score_group(
     return entry
 
 
-def group_scores(adata: ad.AnnData, baselines: dict | None = None, label_key: str | None = "cell_type", seed: int = 0, path=None) -> dict:
+def group_scores(adata: ad.AnnData, baselines: dict | None = None, label_key: str | None = "cell_type", seed: int = 0, path=None,
+                 batch_key: str | None = "batch") -> dict:  # fmt: skip
     """:func:`score_group` for every group of :func:`~.groups.cell_groups`.
 
     Alignment scores (FOSCTTM, control) are computed for held-out cells, for all
@@ -145,7 +150,7 @@ def group_scores(adata: ad.AnnData, baselines: dict | None = None, label_key: st
     groups = cell_groups(adata, path)
     head = headline_group(groups)
     return {
-        g: score_group(adata, rows, baselines, label_key, seed, alignment=(g != "train" or g == head), name=g)
+        g: score_group(adata, rows, baselines, label_key, seed, alignment=(g != "train" or g == head), name=g, batch_key=batch_key)
         for g, rows in groups.items()
     }
 
