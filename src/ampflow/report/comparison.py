@@ -40,12 +40,13 @@ SCORES = {
     "nmi_p95": (None, "nmi_shuffled_p95"),
     "kmeans_ari": ("kmeans", "ari"),
     "kmeans_ari_p95": ("kmeans", "ari_shuffled_p95"),
+    "kmeans_ari_batch": ("kmeans", "ari_batch"),
 }
 
 #: How the page heads those columns (after the group's name).
 SCORE_NAMES = {
     "ari": "ARI", "ari_p95": "ARI chance", "nmi": "NMI", "nmi_p95": "NMI chance",
-    "kmeans_ari": "k-means ARI", "kmeans_ari_p95": "k-means chance",
+    "kmeans_ari": "k-means ARI", "kmeans_ari_p95": "k-means chance", "kmeans_ari_batch": "k-means ARI vs batch",
 }  # fmt: skip
 PAIRED = "paired latents (X_rna vs X_hic)"
 SHUFFLED = "shuffled pairing (control)"
@@ -59,8 +60,8 @@ def comparison_columns(scores: dict) -> dict:
     dict
         Per group ``g`` present: ``g_n_cells``; ``g_<method>_<score>`` for every
         method of :data:`METHODS` and score of :data:`SCORES` (Leiden ARI and NMI,
-        k-means ARI, each with its shuffled-label 95th percentile; None when not
-        scored); where computed, ``g_foscttm``, ``g_shuffled_foscttm`` and
+        k-means ARI, each with its shuffled-label 95th percentile, and the k-means
+        clusters' ARI against the batch; None when not scored); where computed, ``g_foscttm``, ``g_shuffled_foscttm`` and
         ``g_shuffled_tolerance``.
     """
     cols = {}
@@ -104,7 +105,8 @@ def comparison_table(table: pd.DataFrame) -> pd.DataFrame:
     """One row per configuration and method, one column per group and score, as shown.
 
     Rows: the methods of :data:`METHODS` (Leiden ARI and NMI, k-means ARI, each beside
-    the 95th percentile of the same clusters against shuffled labels), then the paired latents'
+    the 95th percentile of the same clusters against shuffled labels, and the k-means
+    clusters against the batch: "-" without batches), then the paired latents'
     FOSCTTM and the shuffled-pairing control's FOSCTTM with its chance band. Empty
     when no configuration has per-method scores.
     """
