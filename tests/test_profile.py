@@ -142,7 +142,34 @@ def test_profile_numbers_equal_truth(data_dir):
     assert set(p["inputs"]) == {"hic.h5ad", "rna.h5ad", "graph/nodes.parquet", "graph/edges.parquet", "graph/graph.json"}
     assert p["inputs"]["hic.h5ad"]["bytes"] == (d / "hic.h5ad").stat().st_size
     assert "signals" not in p and "memory" not in p
+    assert p["batches"] == {"key": "batch", "n_batches": 0}  # no batch column
     json.dumps(p, allow_nan=False)  # JSON-serialisable as is
+
+
+def test_profile_counts_the_batches_the_trainer_conditions_on(tmp_path):
+    """The profile's batch count is the trainer's (:meth:`PairedData.use_batches` on
+    the same file), and the memory model plans for those batches."""
+    import scipy.sparse as sp
+    import torch
+
+    from ampflow.amp.memory_model import spec_from_profile
+    from ampflow.model.synthetic import synthetic_graph
+    from ampflow.train.data import PairedData
+
+    d = tmp_path / "cfg"
+    d.mkdir()
+    truth = write_hic(d / "hic.h5ad")
+    write_graph(d / "graph", truth["n_anchors"])
+    a = ad.read_h5ad(d / "hic.h5ad")
+    for values, key in ((["run1", "run2", "run3"], "batch"), (["x"], "batch"), (["a", "b"], "donor")):
+        a.obs[key] = pd.Categorical([values[i % len(values)] for i in range(N_CELLS)])
+        a.write_h5ad(d / "hic.h5ad")
+        p = profile_data(d, {**MODEL, "batch_key": key}, TRAIN)
+        trainer = PairedData(obs=a.obs, rna=sp.csr_matrix((N_CELLS, 0)), hic=sp.csr_matrix((N_CELLS, 1)), feature_anchor=torch.zeros(1),
+                             feature_stratum=torch.zeros(1), n_strata=1, graph=synthetic_graph(0, 1, torch.Generator()), meta={})  # fmt: skip
+        trainer.use_batches(key)
+        assert p["batches"] == {"key": key, "n_batches": trainer.n_batches} and spec_from_profile(p).n_batches == trainer.n_batches
+    assert profile_data(d, {**MODEL, "batch_key": None}, TRAIN)["batches"]["n_batches"] == 0
 
 
 def test_fingerprint_is_head_hash_plus_size(tmp_path):
