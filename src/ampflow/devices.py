@@ -13,7 +13,9 @@ def probe_devices(cores: int | None = None) -> dict:
     caps the cores, e.g. at those the workflow rule was granted).
 
     ``CUDA_VISIBLE_DEVICES`` is honoured (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so
-    that NVML and CUDA indices agree).
+    that NVML and CUDA indices agree), in CUDA's forms: indices, GPU UUIDs (``GPU-...``,
+    or a unique prefix of one, as some SLURM sites set them) and MIG instances
+    (``MIG-...``), see :func:`visible_devices`.
     """
     info = {
         "host": socket.gethostname(),
@@ -33,18 +35,13 @@ def probe_devices(cores: int | None = None) -> dict:
         info["nvml"] = f"unavailable: {e}"
         return info
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        indices = list(range(count))
-        if visible is not None:
-            indices = [int(v) for v in visible.split(",") if v.strip().isdigit() and int(v) < count]
-        for i in indices:
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        for i, (entry, h) in enumerate(visible_devices(pynvml, os.environ.get("CUDA_VISIBLE_DEVICES"))):
             name = pynvml.nvmlDeviceGetName(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             info["devices"].append(
                 {
-                    "index": i,
+                    "index": i,  # as CUDA numbers the visible devices
+                    "visible_as": entry,
                     "name": name if isinstance(name, str) else name.decode(),
                     "memory_total": int(mem.total),
                     "memory_free": int(mem.free),
@@ -54,6 +51,45 @@ def probe_devices(cores: int | None = None) -> dict:
     finally:
         pynvml.nvmlShutdown()
     return info
+
+
+def visible_devices(nvml, visible: str | None) -> list[tuple[str, object]]:
+    """The NVML handles of the devices CUDA makes visible, in CUDA's order, each with
+    the ``CUDA_VISIBLE_DEVICES`` entry that named it.
+
+    CUDA's rules: entries are indices, GPU UUIDs (``GPU-<uuid>``, or any prefix of one
+    that names a single GPU) or MIG instance UUIDs (``MIG-<uuid>``); the list ends at
+    the first entry that names no device (an unknown index, an ambiguous or unknown
+    UUID, anything else) and a device named twice ends it too. Unset: every GPU.
+    """
+    count = nvml.nvmlDeviceGetCount()
+    if visible is None:
+        return [(str(i), nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+
+    def uuid(h) -> str:
+        u = nvml.nvmlDeviceGetUUID(h)
+        return u if isinstance(u, str) else u.decode()
+
+    gpus = [(uuid(h), h) for h in (nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count))]
+    out, seen = [], set()
+    for entry in (e.strip() for e in visible.split(",")):
+        handle, key = None, None
+        if entry.isdigit() and int(entry) < count:
+            key, handle = gpus[int(entry)]
+        elif entry.startswith("GPU-"):
+            found = [(u, h) for u, h in gpus if u.startswith(entry)]
+            if len(found) == 1:
+                key, handle = found[0]
+        elif entry.startswith("MIG-"):
+            try:
+                handle, key = nvml.nvmlDeviceGetHandleByUUID(entry), entry
+            except nvml.NVMLError:
+                handle = None
+        if handle is None or key in seen:
+            break  # CUDA stops at the first entry it cannot use
+        seen.add(key)
+        out.append((entry, handle))
+    return out
 
 
 def host_cpu(cores: int | None = None) -> dict:
