@@ -150,9 +150,45 @@ def test_two_processes_on_one_gpu_are_refused(monkeypatch, gpus, started):
         L.launch(2, ARGV, "auto")
     msg = str(err.value)
     assert "2 GPUs, 1 visible (CUDA_VISIBLE_DEVICES=0)" in msg and "\n" not in msg
+    assert "amp.devices: 1" in msg and "train.device: cpu" in msg  # both ways out
     assert started == []
     gpus(2)
     assert L.launch(2, ARGV, "auto") == 0 and len(started) == 1
+
+
+DEMO = Path(__file__).resolve().parents[1] / "config/demo.yaml"
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores for the demo's 2 CPU processes")
+def test_the_demo_on_a_one_gpu_machine_starts_on_cpu_cores(monkeypatch, gpus, started):
+    """config/demo.yaml plans 2 processes; on a machine with one GPU and a CUDA torch its
+    train.device (cpu) starts them on CPU cores instead of refusing."""
+    import yaml
+
+    demo = yaml.safe_load(DEMO.read_text())
+    assert demo["amp"]["devices"] == 2 and demo["train"]["device"] == "cpu"
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    gpus(1)
+    assert L.launch(demo["amp"]["devices"], ARGV, demo["train"]["device"]) == 0
+    assert len(started) == 1 and "--nproc-per-node=2" in started[0]
+
+
+def test_the_trainer_names_its_device_and_the_gpus_it_leaves(gpus, tmp_path, caplog):
+    """No silent fallback: with one GPU visible and train.device cpu (the demo's), the
+    trainer's log names the device, the GPU left unused and the process count."""
+    import logging
+
+    import yaml
+
+    from ampflow.spec.config import ModelConfig, TrainConfig
+    from ampflow.train.trainer import Trainer
+    from test_batches import _data
+
+    gpus(1)
+    settings = TrainConfig.from_dict({**yaml.safe_load(DEMO.read_text())["train"], "threads": 1})
+    with caplog.at_level(logging.INFO, logger="ampflow.train.trainer"):
+        Trainer(_data(batches=False), ModelConfig(latent_dim=4, hidden_dim=8, heads=2, window=2), settings, tmp_path)
+    assert "device: cpu (train.device cpu; 1 CUDA GPU(s) visible, not used), 1 process(es)" in caplog.text
 
 
 def test_a_rank_without_a_gpu_of_its_own_is_refused(gpus):

@@ -111,16 +111,18 @@ def uses_cuda(device: str) -> bool:
 
 def check_fits(processes: int, cuda: bool, what: str = "this node") -> None:
     """Refuse ``processes`` processes on ``what`` when it has fewer devices: one process
-    per GPU (two NCCL ranks never share a GPU), or per CPU core."""
+    per GPU (two NCCL ranks never share a GPU), or per CPU core. On CUDA the message
+    names both ways out: plan for the GPUs there are, or train on CPU cores."""
     have = visible_devices(cuda)
     if processes <= have:
         return
     kind = "GPU" if cuda else "CPU core"
     seen = f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!s}" if cuda else "its CPU affinity"
-    raise InputError(
-        f"the plan's {processes} process(es) on {what} need {processes} {kind}s, {have} visible ({seen}); "
-        f"give the job {processes} {kind}s or plan for {have} (amp.devices)", key="mesh", value=processes,
-    )  # fmt: skip
+    fixes = f"give the job {processes} {kind}s, or plan for {have} (amp.devices: {have})"
+    if cuda:
+        fixes += f", or train the {processes} processes on CPU cores (train.device: cpu)"
+    raise InputError(f"the plan's {processes} process(es) on {what} need {processes} {kind}s, {have} visible ({seen}); {fixes}",
+                     key="mesh", value=processes)  # fmt: skip
 
 
 def check_rank_device(env=None) -> None:

@@ -146,6 +146,12 @@ class Trainer:
             self.device = torch.device("cuda")
         else:
             self.device = torch.device("cpu")
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        # said out loud: a GPU left unused is a choice of the config, never a silent fallback
+        log.info(
+            "device: %s (train.device %s; %d CUDA GPU(s) visible%s), %d process(es)",
+            self.device.type, train_cfg.device, gpus, ", not used" if gpus and self.device.type == "cpu" else "", self.mesh.world,
+        )  # fmt: skip
         self.threads, why = run_threads(train_cfg, self.plan, self.device)
         torch.set_num_threads(self.threads)
         log.info("torch threads: %d per process (%s)", torch.get_num_threads(), why)
