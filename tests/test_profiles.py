@@ -163,6 +163,7 @@ def test_slurm_gpu_sbatch_lines(tmp_path):
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["threads"] = 2
     cfg["cluster"] = {"gpu_partition": "gpu-small", "gpus_per_node": 2, "cpus_per_gpu": 1, "mem_mb_per_gpu": 1500}
+    cfg["train"]["device"] = "auto"  # the demo trains on CPU on purpose; a GPU site's config does not
     assert cfg["amp"]["devices"] == 2
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     prof = yaml.safe_load((work / "profiles" / "slurm-gpu" / "profile.yaml").read_text())
@@ -257,6 +258,7 @@ def _submit_train(tmp_path: Path, cluster: dict, dp: int, tp: int) -> tuple[list
     cfg_path = work / "config" / "demo.yaml"
     cfg = yaml.safe_load(cfg_path.read_text())
     cfg["cluster"] = cluster
+    cfg["train"]["device"] = "auto"  # the demo trains on CPU on purpose; a GPU site's config does not
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     name = "500kb_s10"  # the first configuration of config/demo.yaml
     _fake_train_inputs(work, name, dp, tp)
