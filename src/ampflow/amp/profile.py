@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 
 from ..io.errors import InputError
-from ..spec.config import ModelConfig, TrainConfig
+from ..spec.config import ModelConfig, TrainConfig, batch_names
 from ..spec.layout import GRAPH_FILES, GRAPH_META, MODALITY_FILES
 from ..spec.profile import PROFILE_VERSION, ProfileTrain, profile_hash, write_profile
 from .h5ad_meta import read_h5ad_meta
@@ -82,8 +82,7 @@ def batch_count(path: Path, key: str | None) -> int:
             values = read_elem(obs[key])
     except OSError as e:
         raise InputError(f"cannot read obs/{key}: {e}", path=path) from None
-    n = len({str(v) for v in values})
-    return n if n >= 2 else 0
+    return len(batch_names(values))
 
 
 def profile_data(data_dir, model_config: dict | None, train_config: dict | None) -> dict:

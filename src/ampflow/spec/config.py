@@ -12,6 +12,14 @@ from dataclasses import asdict, dataclass, field, fields
 from ..io.errors import InputError, reject_unknown_keys
 
 
+def batch_names(values) -> list[str]:
+    """The batches a model is conditioned on, given its cells' batch values: the
+    distinct values (as text, sorted) when there are two or more, else none. The one
+    rule of the trainer and of the profile that plans for it."""
+    names = sorted({str(v) for v in values})
+    return names if len(names) >= 2 else []
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes and switches of the paired model (config section ``model``).

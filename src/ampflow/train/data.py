@@ -15,6 +15,7 @@ from ..io.errors import InputError
 from ..io.h5ad import read_h5ad
 from ..io.tables import read_parquet_table
 from ..model.paired import GraphSpec
+from ..spec.config import batch_names
 from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, DataFolder, training_rows
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,8 @@ class PairedData:
         if missing.any():
             i = int(np.flatnonzero(missing)[0])
             raise InputError(f"cell {self.obs.index[i]!r} has no batch ({int(missing.sum())} cells lack one)", path=path, key=key, value=values.iloc[i])
-        names = sorted(set(values.astype(str)))
-        if len(names) < 2:
+        names = batch_names(values)
+        if not names:
             return
         self.batch_names = names
         self.batch_codes = np.searchsorted(np.array(names), values.astype(str).to_numpy()).astype(np.int64)

@@ -344,9 +344,10 @@ class Trainer:
         contacts = self.contacts[idx]
         split = balanced_split(contacts, self.mesh.dp)
         rows = split[self.mesh.dp_rank]
-        rna, hic = self.data.batch(idx[rows.numpy()])
+        cells = idx[rows.numpy()]
+        rna, hic = self.data.batch(cells)
         rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
-        cond = self.data.conditions(idx[rows.numpy()], self.dtype)
+        cond = self.data.conditions(cells, self.dtype)
         cond = None if cond is None else cond.to(self.device)
         # the same decision on every rank: the step count is
         measure = self.device.type == "cuda" or self.measured_steps < MEASURED_STEPS
