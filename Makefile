@@ -13,7 +13,7 @@ CORES ?= all
 DEMO_CONFIG ?= config/demo.yaml
 DATASET ?= demo
 
-.PHONY: install demo test lint bench clean-demo
+.PHONY: install demo demo-gpu test lint bench clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +36,11 @@ demo: $(STAMP)
 	@echo "Summary (results/$(DATASET)/figures/summary.tsv):"
 	@cat results/$(DATASET)/figures/summary.txt
 
+# the same demo planned for this machine's GPUs (config/demo-gpu.yaml: train.device
+# cuda, one process per visible GPU); without a GPU it stops before any job
+demo-gpu:
+	$(MAKE) demo DEMO_CONFIG=config/demo-gpu.yaml DATASET=demo-gpu
+
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
 
@@ -52,5 +57,11 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_train.py
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_parallel.py
 
+# on a GPU node: one line per check (environment, memory model vs the CUDA allocator,
+# attention, training steps/s, pytest -m gpu), under 8 minutes; without a GPU one
+# SKIP line and exit 0 (scripts/gpu_check.sh says more)
+gpu-check: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/gpu_check.sh
+
 clean-demo:
-	rm -rf results/demo resources/demo logs/demo
+	rm -rf results/demo results/demo-gpu resources/demo logs/demo logs/demo-gpu

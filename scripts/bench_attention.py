@@ -1,12 +1,16 @@
 #!/usr/bin/env python
-"""Benchmark sliding-window attention: banded (the default) versus chunked (S3) versus full.
+"""Benchmark sliding-window attention: the model's banded kernel versus the per-offset
+baseline it replaced, chunked (S3) and full masked attention.
 
-For each sequence length N (``--sizes``) and fixed heads H, head width D and window w,
-:func:`ampflow.model.attention.local_attention_banded` (unchunked, and with each chunk
-of ``--chunks``), :func:`~ampflow.model.attention.local_attention_chunked` (with each
-chunk of ``--chunks``) and :func:`~ampflow.model.attention.local_attention_full` run
-forward + backward on the same random inputs. Every figure printed is measured in this
-run:
+For each sequence length N (``--sizes``, default the Hi-C decoder's anchors on mm10 at
+1 Mb, 500 kb and 100 kb) and fixed heads H, head width D and window w,
+:func:`ampflow.model.attention.local_attention_banded` (the blocked kernel the model
+runs; unchunked, and with each chunk of ``--chunks``), the per-offset kernel it replaced
+(``scripts/attention_baselines.py``, one band column at a time: kept only as this
+baseline), :func:`~ampflow.model.attention.local_attention_chunked` (with each chunk of
+``--chunks``) and :func:`~ampflow.model.attention.local_attention_full` run forward +
+backward on the same random inputs (``--dtype`` float32, float64 or bfloat16; bfloat16
+is meant for the GPU). Every figure printed is measured in this run:
 
 * seconds, best of ``--repeats`` after ``--warmup`` untimed passes (forward alone and
   forward + backward). On a shared CPU other processes' load makes single passes
@@ -32,7 +36,10 @@ Examples::
 
     python scripts/bench_attention.py
     python scripts/bench_attention.py --sizes 2700 27000 --chunks 128 2048 --threads 1
-    python scripts/bench_attention.py --device cuda --max-full-gib 40
+    python scripts/bench_attention.py --device cuda --dtype bfloat16 --max-full-gib 40
+
+The last lines (``summary N=...``) give, per N, the per-offset baseline's and full
+attention's forward + backward time over the blocked kernel's.
 """
 
 from __future__ import annotations
@@ -52,17 +59,21 @@ except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
     from ampflow.model.attention import band_width, local_attention_banded, local_attention_chunked, local_attention_full
     from ampflow.train.memory import SavedTensorBytes
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_baselines import local_attention_per_offset  # noqa: E402
 
 GIB = 1024**3
 MIB = 1024**2
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # Defaults: the Hi-C decoder at 1 Mb on mm10 (~2,700 anchors) and at 100 kb (~27,000)
-    p.add_argument("--sizes", type=int, nargs="+", default=[2700, 27000], help="sequence lengths N")
-    p.add_argument("--dim", type=int, default=32, help="head width D (Dk = Dv)")
+    # Defaults: the Hi-C decoder's anchors on mm10 (its bins over chr1-19, X and Y)
+    # at 1 Mb, 500 kb and 100 kb, and the default model's head width (D = latent 32 over
+    # 4 heads)
+    p.add_argument("--sizes", type=int, nargs="+", default=[2737, 5462, 27268], help="sequence lengths N")
+    p.add_argument("--dim", type=int, default=8, help="head width D (Dk = Dv)")
     p.add_argument("--window", type=int, default=8, help="half-width w of the window")
     p.add_argument(
         "--chunks", type=int, nargs="+", default=[128, 2048], help="query rows C per chunk (S3)"
@@ -101,7 +112,7 @@ def score_model_bytes(n: int, heads: int, itemsize: int, window: int, kind: str,
     """The memory model's score term: saved softmax elements times itemsize."""
     if kind == "full":
         return heads * n * n * itemsize
-    if kind == "banded":
+    if kind in ("banded", "per-offset"):
         return heads * n * band_width(n, window) * itemsize
     total = 0
     for s in range(0, n, chunk):
@@ -183,12 +194,14 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         print(f"GPU: {torch.cuda.get_device_name(device)}")
     # (label, kind, chunk, function); the unchunked banded kernel first: the baseline
-    methods = [("banded", "banded", 0, lambda q, k, v: local_attention_banded(q, k, v, w))]
+    methods = [("banded", "banded", 0, lambda q, k, v: local_attention_banded(q, k, v, w)),
+               ("per-offset", "per-offset", 0, lambda q, k, v: local_attention_per_offset(q, k, v, w))]  # fmt: skip
     for c in args.chunks:
         methods.append((f"banded C={c}", "banded", c, lambda q, k, v, c=c: local_attention_banded(q, k, v, w, c)))
     for c in args.chunks:
         methods.append((f"chunked C={c}", "chunked", c, lambda q, k, v, c=c: local_attention_chunked(q, k, v, w, c)))
     methods.append(("full", "full", 0, lambda q, k, v: local_attention_full(q, k, v, w)))
+    summary = []
     for n in args.sizes:
         g = torch.Generator(device="cpu").manual_seed(args.seed + n)
         q, k, v, grad_out = (
@@ -198,6 +211,7 @@ def main(argv=None) -> int:
             t.requires_grad_(True)
         print(f"\nN={n}   ({band_width(n, w)} scores per query needed)")
         base = None
+        ratios = {}
         est = full_peak_estimate(n, h, itemsize)
         for label, kind, c, fn in methods:
             if kind == "full" and est > args.max_full_gib * GIB:
@@ -217,6 +231,7 @@ def main(argv=None) -> int:
             if base is None:
                 base = r
             else:
+                ratios[label] = r["total"] / base["total"]
                 diff = max(
                     (a - b).abs().max().item()
                     for a, b in zip([r["out"], *r["grads"]], [base["out"], *base["grads"]])
@@ -229,7 +244,14 @@ def main(argv=None) -> int:
                     line += f"   cuda peak {r['cuda_peak'] / base['cuda_peak']:.2f}x"
             print(line)
             del r
+        summary.append(
+            f"summary N={n} {args.dtype} {device.type}: banded fwd+bwd {base['total'] * 1e3:.2f} ms; "
+            f"per-offset / banded {ratios['per-offset']:.2f}x; "
+            + (f"full / banded {ratios['full']:.2f}x" if "full" in ratios else "full skipped")
+        )
         del q, k, v, grad_out, base
+    print()
+    print("\n".join(summary))
     return 0
 
 

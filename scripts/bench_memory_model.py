@@ -17,6 +17,18 @@ order, transients included, from the bytes held when the step began:
 :func:`~ampflow.amp.memory_model.predict` from shapes alone (Adam one parameter at a
 time, as on CPU). Every shape runs in float32 and float64.
 
+On CUDA (``--device cuda``) the steps run on the GPU, Adam with its foreach kernels
+(the spec's ``optimizer_foreach``), and the caching allocator is the referee:
+``max_memory_allocated`` (what the trainer logs as ``peak_bytes``), net of the bytes
+allocated before the step that are no tensor of it (the persistent cuBLAS/cuBLASLt
+workspaces and the rounding of the held tensors:
+:attr:`ampflow.train.memory.StepMemory.persistent`), is compared with the prediction;
+the requested peak (``memory_stats()["requested_bytes.all.peak"]``: no 512 B rounding,
+net of the same base) and the reserved peak (segments held, fragmentation included)
+are printed beside it. The CUDA shapes (:func:`cuda_configurations`) are the
+demo-sized one, mm10 at 1 Mb with 10 strata at batch 32 and 64, and the four shapes of
+the issue; dtypes ``fp32,bf16`` (bf16 where the GPU supports it).
+
 Printed per shape and dtype: the predicted peak, the allocator's peak, their ratio
 (allocator / predicted), the phase holding each peak, the first step's allocator peak
 (no Adam state yet) and the seconds of the measured step; then the worst ratio, a
@@ -28,6 +40,7 @@ Usage::
     python scripts/bench_memory_model.py --check          # every shape, about 15 min on 2 cores
     python scripts/bench_memory_model.py --quick --check  # small shapes, a minute
     python scripts/bench_memory_model.py --only mm10      # shapes whose name contains mm10
+    python scripts/bench_memory_model.py --device cuda --check   # the CUDA shapes on the GPU
 
 ``--check``: exit status 1 if any ratio is outside ``1 +- --tolerance`` (default 10 %).
 """
@@ -35,6 +48,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -52,7 +66,7 @@ MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent
 MM10_SIZES = "annotation/mm10.chrom.sizes"
 MM10_CHROMS = [f"chr{i}" for i in range(1, 20)] + ["chrX"]
-DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -121,19 +135,40 @@ class Result:
     seconds: float
 
     @property
+    def net(self) -> int:
+        """The steady step's allocator peak net of the persistent bytes (0 on CPU)."""
+        return self.steady.peak - self.steady.persistent
+
+    @property
     def ratio(self) -> float:
-        return self.steady.peak / self.est.total
+        return self.net / self.est.total
+
+    @property
+    def requested_ratio(self) -> float | None:
+        """CUDA: the requested peak over the prediction, net of what was requested
+        before the step and is no tensor of it."""
+        s = self.steady
+        if s.requested is None or s.base_requested is None or s.held is None:
+            return None
+        return (s.requested - max(s.base_requested - s.held, 0)) / self.est.total
 
 
-def run(cfg: Config, dtype: str, sizes: Path | None = None) -> Result:
-    """Two training steps; the second (steady state) is the one compared."""
+def run(cfg: Config, dtype: str, sizes: Path | None = None, device: str = "cpu") -> Result:
+    """Two training steps on ``device``; the second (steady state) is the one compared."""
     model, rna, hic, spec, mcfg = build(cfg, DTYPES[dtype], sizes)
+    if device != "cpu":
+        model, rna, hic = model.to(device), rna.to(device), hic.to(device)
+        # torch.optim.Adam's default on CUDA: foreach kernels over all parameters
+        spec = replace(spec, optimizer_foreach=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     weights = LossWeights(cross=1.0 if cfg.cross else 0.0)
     _, first = measured_step(model, optimizer, rna, hic, weights, torch.Generator().manual_seed(1))
     t0 = time.perf_counter()
     _, steady = measured_step(model, optimizer, rna, hic, weights, torch.Generator().manual_seed(2))
     seconds = time.perf_counter() - t0
+    del model, optimizer, rna, hic
+    if device != "cpu":
+        torch.cuda.empty_cache()  # the next shape starts from the workspaces alone
     est = predict(spec, chunk=mcfg.chunk, key_first=mcfg.key_first)
     return Result(cfg, dtype, spec, est, first, steady, seconds)
 
@@ -169,20 +204,44 @@ def configurations(quick: bool) -> list[Config]:
     ]
 
 
+def cuda_configurations() -> list[Config]:
+    """The shapes run on a GPU: the demo-sized one, mm10 1 Mb / 10 strata at batch 32
+    and 64, then the issue's four."""
+    quick, full = configurations(True), configurations(False)
+    mm10 = next(c for c in full if c.name == "mm10 1Mb L10")
+    return [
+        next(c for c in quick if c.name == "n600 L6 full G3000"),
+        mm10,
+        replace(mm10, name="mm10 1Mb L10 B64", batch=64),
+        *full[:4],
+        next(c for c in full if c.name == "mm10 500kb L20"),
+    ]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small shapes (a minute instead of a quarter of an hour)")
     ap.add_argument("--check", action="store_true", help="exit 1 if any ratio is outside 1 +- tolerance")
     ap.add_argument("--tolerance", type=float, default=0.10, help="largest allowed |ratio - 1| (default 0.10)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    ap.add_argument("--dtypes", default="fp32,fp64", help="dtypes to run (default fp32,fp64)")
+    ap.add_argument("--dtypes", default=None, help="dtypes to run (default fp32,fp64 on CPU, fp32,bf16 on CUDA)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the steps run (default cpu)")
     ap.add_argument("--only", default="", help="run only the shapes whose name contains this")
     ap.add_argument("--sweep", default="2,4,8,16", help="numbers of strata of the linearity sweep ('' skips it)")
     ap.add_argument("--data-dir", type=Path, default=None, help="shared data folder with annotation/ (default: /work/shared/data or ../shared/data)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    dtypes = [d for d in args.dtypes.split(",") if d]
-    configs = [c for c in configurations(args.quick) if args.only in c.name]
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device is visible to torch", file=sys.stderr)
+        return 2
+    default = ("fp32,bf16" if torch.cuda.is_bf16_supported() else "fp32") if cuda else "fp32,fp64"
+    dtypes = [d for d in (args.dtypes or default).split(",") if d]
+    unknown = sorted(set(dtypes) - set(DTYPES))
+    if unknown:
+        ap.error(f"--dtypes: unknown {unknown}; known: {sorted(DTYPES)}")
+    shapes = (cuda_configurations() if not args.quick else configurations(True)) if cuda else configurations(args.quick)
+    configs = [c for c in shapes if args.only in c.name]
     sizes = None
     if any(c.resolution for c in configs):
         dirs = [args.data_dir] if args.data_dir else [Path("/work/shared/data"), REPO.parent / "shared" / "data"]
@@ -191,27 +250,37 @@ def main(argv=None) -> int:
             print(f"genome shapes skipped: no {MM10_SIZES} under {', '.join(map(str, dirs))}")
             configs = [c for c in configs if not c.resolution]
 
+    if cuda:
+        from ampflow.amp.cuda_overheads import cuda_overheads
+
+        props = torch.cuda.get_device_properties(0)
+        o = cuda_overheads()
+        print(f"CUDA: {props.name}, {props.total_memory / 2**30:.1f} GiB, sm{props.major}{props.minor}; torch {torch.__version__}; "
+              f"expected cuBLAS(Lt) workspaces {o.workspace_bytes / MIB:.1f} MiB ({os.environ.get('CUBLAS_WORKSPACE_CONFIG', 'default')}); "
+              "'allocator' below is max_memory_allocated net of the persistent bytes before the step")  # fmt: skip
     header = (
         f"{'shape':24s} {'n':>6s} {'L':>3s} {'B':>4s} {'F':>8s} {'chunk':>5s} {'kf':>3s} {'dtype':>5s} "
         f"{'predicted MiB':>13s} {'allocator MiB':>13s} {'ratio':>6s}  {'predicted phase':26s} {'measured phase':15s} "
         f"{'1st step MiB':>12s} {'s':>6s}"
-    )
+    ) + (f" {'persist MiB':>11s} {'req ratio':>9s} {'reserved MiB':>12s}" if cuda else "")
     print(header)
     print("-" * len(header))
     results: list[Result] = []
     for cfg in configs:
         for dtype in dtypes:
-            r = run(cfg, dtype, sizes)
+            r = run(cfg, dtype, sizes, args.device)
             results.append(r)
             s = r.spec
             phase = r.est.peak_phase + (f" ({r.est.peak_part})" if r.est.peak_phase == "backward" else "")
             flag = "" if abs(r.ratio - 1) <= args.tolerance else "  OUT"
             print(
                 f"{cfg.name:24s} {s.n_anchors:6d} {s.n_strata:3d} {s.n_cells_batch:4d} {s.n_features:8d} {cfg.chunk or '-':>5} "
-                f"{'on' if cfg.key_first else 'off':>3s} {dtype:>5s} {r.est.total / MIB:13.1f} {r.steady.peak / MIB:13.1f} "
-                f"{r.ratio:6.3f}  {phase:26s} {r.steady.peak_phase:15s} {r.first.peak / MIB:12.1f} {r.seconds:6.1f}{flag}",
+                f"{'on' if cfg.key_first else 'off':>3s} {dtype:>5s} {r.est.total / MIB:13.1f} {r.net / MIB:13.1f} "
+                f"{r.ratio:6.3f}  {phase:26s} {r.steady.peak_phase:15s} {(r.first.peak - r.first.persistent) / MIB:12.1f} {r.seconds:6.1f}"
+                + (f" {r.steady.persistent / MIB:11.1f} {r.requested_ratio or float('nan'):9.3f} {(r.steady.reserved or 0) / MIB:12.1f}" if cuda else "")
+                + flag,
                 flush=True,
-            )
+            )  # fmt: skip
 
     worst = max(results, key=lambda r: abs(r.ratio - 1), default=None)
     ok = worst is None or abs(worst.ratio - 1) <= args.tolerance
@@ -226,8 +295,8 @@ def main(argv=None) -> int:
         sweep = [int(x) for x in args.sweep.split(",")]
         n_sweep = 500 if args.quick else 2000
         base_cfg = Config("sweep", n_sweep, 2, 32, chunk=64 if args.quick else 256, key_first=True, stratum_size=n_sweep // 4)
-        runs = [run(replace(base_cfg, n_strata=L, name=f"sweep L{L}"), "fp32") for L in sweep]
-        meas, pred = [r.steady.peak for r in runs], [r.est.total for r in runs]
+        runs = [run(replace(base_cfg, n_strata=L, name=f"sweep L{L}"), "fp32", device=args.device) for L in sweep]
+        meas, pred = [r.net for r in runs], [r.est.total for r in runs]
         m_slope, m_icpt = fit_linear(sweep, meas)
         p_slope, p_icpt = fit_linear(sweep, pred)
         last = runs[-1].est

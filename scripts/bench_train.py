@@ -20,14 +20,19 @@ Two variants run on every shape, each on a freshly built model with the same see
   default) under the plan that :func:`ampflow.amp.diagnose.diagnose` makes today for
   one device of ``--memory-gib`` (its chunk size and key-first decode), applied with
   :func:`ampflow.parallel.parallelize.parallelize` as the trainer applies it;
-* old: the same plan with chunk ``--old-chunk`` (2048, what the planner picked at
-  1 Mb when it took the largest power of two that fits) run by the kernel the model
-  dispatched to before the banded one, :func:`~ampflow.model.attention.local_attention_chunked`
-  (``local_attention_full`` for chunk 0). The switch rebinds the kernel name the
-  Hi-C decoder calls for the duration of that variant only; the model's default is
-  untouched. Where the old kernel's saved probabilities, ``H * sum(C_i * (C_i + 2w))``
-  floats per stratum over the clipped chunks, would exceed ``--max-old-gib`` in all
-  strata together, the old variant is skipped and the estimate is printed.
+* old (``--old per-offset``, the default): the same plan run by the per-offset banded
+  kernel the blocked one replaced (``scripts/attention_baselines.py``: the same band
+  math, one band column at a time);
+* old (``--old chunked``): the same plan with chunk ``--old-chunk`` (2048, what the
+  planner picked at 1 Mb when it took the largest power of two that fits) run by the
+  kernel the model dispatched to before any banded one,
+  :func:`~ampflow.model.attention.local_attention_chunked` (``local_attention_full`` for
+  chunk 0). Where its saved probabilities, ``H * sum(C_i * (C_i + 2w))`` floats per
+  stratum over the clipped chunks, would exceed ``--max-old-gib`` in all strata
+  together, the old variant is skipped and the estimate is printed.
+
+The switch rebinds the kernel name the Hi-C decoder calls for the duration of the old
+variant only; the model's default is untouched.
 
 Per shape: one warm-up step of each variant, which counts FLOPs, then rounds of one
 instrumented step of each variant followed by one plain step of each, on the same
@@ -77,6 +82,14 @@ cores this process may use); the matrix-product rate is measured with the same c
 once per shape. On a CPU shared with other work, more threads than idle cores slow the
 many small operations of the attention blocks most (each waits for its slowest thread);
 ``--threads 1`` then gives steadier figures.
+On a GPU (``--device cuda``) the model, its optimizer and the batches live on the GPU;
+every clock reading is preceded by ``torch.cuda.synchronize()`` (the component
+regions, the plain steps, the matrix product), so that a region's seconds are those of
+its kernels and not of their launch; the synchronisations themselves cost a few
+microseconds each and serialise the host with the device, so the components sum to a
+little more than a plain step. The floor's rate is the GPU's measured fp32 rate on the
+``--matmul``-square product (TF32 as torch's settings allow it), and the plan is made
+for the GPU's memory. CPU seconds and page faults are then the host's, not the work's.
 Progress goes to stderr; the tables to stdout.
 
 Examples::
@@ -84,6 +97,7 @@ Examples::
     python scripts/bench_train.py                                # a few minutes on 2 cores
     python scripts/bench_train.py --shapes 1000000:10 --steps 5
     python scripts/bench_train.py --threads 1 --cells 512 --batch 64
+    python scripts/bench_train.py --device cuda --shapes 1000000:10 --batch 64
 """
 
 from __future__ import annotations
@@ -113,12 +127,14 @@ from ampflow.amp.diagnose import diagnose
 from ampflow.io.genome import make_bins, read_chromsizes, resolution_label
 from ampflow.model import decoders, paired, prob
 from ampflow.model.attention import (
-    band_offsets,
     chunk_blocks,
     local_attention_chunked,
     local_attention_full,
 )
 from ampflow.model.paired import GraphSpec, PairedModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_baselines import local_attention_per_offset  # noqa: E402
 from ampflow.parallel.parallelize import parallelize
 from ampflow.prepare.strata import candidate_index
 from ampflow.spec.config import ModelConfig, TrainConfig
@@ -267,8 +283,11 @@ def kernel(fn):
 
 
 def band_pairs(n: int, window: int) -> int:
-    """In-window (query, key) pairs of a sequence of ``n``."""
-    return sum(hi - lo for _, _, lo, hi in band_offsets(0, n, n, window))
+    """In-window (query, key) pairs ``|i - j| <= window`` of a sequence of ``n``
+    (closed form: the full band less the two corners it loses at the ends; whichever
+    kernel computes it)."""
+    n, w = int(n), min(int(window), max(int(n) - 1, 0))
+    return n * (2 * w + 1) - w * (w + 1)
 
 
 def chunked_pairs(n: int, window: int, chunk: int) -> int:
@@ -277,18 +296,28 @@ def chunked_pairs(n: int, window: int, chunk: int) -> int:
 
 
 # ------------------------------------------------------------------------ timing
+def synchronizer(device: str):
+    """What to call before reading a clock on ``device``: ``torch.cuda.synchronize`` on
+    CUDA (kernels run asynchronously), nothing on CPU (ops are synchronous)."""
+    return torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+
+
 class Clock:
     """Exclusive seconds per label of nested regions (a region's children are not
-    counted in it)."""
+    counted in it). ``sync`` runs before every clock reading (see
+    :func:`synchronizer`)."""
 
-    def __init__(self):
+    def __init__(self, sync=None):
         self.seconds: dict[str, float] = {}
         self._stack: list[list] = []
+        self._sync = sync or (lambda: None)
 
     def enter(self, label: str) -> None:
+        self._sync()
         self._stack.append([label, time.perf_counter(), 0.0])
 
     def exit(self, label: str) -> None:
+        self._sync()
         name, t0, inner = self._stack.pop()
         if name != label:
             raise RuntimeError(f"timed regions out of order: {label} closed inside {name}")
@@ -404,15 +433,19 @@ class Rate:
     cpu: float
 
 
-def matmul_rate(n: int, repeats: int = 5) -> Rate:
-    """This CPU's best fp32 rate on an ``n x n @ n x n`` product."""
+def matmul_rate(n: int, repeats: int = 5, device: str = "cpu") -> Rate:
+    """The device's best fp32 rate on an ``n x n @ n x n`` product (on CUDA between
+    synchronisations)."""
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    a @ b  # first touch
+    a, b = torch.randn(n, n, generator=g).to(device), torch.randn(n, n, generator=g).to(device)
+    sync = synchronizer(device)
+    a @ b  # first touch (and, on CUDA, the cuBLAS handle and its workspace)
     wall = cpu = math.inf
     for _ in range(repeats):
+        sync()
         t0, c0 = time.perf_counter(), time.process_time()
         a @ b
+        sync()
         wall, cpu = min(wall, time.perf_counter() - t0), min(cpu, time.process_time() - c0)
     return Rate(2 * n**3 / wall / 1e9, 2 * n**3 / cpu / 1e9)
 
@@ -436,13 +469,14 @@ class Variant:
     """A model built under ``plan`` whose blocks run ``attention_fn``, with its own
     optimizer and sampling generator (the same seeds for every variant)."""
 
-    def __init__(self, tag: str, shape: Shape, plan, attention_fn, seed: int):
+    def __init__(self, tag: str, shape: Shape, plan, attention_fn, seed: int, device: str = "cpu"):
         self.tag, self.fn, self.n_blocks = tag, attention_fn, shape.n_strata - 1
+        self.device, self.sync = device, synchronizer(device)
         torch.manual_seed(seed)
         model = PairedModel(
             ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph
         )
-        self.model = parallelize(model, plan)
+        self.model = parallelize(model, plan).to(device)
         self.model.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=TrainConfig().pretrain.lr)
         self.weights = TrainConfig().pretrain.weights
@@ -454,6 +488,7 @@ class Variant:
 
     def warm_up(self, rna, hic) -> None:
         """The first step, counting FLOPs (the optimizer's state is created here)."""
+        rna, hic = rna.to(self.device), hic.to(self.device)
         with kernel(self.fn):
             fwd, both = counted_step(self.model, self.optimizer, rna, hic, self.weights, self.gen)
         self.fwd = forward_flops_by_component(fwd, self.n_blocks)
@@ -465,15 +500,18 @@ class Variant:
 
     def step(self, rna, hic, timed: bool) -> float:
         """One step, by component (``timed``) or whole; returns its seconds."""
+        rna, hic = rna.to(self.device), hic.to(self.device)
         with kernel(self.fn):
             if timed:
-                clock = Clock()
+                clock = Clock(self.sync)
                 with instrumented(self.model, clock):
                     train_step(self.model, self.optimizer, rna, hic, self.weights, self.gen, clock)
                 self.per_step.append(clock.seconds)
                 return sum(clock.seconds.values())
+            self.sync()
             r0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
             train_step(self.model, self.optimizer, rna, hic, self.weights, self.gen)
+            self.sync()
             self.plain.append(time.perf_counter() - t0)
             self.cpu.append(time.process_time() - c0)
             r1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -508,6 +546,7 @@ def measure(label: str, variants: list[Variant], cells: Cells, steps: int, secon
     for v in variants:
         t0 = time.perf_counter()
         v.warm_up(*cells.get(0))
+        v.sync()
         warm += time.perf_counter() - t0
         log.info("%s %s: warm-up step (FLOPs counted) %.2f s", label, v.tag, time.perf_counter() - t0)
     rounds = max(1, min(steps, int(seconds // (2 * warm))))
@@ -580,7 +619,7 @@ def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], ra
         lines.append(
             f"  {tag}: step {r.step:.4f} s; floor {floor_s:.4f} s ({total / 1e9:.2f} GFLOP at {rate:.1f} GFLOP/s): "
             f"floor ratio {floor_s / r.step:.3f}; its components sum to {r.instrumented / r.step:.2f}x its plain step "
-            f"(medians; fastest steps: {r.instrumented_min / r.step_min:.2f}x)"
+            f"(medians; fastest steps: {r.instrumented_min / r.step_min:.2f}x); {1 / r.step:.2f} steps/s"
         )
         lines.append(
             f"  {tag}: CPU {r.cpu_s:.4f} s per step ({user:.3f} user, {system:.3f} system, all threads; "
@@ -638,14 +677,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="timed steps per variant (median reported), after 1 warm-up")
     p.add_argument("--shape-seconds", type=float, default=90.0,
                    help="fewer steps (at least 1) on a shape whose warm-up says --steps would take longer")  # fmt: skip
-    p.add_argument("--old-chunk", type=int, default=2048, help="chunk of the old plan (run by the chunked kernel)")
+    p.add_argument("--old", choices=["per-offset", "chunked"], default="per-offset",
+                   help="the old variant: the per-offset banded kernel under the same plan, or the chunked kernel")  # fmt: skip
+    p.add_argument("--old-chunk", type=int, default=2048, help="chunk of the old plan (--old chunked)")
     p.add_argument("--max-old-gib", type=float, default=6.0,
                    help="skip the old kernel where its saved probabilities would exceed this many GiB")  # fmt: skip
     p.add_argument("--memory-gib", type=float, default=None, help="device memory the plan is made for (default: this machine's)")
     p.add_argument("--matmul", type=int, default=2048, help="size of the square product that measures the CPU's rate")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the whole run (default: usable cores)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the steps run (default cpu)")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible to torch")
     if min(args.genes, args.cells, args.steps, args.matmul) < 1 or args.batch < 2 or args.old_chunk < 0:
         p.error("genes, cells, steps and matmul must be >= 1, batch >= 2 and old-chunk >= 0")
     if args.cells < args.batch:
@@ -658,13 +702,18 @@ def main(argv=None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads or usable_cores())
-    memory = int(args.memory_gib * GIB) if args.memory_gib else physical_memory()
+    cuda = args.device == "cuda"
+    if args.memory_gib:
+        memory = int(args.memory_gib * GIB)
+    else:
+        memory = torch.cuda.get_device_properties(0).total_memory if cuda else physical_memory()
+    where = f"CUDA {torch.cuda.get_device_name(0)}" if cuda else "CPU"
     sizes = read_chromsizes(args.chrom_sizes, args.chroms)
     genome = args.chrom_sizes.name.split(".")[0]
     cfg = ModelConfig()
     print(
         f"paired-model training step by component; torch {torch.__version__}, threads {torch.get_num_threads()}, "
-        f"fp32, CPU; model defaults (latent {cfg.latent_dim}, D {cfg.D}, {cfg.heads} heads, window {cfg.window}, "
+        f"fp32, {where}; model defaults (latent {cfg.latent_dim}, D {cfg.D}, {cfg.heads} heads, window {cfg.window}, "
         f"hidden {cfg.hidden_dim}); batch {args.batch} of {args.cells} cells; {args.genes} genes"
     )
     if hasattr(os, "getloadavg"):
@@ -675,7 +724,7 @@ def main(argv=None) -> int:
         shape = build_shape(sizes, resolution, n_strata, args.genes, args.graph_degree, args.seed)
         cells = Cells(shape, args.cells, args.batch, args.umis, args.contacts, args.seed)
         plan = diagnose(shape_profile(shape, args.batch), 1, memory)
-        old_plan = replace(plan, chunk_size=args.old_chunk or None)
+        old_plan = replace(plan, chunk_size=args.old_chunk or None) if args.old == "chunked" else plan
         n, w, h = shape.n_anchors, cfg.window, cfg.heads
         log.info("%s: shape built in %.1f s", shape.label, time.perf_counter() - t0)
         print(
@@ -683,11 +732,14 @@ def main(argv=None) -> int:
             f"{args.genes:,} genes, graph {shape.graph.n_nodes:,} nodes / {shape.graph.src.numel():,} edges"
         )
         print(f"  new: banded kernel, {plan.summary()}")
-        variants = [Variant("new", shape, plan, decoders.local_attention, args.seed)]
+        variants = [Variant("new", shape, plan, decoders.local_attention, args.seed, args.device)]
         old_chunk = old_plan.chunk
         pairs = chunked_pairs(n, w, old_chunk) if old_chunk else n * n
         old_bytes = h * pairs * 4 * (n_strata - 1)
-        if old_bytes > args.max_old_gib * GIB:
+        if args.old == "per-offset":
+            print(f"  old: per-offset banded kernel, {old_plan.summary()}")
+            variants.insert(0, Variant("old", shape, old_plan, local_attention_per_offset, args.seed, args.device))
+        elif old_bytes > args.max_old_gib * GIB:
             print(
                 f"  old: skipped: the {'chunked' if old_chunk else 'full'} kernel (chunk {old_chunk or '-'}) would save "
                 f"{old_bytes / GIB:.1f} GiB of probabilities ({h} heads x {pairs:,} scores x 4 B x {n_strata - 1} strata) "
@@ -695,15 +747,17 @@ def main(argv=None) -> int:
             )
         else:
             print(f"  old: chunked kernel, {old_plan.summary()}")
-            variants.insert(0, Variant("old", shape, old_plan, old_local_attention, args.seed))
-        rates = matmul_rate(args.matmul)
+            variants.insert(0, Variant("old", shape, old_plan, old_local_attention, args.seed, args.device))
+        rates = matmul_rate(args.matmul, device=args.device)
         res, rounds = measure(shape.label, variants, cells, args.steps, args.shape_seconds)
         print(
             f"  matrix-product rate {rates.wall:.1f} GFLOP/s wall, {rates.cpu:.1f} GFLOP per CPU s "
-            f"({args.matmul}^2 fp32 @, best of 5, before the steps)"
+            f"({args.matmul}^2 fp32 @ on {args.device}, best of 5, before the steps)"
         )
         print(f"  medians of {rounds} step(s) per variant after 1 warm-up")
         del variants
+        if cuda:
+            torch.cuda.empty_cache()
         floor = floor_flops(res["new"], n, w, cfg.D)
         for line in shape_report(shape, res, floor, rates):
             print(line)

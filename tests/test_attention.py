@@ -13,8 +13,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.model.attention import (
-    band_offsets,
+    band_groups,
     band_width,
+    block_rows,
     chunk_blocks,
     local_attention,
     local_attention_banded,
@@ -23,6 +24,7 @@ from ampflow.model.attention import (
 )
 from ampflow.parallel.collectives import group_sum
 from ampflow.train.memory import SavedTensorBytes, saved_activation_bytes
+from conftest import load_script
 from dist_helpers import run_world
 
 F64 = torch.float64
@@ -395,16 +397,62 @@ def test_banded_float32():
     torch.testing.assert_close(out, local_attention_full(q, k, v, 9), atol=1e-5, rtol=1e-5)
 
 
-def test_band_offsets_cover_exactly_the_window():
+def test_band_groups_cover_every_query_once():
+    for n, w, c in [(10, 3, 4), (7, 20, 3), (5, 0, 9), (1, 0, 1), (13, 4, 13), (300, 8, None), (301, 8, 40), (64, 40, 7)]:
+        r = block_rows(n, w, c)
+        assert 1 <= r <= n and (c is None or r <= c)
+        rows = []
+        for s, nb, rr in band_groups(n, w, c):
+            assert nb == 1 or rr == r  # only the last, shorter block stands alone
+            assert c is None or nb * rr <= max(c, r)  # a chunk bounds a group's rows
+            rows.extend(range(s, s + nb * rr))
+        assert rows == list(range(n))
+
+
+def test_banded_kernel_count_does_not_grow_with_the_window():
+    """The point of the blocked kernel: the ops of forward + backward do not depend on
+    w (the per-offset baseline's grow as 2w + 1); only the edge masks and the
+    overlap-add slices are extra, a handful."""
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += not func.is_view  # views launch nothing
+            return func(*args, **(kwargs or {}))
+
+    baseline = load_script("attention_baselines")
+    ops = {}
+    for name, fn in (("blocked", local_attention_banded), ("per_offset", baseline.local_attention_per_offset)):
+        for w in (2, 8, 32):
+            q, k, v, grad_out = _inputs(4096, 2, 8, 8, seed=w, dtype=torch.float32)
+            with Count() as seen:
+                fn(q, k, v, w).backward(grad_out)
+            ops[name, w] = seen.n
+    assert ops["blocked", 2] == ops["blocked", 8] == ops["blocked", 32], ops
+    assert ops["per_offset", 32] > 2 * ops["per_offset", 8] > 2 * ops["blocked", 8], ops
+
+
+def test_the_per_offset_baseline_is_exact_and_covers_the_window():
+    """scripts/attention_baselines.py: the former kernel, still the same math, so the
+    benchmarks time a correct baseline."""
+    baseline = load_script("attention_baselines")
     for n, w, c in [(10, 3, 4), (7, 20, 3), (5, 0, 9), (1, 0, 1), (13, 4, 13)]:
-        assert band_width(n, w) == 2 * min(w, n - 1) + 1
         pairs = set()
         for s in range(0, n, c):
             e = min(n, s + c)
-            for o, d, lo, hi in band_offsets(s, e, n, w):
+            for o, d, lo, hi in baseline.band_offsets(s, e, n, w):
                 assert s <= lo < hi <= e and o - d == (band_width(n, w) - 1) // 2
                 pairs |= {(i, i + d) for i in range(lo, hi)}
         assert pairs == {(i, j) for i in range(n) for j in range(n) if abs(i - j) <= w}
+    for n, w, c in [(53, 5, 7), (40, 61, None), (89, 2, 3)]:
+        q, k, v, grad_out = _inputs(n, 2, 4, 3, seed=n)
+        full = _out_and_grads(lambda *a: local_attention_full(*a, w), q, k, v, grad_out)
+        old = _out_and_grads(lambda *a: baseline.local_attention_per_offset(*a, w, c), q, k, v, grad_out)
+        for a, b in zip(full, old):
+            torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -428,9 +476,12 @@ def test_banded_never_builds_anything_n_by_window_by_d():
     for chunk in (None, c):
         with _LargestOutput() as seen:
             local_attention_banded(q, k, v, w, chunk).backward(grad_out)
-        # nothing beyond one (H, N, D) tensor or the (H, N, 2w + 1) probabilities: no
-        # gathered (N, 2w + 1, D) window, no N x N
-        assert seen.largest <= max(heads * n * d, heads * n * (2 * w + 1))
+        # nothing beyond one (H, N + 2w, D) padded tensor or the (H, N, R + 2w) block
+        # scores (R = block_rows <= max(2w, 16), so at most twice the probabilities):
+        # no gathered (N, 2w + 1, D) window, no N x N
+        r = block_rows(n, w, chunk)
+        assert seen.largest <= max(heads * (n + 2 * w) * d, heads * n * (r + 2 * w))
+        assert r + 2 * w <= 2 * (2 * w + 1)
 
 
 @pytest.mark.parametrize("chunk", [None, 128, 37])
@@ -483,3 +534,31 @@ def test_sharded_banded_equals_full(tmp_path, world, n, window, chunk):
         torch.testing.assert_close(r["out"], out[..., sv], atol=1e-10, rtol=0)
         for got, ref in zip(r["grads"], (dq[..., sk], dk_[..., sk], dv_[..., sv])):
             torch.testing.assert_close(got, ref, atol=1e-10, rtol=0)
+
+
+_CUDA = torch.cuda.is_available()
+_DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not _CUDA, reason="needs a CUDA GPU")]),
+]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("n,window,chunk", [(2737, 8, None), (1000, 32, 256), (300, 8, 37)])
+def test_banded_numerics_no_worse_than_full_attention_in_the_same_dtype(device, dtype, n, window, chunk):
+    """The kernel in fp32 and bf16 (on the GPU where there is one) against full masked
+    attention in fp64 on the same (rounded) inputs: output and every gradient no further
+    from it than full masked attention run in the same dtype on the same device (twice
+    its error, or 1e-5 of the largest magnitude, whichever is larger)."""
+    q, k, v, grad_out = _inputs(n, 4, 8, 8, seed=n + window)
+    low = [t.detach().to(device, dtype).requires_grad_(True) for t in (q, k, v)]
+    g_low = grad_out.to(device, dtype)
+    exact = [t.detach().double().cpu().requires_grad_(True) for t in low]
+    ref = _out_and_grads(lambda *a: local_attention_full(*a, window), *exact, g_low.double().cpu())
+    got = _out_and_grads(lambda *a: local_attention_banded(*a, window, chunk), *low, g_low)
+    peer = _out_and_grads(lambda *a: local_attention_full(*a, window), *low, g_low)
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), ref, got, peer):
+        assert b.dtype == dtype and b.device.type == device, name
+        err, peer_err = ((x.double().cpu() - a).abs().max().item() for x in (b, c))
+        assert err <= max(2 * peer_err, 1e-5 * a.abs().max().item()), (name, err, peer_err)

@@ -65,7 +65,7 @@ def test_table_has_every_component_and_ratio(capsys, sizes):
 
 
 def test_old_kernel_skipped_with_its_reason(capsys, sizes):
-    out = run(capsys, sizes, "--max-old-gib", "0", "--steps", "1")
+    out = run(capsys, sizes, "--old", "chunked", "--max-old-gib", "0", "--steps", "1")
     assert "old: skipped: the chunked kernel (chunk 2048) would save" in out
     assert "old s/step" not in out.split("summary")[0]
     assert re.search(r"100kb/4 .* skipped ", out)

@@ -146,3 +146,21 @@ def test_user_config_from_the_template_runs_to_the_end(root):
     assert (out / "figures/summary.html").exists()
     assert [(out / f"train/{c}/model.pt").exists() for c in ("1mb_s10", "500kb_s10", "100kb_s20")] == [True] * 3
     assert not (out / "extract").exists()
+
+
+def test_demo_gpu_config_validates_and_without_a_gpu_stops_before_any_job(root):
+    """config/demo-gpu.yaml (``make demo-gpu``): a dry run schedules the demo's jobs under
+    its own dataset; a real run on a host where no GPU is visible (CUDA_VISIBLE_DEVICES
+    empty hides any) stops at once, one line naming the key and its value, nothing run."""
+    gpu = yaml.safe_load((root / "config/demo-gpu.yaml").read_text())
+    jobs = job_counts(dry_run(root, "--configfile", "config/demo-gpu.yaml"))
+    assert jobs.get("train") == len(gpu["configs"]) and jobs.get("diagnose") == len(gpu["configs"]), jobs
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [str(BIN / "snakemake"), "--cores", "1", "--configfile", "config/demo-gpu.yaml"]
+    r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-3000:]
+    line = next((ln for ln in out.splitlines() if "needs a GPU" in ln), None)
+    assert line is not None, out[-3000:]
+    assert line.startswith("train.device: ") and "(value: 'cuda')" in line and "amp.devices: auto" in line, line
+    assert not (root / f"results/{gpu['dataset']}").exists() and not (root / f"logs/{gpu['dataset']}").exists()

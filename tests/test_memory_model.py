@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from ampflow.amp.memory_model import ShapeSpec, banded_score_elements, chunked_score_elements, estimate_for_profile, fit_linear, predict, profile_memory, spec_from_profile
-from ampflow.model.attention import chunk_blocks
+from ampflow.amp.memory_terms import attention_transients
+from ampflow.model.attention import chunk_blocks, local_attention_banded
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.spec.config import LossWeights, ModelConfig
 from ampflow.spec.model_shapes import paired_model_params, stratum_block_params
 from ampflow.spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
-from ampflow.train.memory import measured_step
+from ampflow.train.memory import AllocatorTrace, measured_step
 
 #: The largest relative distance allowed between the prediction and the allocator.
 TOLERANCE = 0.10
@@ -255,13 +256,14 @@ def test_attention_scores_are_the_band_whatever_the_chunk():
     # (H, n, 2w + 1) probabilities per attention stratum, no mask; not the n x n of the
     # full masked reference
     assert unchunked.components["stratum_attention_scores"] == (L - 1) * H * band * b
-    assert unchunked.transient["attention_scores"] == H * band * b
+    assert unchunked.transient["attention_scores"] == attention_transients(n, w, None, H, 0, b)[0]
     for chunk in (1, 7, 32, 399, 400, 1000):
         est = predict(_spec(L), chunk=chunk, strategies={"chunked_attention"})
         # S3 no longer changes what is kept, only the transient block of scores
         assert est.components == unchunked.components and est.total == unchunked.total
-        rows = min(chunk, n)
-        assert est.transient["attention_scores"] == H * rows * (2 * w + 1) * b
+        # only the transient block of scores shrinks with the chunk
+        assert est.transient["attention_scores"] == attention_transients(n, w, chunk, H, 0, b)[0]
+        assert est.transient["attention_scores"] <= unchunked.transient["attention_scores"]
         # the older chunked kernel's blocks (kept for comparison) hold at least every
         # in-range (query, key) pair, n (2w + 1) - w (w + 1), exactly that at chunk 1
         blocks = sum((e - s) * (ke - ks) for s, e, ks, ke in chunk_blocks(n, w, chunk))
@@ -271,6 +273,31 @@ def test_attention_scores_are_the_band_whatever_the_chunk():
     assert banded_score_elements(5, 100) == 5 * 9 and banded_score_elements(1, 3) == 1
     with pytest.raises(ValueError):
         predict(_spec(L), chunk=0, strategies={"chunked_attention"})
+
+
+@pytest.mark.parametrize("n,window,chunk,heads,head_dim", [(2700, 8, None, 4, 64), (5400, 8, 512, 4, 64), (3000, 8, 37, 2, 32),
+                                                           (4000, 32, None, 4, 16), (27000, 8, 2048, 4, 64)])  # fmt: skip
+def test_attention_transients_match_the_allocator(n, window, chunk, heads, head_dim):
+    """The banded kernel's transient bytes in the ledger (forward: a group's block
+    scores and band copies; backward: dq, dk, dv and a group's block scores and their
+    gradient) against the CPU allocator's peak over the kernel alone, less what it
+    holds: the saved scaled queries and probabilities and the output."""
+    g = torch.Generator().manual_seed(n)
+    q, k, v, grad_out = (torch.randn(heads, n, head_dim, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    b = 4
+    held = heads * n * (head_dim + banded_score_elements(n, window) // n) * b + heads * n * head_dim * b
+    with AllocatorTrace(0) as trace:
+        out = local_attention_banded(q, k, v, window, chunk)
+        trace.mark("backward")
+        torch.autograd.grad(out, (q, k, v), grad_out)
+    forward, backward = attention_transients(n, window, chunk, heads, n * heads * head_dim, b)
+    measured_fwd = trace.phase_peaks["start"] - held
+    measured_bwd = trace.phase_peaks["backward"] - held
+    assert measured_fwd == pytest.approx(forward, rel=0.1), (measured_fwd, forward)
+    assert measured_bwd == pytest.approx(backward, rel=0.1), (measured_bwd, backward)
+
 
 
 def test_key_first_trades_the_saved_keys_and_removes_the_batch_by_anchor_product():

@@ -20,7 +20,9 @@ from ampflow.io.genome import resolution_label
 from ampflow.io.sheet import read_sheet
 from ampflow.prepare.blocks import block_digest, block_names, block_rows
 from ampflow.prepare.resources import NEEDS, bin_block_mem_mb
+from ampflow.devices import probe_devices
 from ampflow.spec.allocation import ClusterOffer, train_allocation
+from ampflow.spec.config import AUTO_DEVICES, check_amp_devices, require_gpus
 from ampflow.spec.plan import Plan
 
 validate(config, "../schemas/config.schema.yaml")
@@ -85,6 +87,37 @@ if "gpus" in config["train"]:
 
 #: What the cluster offers GPU jobs (config "cluster"): partition, GPUs, CPUs and memory.
 CLUSTER = ClusterOffer.from_dict(config["cluster"])
+check_amp_devices(config["amp"]["devices"])
+
+_HOST = {}
+
+
+def host_devices():
+    """This host's devices record (probed once per parse; NVML, no torch)."""
+    if not _HOST:
+        _HOST.update(probe_devices())
+    return _HOST
+
+
+def check_local_gpus():
+    """Before a local run starts any job: a config that needs a GPU (train.device: cuda,
+    amp.devices: auto, amp.device_memory_gb: auto) on a host where none is visible is an
+    InputError naming the key and its value, not a run that prepares the data and fails
+    at its diagnose or train job. A cluster run (the jobs run elsewhere: the SLURM
+    executor; inside its jobs the job step executor) and a dry run are not checked."""
+    if HAS_HIC and workflow.local_exec and not workflow.remote_exec:
+        require_gpus(config, host_devices())
+
+
+def amp_devices_count():
+    """amp.devices as a number for sizing jobs before a plan exists (the cores of the
+    devices and train rules): as given; for auto (counted by the diagnosis from
+    devices.json) the GPUs visible here, or where none is (a cluster's login node, a dry
+    run) one node's, cluster.gpus_per_node, at least 1."""
+    devices = config["amp"]["devices"]
+    if devices != AUTO_DEVICES:
+        return int(devices)
+    return len(host_devices()["devices"]) or max(1, CLUSTER.gpus_per_node)
 
 
 if HAS_HIC:
@@ -395,7 +428,7 @@ def train_cores():
     set-threads gives), which the plan divides among the processes."""
     threads = config["train"]["threads"]
     if threads != "auto":
-        return int(threads) * int(config["amp"]["devices"])
+        return int(threads) * amp_devices_count()
     try:
         cores = workflow.cores
     except WorkflowError:  # no --cores (a cluster run given --jobs)
@@ -417,9 +450,11 @@ def uses_gpus():
 
 def devices_gpus():
     """GPUs of the devices job: one node's share of amp.devices (it records what such
-    an allocation sees; the plan is made from it)."""
+    an allocation sees; the plan is made from it); for amp.devices auto, one node's."""
     if not uses_gpus():
         return 0
+    if config["amp"]["devices"] == AUTO_DEVICES:
+        return CLUSTER.gpus_per_node
     return min(int(config["amp"]["devices"]), CLUSTER.gpus_per_node)
 
 

@@ -22,7 +22,8 @@ import time
 import torch
 
 from ..spec.config import ModelConfig, TrainConfig
-from .cost_model import CALIBRATION_VERSION, attention_flops, band_width, solve_calibration
+from ..spec.attention_blocks import band_groups, band_width
+from .cost_model import CALIBRATION_VERSION, attention_flops, solve_calibration
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
         H, D, w, f = model.heads, model.D, model.window, model.ffn_mult
         Dh = D // H
         chunk = math.ceil(anchors / blocks)
-        n_blocks = math.ceil(anchors / chunk)
+        n_blocks = len(list(band_groups(anchors, w, chunk)))
         q = torch.randn(H, anchors, Dh, generator=g).to(dev).requires_grad_()
         v = torch.randn(H, anchors, Dh, generator=g).to(dev).requires_grad_()
         x = torch.randn(anchors, D, generator=g).to(dev).requires_grad_()

@@ -9,17 +9,19 @@ and decode, forward and backward), on one device:
 + attention calls x query chunks x per-chunk overhead + collectives x latency``
 
 * **attention FLOPs**: the banded kernel (:func:`ampflow.model.attention.local_attention_banded`)
-  of each attention stratum, ``H n W (12 D_h + 9)`` forward and backward (``W = 2w + 1``
-  scores per query, ``D_h`` the head width on this rank: S5 divides it by tp). They do
-  not depend on the chunk.
+  of each attention stratum, ``H n (12 D_h (R + 2w) + 9 W)`` forward and backward (six
+  block products over the ``R + 2w`` keys a block of ``R`` queries sees, softmax work
+  on the ``W = 2w + 1`` band scores; ``D_h`` the head width on this rank: S5 divides it
+  by tp). They depend on the chunk only where it caps ``R``
+  (:func:`ampflow.spec.attention_blocks.block_rows`).
 * **dense FLOPs**: each stratum block's projections and feed-forward
   (``2 n D (d (1 or 2) + 3 f D)`` forward, over tp under S5) and every stratum's decode
   (``2 B D n``, or ``2 B D |F_k|`` key-first, S4), three times the forward for forward and
   backward.
-* **per-chunk overhead**: each query chunk of each attention call is one more pass of the
-  kernel's Python loop over the ``W`` band columns, each a few kernel launches, so the
-  overhead per chunk is proportional to ``W``: the calibrated ``chunk_overhead_s`` at the
-  calibration's band width, scaled by ``W / band_width``. One block (no chunk) pays it once.
+* **per-chunk overhead**: each query chunk of each attention call is one more group of
+  blocks (:func:`ampflow.spec.attention_blocks.band_groups`), a fixed number of kernel
+  launches per head whatever ``W``: the calibrated ``chunk_overhead_s`` per group. One
+  block (no chunk) is one group (two when ``R`` does not divide ``n``).
 * **collectives** (tp >= 2): S5 all-reduces each attention chunk's scores (forward) and
   their gradient (backward), plus six per stratum block (LayerNorm, GEGLU and output
   partial sums, forward and backward); S2 four per stratum (the softmax normaliser's max
@@ -45,10 +47,11 @@ from pathlib import Path
 
 from ..io.atomic import write_text_atomic
 from ..io.errors import InputError, read_json
+from ..spec.attention_blocks import band_groups, band_width, block_rows
 from ..spec.profile import model_config, train_settings
 from ..spec.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 #: Significant digits of the constants (as written and as read) and of predicted seconds.
 CONSTANT_DIGITS = 3
 SECONDS_DIGITS = 4
@@ -63,20 +66,17 @@ def sig(x: float, digits: int = CONSTANT_DIGITS) -> float:
     return float(f"{float(x):.{digits}g}")
 
 
-def band_width(n: int, window: int) -> int:
-    """Scores per query of the banded kernel, ``2 min(w, n - 1) + 1`` (as
-    :func:`ampflow.model.attention.band_width`, without importing torch)."""
-    return 2 * min(int(window), max(int(n) - 1, 0)) + 1
-
-
-def attention_flops(n: int, window: int, heads: int, head_dim: float) -> float:
+def attention_flops(n: int, window: int, heads: int, head_dim: float, chunk: int | None = None) -> float:
     """FLOPs of one banded attention call, forward and backward.
 
-    Per head and score: forward ``2 D_h`` (product and sum over ``D_h``), 5 (softmax,
-    masking), ``2 D_h`` (weighted values); backward ``2 D_h`` each for ``dv``, ``dp``,
-    ``dq`` and ``dk`` and 4 for the softmax gradient: ``12 D_h + 9`` in all.
+    Per head and query, six block products over the ``R + 2w`` keys its block sees
+    (forward: scores and weighted values; backward: ``dv``, ``dp``, ``dq`` and ``dk``),
+    ``2 D_h`` each per key: ``12 D_h (R + 2w)``; and per band score 5 (softmax, masking)
+    forward and 4 (softmax gradient) backward: ``9 W``.
     """
-    return float(heads) * n * band_width(n, window) * (12.0 * head_dim + 9.0)
+    width = band_width(n, window)
+    span = block_rows(n, window, chunk) + width - 1
+    return float(heads) * n * (12.0 * head_dim * span + 9.0 * width)
 
 
 @dataclass(frozen=True)
@@ -129,22 +129,25 @@ class CostConstants:
         d.pop("source")
         return d
 
-    def chunk_overhead(self, width: int) -> float:
-        """Seconds per query chunk of one attention call at ``width`` scores per query."""
-        return self.chunk_overhead_s * width / self.band_width
+    def chunk_overhead(self) -> float:
+        """Seconds per query chunk (group of blocks) of one attention call: launches and
+        dispatch, the same whatever the band width (``band_width`` records the
+        calibration's, for the reader)."""
+        return self.chunk_overhead_s
 
 
 #: Without a calibration file: :func:`ampflow.amp.calibrate.calibrate` on one thread of a
 #: shared x86 server CPU with the default model (4 heads of 8, w 8; 4,096 anchors),
-#: rounded: the banded kernel's elementwise work runs at about 2 GFLOP/s, the stratum
-#: block's matmul at about 50 GFLOP/s, and a query chunk costs about 1.5 ms (17 band
-#: columns, a dozen kernel launches each, forward and backward). A GPU's rates are far
-#: higher and its overhead per chunk of the same order (launches): calibrate there. The
-#: collective latency is a guess for an all-reduce of a few KiB within one node.
+#: rounded: the blocked banded kernel's products run at about 4 GFLOP/s (as counted by
+#: :func:`attention_flops`), the stratum block's matmul at about 50 GFLOP/s, and a query
+#: chunk (one group of blocks: a few dozen small kernels, forward and backward) costs
+#: about 0.4 ms. A GPU's rates are far higher and its overhead per chunk of the same
+#: order (launches): calibrate there. The collective latency is a guess for an
+#: all-reduce of a few KiB within one node.
 DEFAULT_CONSTANTS = CostConstants(
-    attention_flops_per_s=2.0e9,
+    attention_flops_per_s=4.0e9,
     dense_flops_per_s=5.0e10,
-    chunk_overhead_s=1.5e-3,
+    chunk_overhead_s=4.0e-4,
     band_width=17,
     collective_s=5.0e-5,
 )
@@ -292,10 +295,10 @@ def step_cost(shape: StepShape, constants: CostConstants, names=(), dp: int = 1,
     B = _ceil(shape.batch_size, dp)
     blocks_k = L - 1  # stratum blocks (k >= 1)
     att_calls = blocks_k if shape.attention and n > 0 else 0
-    blocks = _ceil(n, chunk) if CHUNKED_ATTENTION in names and chunk and n else 1
-    width = band_width(n, shape.window)
+    chunked = chunk if CHUNKED_ATTENTION in names and chunk else None
+    blocks = max(1, len(list(band_groups(n, shape.window, chunked))))
 
-    att_flops = att_calls * attention_flops(n, shape.window, H, D / H / hp)
+    att_flops = att_calls * attention_flops(n, shape.window, H, D / H / hp, chunked)
     dense_fwd = blocks_k * 2.0 * n * D * (d * (2 if shape.attention else 1) + 3 * f * D) / hp
     for k, fk in enumerate(fps):
         width_k = d if k == 0 else D
@@ -303,7 +306,7 @@ def step_cost(shape: StepShape, constants: CostConstants, names=(), dp: int = 1,
             dense_fwd += 2.0 * B * width_k * fk / (fp if k == 0 else max(hp, fp))
         else:
             dense_fwd += 2.0 * B * width_k * n / (1 if k == 0 else hp)
-    overhead = att_calls * blocks * c.chunk_overhead(width)
+    overhead = att_calls * blocks * c.chunk_overhead()
     collectives = 0
     if hp > 1:
         collectives += att_calls * S5_PER_CHUNK * blocks + blocks_k * S5_PER_BLOCK

@@ -30,6 +30,9 @@ What a plan says holds for the plan as written:
 * ``predicted_step_seconds`` and ``cost_model`` give the cost model's prediction for
   the plan, its constants and where they come from (a calibration file or the
   documented defaults), and every chunk candidate considered;
+* ``device`` is where the plan trains (``cpu`` or ``cuda``), decided here and not at
+  run time (:func:`plan_device`), since the budget, the ``cpu`` section and the job's
+  allocation are all for that device;
 * ``cpu``, for a run on CPU, gives the torch threads per process (the allocation's
   cores over the mesh's processes, or an explicit ``train.threads``) and checks the
   configured batch against the host's available memory (:mod:`.cpu`).
@@ -47,7 +50,8 @@ from ..spec.config import TrainConfig
 from ..spec.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
 from ..spec.profile import model_config, profile_hash, train_settings
 from ..spec.strategies import HIDDEN_PARALLEL
-from .cpu import cpu_plan
+from .cpu import cpu_plan, trains_on_cpu
+from .cuda_overheads import DEFAULT_CAPABILITY, cuda_overheads, plan_budget
 from .cost_model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
 from .memory_spec import DTYPE_BYTES
 from .signals import evaluate_signals
@@ -276,6 +280,53 @@ def peak_scope(profile: dict, dp: int, est) -> dict:
     }
 
 
+def plan_device(train: TrainConfig | None, host: dict | None) -> tuple[str, str]:
+    """The device a plan trains on and the reason the plan gives; ``("", "")`` with
+    neither a train section nor a devices record (nothing to decide from: the run's
+    ``train.device`` then decides, as for a plan before version 4).
+
+    ``train.device`` ``cpu`` or ``cuda``: as set. ``auto``: ``cuda`` when ``devices.json``
+    lists a GPU, else ``cpu``. That record is what the plan is made for: the devices job
+    runs with the GPUs the train job will get (on SLURM, one node's share of
+    ``amp.devices`` when the config trains on GPUs; locally, this host's), and
+    ``--device-memory auto`` reads the memory from the same GPUs. Deciding here, not at
+    run time, keeps a plan for GPUs from being run on CPU cores (or the reverse) where
+    the run happens to see other devices.
+    """
+    if train is None and host is None:
+        return "", ""
+    setting = (train or TrainConfig()).device
+    gpus = len((host or {}).get("devices") or [])
+    device = "cpu" if trains_on_cpu(setting, host) else "cuda"
+    listed = f"devices.json lists {gpus} GPU(s)" if gpus else "devices.json lists no GPU"
+    if setting == "auto":
+        return device, f"device: {device}: train.device is auto and {listed}."
+    if device == "cpu":
+        unused = f"; the {gpus} GPU(s) devices.json lists are left unused" if gpus else ""
+        return device, f"device: cpu, as train.device sets{unused}."
+    warn = "; devices.json lists no GPU, so this plan trains only where GPUs are visible" if host is not None and not gpus else ""
+    return device, f"device: cuda, as train.device sets{warn}."
+
+
+def _budget(device_memory: int, budget_fraction: float, device: str) -> tuple[int, str]:
+    """Bytes the predicted peak may reach per device, and for a plan on CUDA the reason
+    that states the margin (:func:`ampflow.amp.cuda_overheads.plan_budget`: the context
+    off the memory, the fragmentation allowance between the reserved and the allocated
+    peak, the cuBLAS workspaces and the rounding bound off the allocated). The
+    workspaces are taken at sm90's default, the largest, so that the plan does not
+    depend on which GPU the diagnosis ran beside. Elsewhere ``device_memory *
+    budget_fraction``, as before plans recorded their device."""
+    if device != "cuda":
+        return math.floor(device_memory * budget_fraction), ""
+    o = cuda_overheads(capability=DEFAULT_CAPABILITY)
+    budget = plan_budget(device_memory, budget_fraction, device, o)
+    return budget, (
+        f"budget on CUDA: (device memory {human_bytes(device_memory)} - context {human_bytes(o.context_bytes)}) x "
+        f"{budget_fraction:g} / (1 + fragmentation {o.fragmentation:g}) - cuBLAS workspaces {human_bytes(o.workspace_bytes)} "
+        f"- block rounding {human_bytes(o.rounding_bytes)} = {human_bytes(budget)} for the predicted peak."
+    )
+
+
 def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None,
              constants: CostConstants | None = None, train: TrainConfig | None = None, host: dict | None = None) -> Plan:  # fmt: skip
     """The plan for running ``profile``'s configuration on ``devices`` devices.
@@ -302,7 +353,8 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         CPU and where its threads come from.
     host : dict, optional
         ``devices.json`` (:func:`ampflow.devices.probe_devices`): its GPUs, CPU cores and
-        host memory. With neither ``train`` nor ``host`` the plan has no ``cpu`` section.
+        host memory. With neither ``train`` nor ``host`` the plan has no ``cpu`` section
+        and records no ``device`` (:func:`plan_device`).
     """
     from .memory_model import estimate_for_profile
 
@@ -316,7 +368,8 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     estimate = estimate or estimate_for_profile
     constants = (constants or DEFAULT_CONSTANTS).rounded()
     signals = evaluate_signals(profile, settings)
-    budget = math.floor(device_memory * budget_fraction)
+    device, device_reason = plan_device(train, host)
+    budget, budget_reason = _budget(device_memory, budget_fraction, device)
     planner = _Planner(profile, budget, estimate, constants)
     dec = _decide(profile, signals, devices, budget, planner)
     names, reasons, mesh, chunk, fits, est = dec.names, dec.reasons, dec.mesh, dec.chunk, dec.fits, dec.est
@@ -377,6 +430,10 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         if cpu and timed and int(timed.group(1)) != cpu["threads"]:
             cpu_reasons.append(f"the cost model's constants were timed with {timed.group(1)} thread(s) per process, this plan "
                                f"gives {cpu['threads']}: calibrate again with these threads for step times that hold.")  # fmt: skip
+    if device_reason:
+        reasons.append(device_reason)
+    if budget_reason:
+        reasons.append(budget_reason)
     reasons.extend(cpu_reasons)
     hic = profile["modalities"].get("hic", {})
     cost_model = {}
@@ -415,6 +472,7 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         predicted_step_seconds=seconds,
         cost_model=cost_model,
         cpu=cpu,
+        device=device,
         reasons=tuple(reasons),
     )
 
@@ -425,6 +483,7 @@ def explain(plan: Plan) -> str:
     inp = plan.inputs
     rows = [
         ("devices", f"{inp.devices} x {hb(inp.device_memory_bytes)} (budget {inp.budget_fraction:g}: {hb(inp.budget_bytes)})"),
+        ("device", plan.device_text()),
         ("mesh", f"dp {plan.mesh.dp} x tp {plan.mesh.tp}"),
         ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
         ("chunk size", str(plan.chunk_size or "-")),

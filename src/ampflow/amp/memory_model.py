@@ -73,6 +73,7 @@ from .memory_terms import (
     STEP_BYTES,
     Device,
     Ledger,
+    attention_transients,
     banded_score_elements,
     buffer_terms,
     ceil_div,
@@ -284,10 +285,8 @@ def _summarise(led: Ledger, dev: Device) -> Estimate:
         if not dev.key_first:
             transient["decode_scores"] = B * n * b
         if s.attention and L > 1:
-            # one query block's (H, rows, 2w + 1) scores before the softmax (the band
-            # width clipped by n, not by the rows of the block)
-            rows = min(dev.chunk, n) if dev.chunk else n
-            transient["attention_scores"] = H * rows * (banded_score_elements(n, s.window) // max(n, 1)) * b
+            # one group of query blocks' scores, their band and its softmax
+            transient["attention_scores"] = attention_transients(n, s.window, dev.chunk or None, H, 0, b)[0]
     return Estimate(
         total=total,
         base=base,

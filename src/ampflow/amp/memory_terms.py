@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..spec.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
+from ..spec.attention_blocks import band_width, block_rows, largest_group_rows
 from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .memory_spec import ShapeSpec
 
@@ -152,9 +153,22 @@ def banded_score_elements(n: int, window: int) -> int:
     return n * (2 * min(int(window), max(int(n) - 1, 0)) + 1) if n else 0
 
 
-def band_width(n: int, window: int) -> int:
-    """Scores per query of the banded kernel, ``2 min(w, n - 1) + 1``."""
-    return banded_score_elements(n, window) // max(int(n), 1)
+def attention_transients(n: int, window: int, chunk: int | None, heads: int, hp_nD: int, b: int) -> tuple[int, int]:
+    """Bytes the banded kernel (:class:`ampflow.model.attention._BandedLocalAttention`)
+    allocates beyond what it keeps, at its forward's and at its backward's peak.
+
+    Forward: one group's ``(H, rows, R + 2w)`` block scores, their band copy and its
+    softmax (``2 (2w + 1)`` per row). Backward: ``dq``, ``dk`` and ``dv`` (``hp_nD``
+    elements each, ``n x D`` on this rank) and, per group, the block scores and their
+    gradient (``2 (R + 2w)`` per row) and one band copy. ``rows``: the largest group
+    (:func:`ampflow.spec.attention_blocks.largest_group_rows`).
+    """
+    width = band_width(n, window)
+    span = block_rows(n, window, chunk) + width - 1
+    rows = largest_group_rows(n, window, chunk)
+    forward = heads * rows * (span + 2 * width) * b
+    backward = 3 * hp_nD * b + heads * rows * (2 * span + width) * b
+    return forward, backward
 
 
 # ---------------------------------------------------------------- state
@@ -374,8 +388,7 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     if D != d and L > 1:
         led.add("hic_decoder_head", hp(B * D) * b, None, at(1))  # u_D, first saved by stratum 1
 
-    width = band_width(n, s.window)
-    rows = min(dev.chunk, n) if dev.chunk else n
+    _, attention = attention_transients(n, s.window, dev.chunk or None, H, hp(n * D), b)
     scores = H * banded_score_elements(n, s.window) * b  # (H, n, 2w + 1), no mask, chunked or not
     for k in range(L):
         fk = fps[k]
@@ -391,7 +404,6 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
             if s.attention:
                 led.add("stratum_projections", 5 * hp(n * D) * b, k, at(k))
                 led.add("stratum_attention_scores", scores, k, at(k))
-                attention = 3 * hp(n * D) * b + 2 * H * rows * width * b
                 step.transient.append((max(feed_forward, attention), k))
             else:
                 led.add("stratum_projections", 2 * hp(n * D) * b, k, at(k))

@@ -59,11 +59,10 @@ def cmd_diagnose(a):
     from ..amp.cost_model import read_calibration
 
     from ..devices import probe_devices
-    from ..spec.config import TrainConfig
+    from ..spec.config import TrainConfig, amp_devices
 
     settings = {"dimensionality_ratio": a.dimensionality_ratio}
     constants = read_calibration(a.calibration) if a.calibration else None
-    memory = _device_memory(a.device_memory, a.devices_file)
     train = TrainConfig.from_dict(_settings(a.train, a.model_config, "train"))
     # the plan is a function of the devices record; without one, of this host's GPUs and
     # cores (not its available memory, which changes from one moment to the next)
@@ -72,12 +71,18 @@ def cmd_diagnose(a):
     else:
         host = probe_devices()
         host["cpu"] = {k: v for k, v in host["cpu"].items() if k != "memory_available_bytes"}
-    plan = diagnose(read_profile(a.profile), a.devices, memory, a.budget_fraction, settings=settings, constants=constants,
+    # amp.devices auto: the GPUs of that record (none: refused before anything is planned)
+    devices = amp_devices(a.devices, host)
+    if str(a.devices).strip() == "auto":
+        log.info("amp.devices %s: %d GPU(s) listed in %s", a.devices, devices, a.devices_file or "this host's probe")
+    memory = _device_memory(a.device_memory, a.devices_file)
+    plan = diagnose(read_profile(a.profile), devices, memory, a.budget_fraction, settings=settings, constants=constants,
                     train=train, host=host)  # fmt: skip
     plan.write(a.out)
     names = ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"
     threads = f"; {plan.threads} torch thread(s) per process" if plan.threads else ""
-    log.info("plan: %s; mesh dp %d x tp %d%s; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, threads, plan.fits, a.out)
+    log.info("plan: %s; mesh dp %d x tp %d on %s%s; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, plan.device or "train.device",
+             threads, plan.fits, a.out)  # fmt: skip
     if plan.cpu.get("host_fits") is False:
         log.warning("%s", plan.host_memory_text())
 
@@ -108,10 +113,13 @@ def cmd_calibrate(a):
     threads = train.explicit_threads
     if threads is None and a.devices_file:
         from ..amp.cpu import threads_per_process
+        from ..spec.config import amp_devices
 
-        # time with the threads the plan will give each of its processes
-        cores = (json.loads(Path(a.devices_file).read_text()).get("cpu") or {}).get("cores")
-        threads = threads_per_process(cores, a.processes) if cores else None
+        # time with the threads the plan will give each of its processes (amp.devices
+        # auto: the GPUs the record lists, as the diagnosis counts them)
+        host = json.loads(Path(a.devices_file).read_text())
+        cores = (host.get("cpu") or {}).get("cores")
+        threads = threads_per_process(cores, amp_devices(a.processes, host)) if cores else None
     doc = calibrate(model, train, anchors=a.anchors, blocks=a.blocks, reps=a.reps, threads=threads)
     write_calibration(a.out, doc)
     log.info("calibration (%s): %s -> %s", doc["device"], json.dumps(doc["constants"], sort_keys=True), a.out)
@@ -129,7 +137,8 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("diagnose", help="signals -> strategies, mesh, chunk size: plan.json (AMP step 2)")
     s.add_argument("profile")
-    s.add_argument("--devices", type=int, required=True)
+    s.add_argument("--devices", required=True, help="devices the plan is for (amp.devices): a number, or 'auto', the GPUs "
+                   "--devices-file lists (default: this host's); auto with no GPU is refused")  # fmt: skip
     s.add_argument("--device-memory", required=True, help="GB per device, or 'auto' (free memory from NVML)")
     s.add_argument("--devices-file", default=None, help="devices.json from `ampflow devices`: GPUs (for --device-memory auto), "
                    "CPU cores and host memory (threads and batch check of a CPU run); default: probe this host")  # fmt: skip
@@ -158,6 +167,6 @@ def add_commands(sub) -> None:
     s.add_argument("--blocks", type=int, default=64, help="query chunks of the chunked timing")
     s.add_argument("--reps", type=int, default=5, help="timed runs per setting (the fastest counts)")
     s.add_argument("--devices-file", default=None, help="devices.json: with train.threads auto, time with its cores / --processes threads")
-    s.add_argument("--processes", type=int, default=1, help="training processes (amp.devices) sharing those cores")
+    s.add_argument("--processes", default="1", help="training processes (amp.devices: a number, or 'auto', the GPUs --devices-file lists) sharing those cores")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_calibrate)

@@ -34,16 +34,20 @@ block-mask builder evaluates the full ``N x N`` grid on CPU.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 
+from ..spec.attention_blocks import band_groups, band_width, block_rows
+
 __all__ = [
     "chunk_blocks",
-    "band_offsets",
+    "band_groups",
     "band_width",
+    "block_rows",
     "local_attention",
     "local_attention_banded",
     "local_attention_full",
@@ -293,81 +297,185 @@ def local_attention_chunked(
     return _ChunkedLocalAttention.apply(q_s, k, v, window, chunk, combine)
 
 
-def band_width(n: int, window: int) -> int:
-    """Scores per query of the banded kernel: ``2 * min(window, n - 1) + 1``.
+def _blocks(t: Tensor, start: int, nb: int, step: int, length: int) -> Tensor:
+    """View of ``nb`` row windows of ``t`` (``(..., M, D)``): window ``j`` is rows
+    ``[start + j * step, start + j * step + length)``, shape ``(..., nb, length, D)``.
+    No copy; windows overlap when ``length > step`` (read-only then)."""
+    *lead, rows, cols = t.stride()
+    return t.as_strided(
+        (*t.shape[:-2], nb, length, t.shape[-1]), (*lead, step * rows, rows, cols), t.storage_offset() + start * rows
+    )
 
-    A window beyond ``n - 1`` adds only offsets no query can reach, so it is clipped
-    (``window = 10**9`` is plain full attention at ``2n - 1`` scores per query, not
-    ``2 * 10**9 + 1``). ``n = 0`` gives 1.
+
+def _leading(*ts: Tensor) -> Iterator[tuple[int, ...]]:
+    """Every index of the leading dims (all but the last three) the tensors share."""
+    return itertools.product(*map(range, ts[0].shape[:-3]))
+
+
+def _bmm(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
+    """``a @ b`` for ``(..., nb, X, Y)`` and ``(..., nb, Y, Z)`` operands whose ``nb``
+    batch may be an overlapping strided view (the key and value windows), one
+    ``bmm`` per leading index, written into ``out`` (a view, e.g. rows of the output)
+    when given. ``matmul`` would fold the leading dims into the batch, which such a
+    view cannot do without first copying every window (twice the keys' bytes, per
+    product); ``bmm`` reads it in place (BLAS and cuBLAS take any batch stride). The
+    leading dims are the heads: a handful of products. Operands share leading dims."""
+    if out is None:
+        out = a.new_empty(*a.shape[:-1], b.shape[-1])
+    for i in _leading(a):
+        torch.bmm(a[i], b[i], out=out[i])
+    return out
+
+
+def _add_products_(padded: Tensor, s: int, r: int, left: Tensor, right: Tensor) -> None:
+    """Overlap-add the window products ``left @ right`` (``(..., nb, R + 2w, Y)`` times
+    ``(..., nb, Y, D)``; window ``j`` starts at row ``s + j R`` of ``padded``) into
+    ``padded`` without materialising them: slices of ``R`` window rows land on disjoint
+    rows of ``padded`` across the windows, so each slice is one in-place ``baddbmm_``
+    per leading index, straight into ``padded`` (deterministic, no scatter, no atomics).
     """
-    return 2 * min(int(window), max(int(n) - 1, 0)) + 1
+    nb, span = left.shape[-3], left.shape[-2]
+    step = span if nb == 1 else r  # one window never overlaps itself
+    for i in _leading(left):
+        for a in range(0, span, step):
+            b = min(span, a + step)
+            _blocks(padded[i], s + a, nb, r, b - a).baddbmm_(left[i][:, a:b, :], right[i])
 
 
-def band_offsets(s: int, e: int, n: int, window: int) -> Iterator[tuple[int, int, int, int]]:
-    """The diagonals of the band seen by query rows ``[s, e)``.
+def _strip(full: Tensor, width: int) -> Tensor:
+    """The band of a block-layout score tensor, as a view.
+
+    ``full`` is ``(..., nb, R, R + 2w)`` (contiguous), row ``a`` of a block scoring the
+    keys ``a - w .. a + R + w`` of its window; the band of row ``a`` is its columns
+    ``a .. a + 2w``: a diagonal strip, ``(..., nb, R, 2w + 1)`` with row stride
+    ``R + 2w + 1``.
+    """
+    *lead, blk, row, col = full.stride()
+    return full.as_strided((*full.shape[:-1], width), (*lead, blk, row + col, col), full.storage_offset())
+
+
+def _to_strip(strip: Tensor, band: Tensor) -> None:
+    """Copy ``(..., nb * R, width)`` rows into a ``(..., nb, R, width)`` strip view."""
+    strip.copy_(band.unflatten(-2, strip.shape[-3:-1]))
+
+
+def _edge_mask_(scores: Tensor, s: int, n: int, w: int) -> None:
+    """Set to ``-inf`` the band scores of rows ``[s, s + rows)`` whose key
+    ``i + o - w`` lies outside ``[0, n)`` (only the first and last ``w`` rows have any)."""
+    rows = scores.shape[-2]
+    for lo, hi in ((s, min(s + rows, w)), (max(s, n - w), s + rows)):
+        if lo >= hi:
+            continue
+        i = torch.arange(lo, hi, device=scores.device).unsqueeze(-1)
+        key = i + torch.arange(scores.shape[-1], device=scores.device) - w
+        scores[..., lo - s : hi - s, :].masked_fill_((key < 0) | (key >= n), float("-inf"))
+
+
+def _segments(s: int, nb: int, r: int, w: int, n: int) -> Iterator[tuple[int, int, int, bool]]:
+    """How a group's key windows are read.
+
+    Block ``j`` of the group at row ``s`` sees keys ``[s + j R - w, s + j R + R + w)``.
 
     Yields
     ------
-    o, d, lo, hi : int
-        Column ``o`` of the ``(.., N, band_width)`` score layout is the key offset
-        ``d = j - i = o - w`` (``w`` clipped as in :func:`band_width`); the queries
-        ``i`` in ``[lo, hi)`` (a subrange of ``[s, e)``) are those whose key ``i + d``
-        exists. Offsets that no query of ``[s, e)`` reaches are skipped; the other rows
-        of column ``o`` are outside ``[0, N)`` and get probability 0.
+    j0, j1, start, inside : int, int, int, bool
+        Blocks ``[j0, j1)`` whose windows start at key row ``start = s + j0 R - w``.
+        ``inside``: every window lies within ``[0, n)``, so all of them are one strided
+        view of the keys (the interior, a single segment); otherwise one block whose
+        window crosses an end (at most ``ceil(w / R)`` at each end), read through a
+        zero-padded copy of its window.
     """
-    w = (band_width(n, window) - 1) // 2
-    for o in range(2 * w + 1):
-        d = o - w
-        lo, hi = max(s, -d), min(e, n - d)
-        if lo < hi:
-            yield o, d, lo, hi
+    j_lo = min(nb, max(0, -(-(w - s) // r)))
+    j_hi = max(j_lo, min(nb, (n - w - r - s) // r + 1))
+    for j in range(j_lo):
+        yield j, j + 1, s + j * r - w, False
+    if j_lo < j_hi:
+        yield j_lo, j_hi, s + j_lo * r - w, True
+    for j in range(j_hi, nb):
+        yield j, j + 1, s + j * r - w, False
+
+
+def _windows(t: Tensor, seg: tuple[int, int, int, bool], r: int, w: int) -> Tensor:
+    """The ``(..., j1 - j0, R + 2w, D)`` windows of ``t``'s rows for a segment of
+    :func:`_segments`: a view inside, else a copy with zero rows beyond the ends (whose
+    scores are then 0, not ``-inf``, before ``combine``: the ranks' partial sums must add
+    up; they are masked after it)."""
+    j0, j1, start, inside = seg
+    span = r + 2 * w
+    if inside:
+        return _blocks(t, start, j1 - j0, r, span)
+    lo, hi = max(start, 0), min(start + span, t.shape[-2])
+    win = t.new_zeros(*t.shape[:-2], span, t.shape[-1])
+    win[..., lo - start : hi - start, :] = t[..., lo:hi, :]
+    return win.unsqueeze(-3)
+
+
+def _add_window_products_(dt: Tensor, seg: tuple[int, int, int, bool], r: int, left: Tensor, right: Tensor) -> None:
+    """Add the segment's window gradients ``left @ right`` to the rows of ``dt`` that
+    the windows read (the rows beyond the ends of an edge window are dropped)."""
+    _, _, start, inside = seg
+    if inside:
+        _add_products_(dt, start, r, left, right)
+        return
+    win = _bmm(left, right)[..., 0, :, :]
+    lo, hi = max(start, 0), min(start + win.shape[-2], dt.shape[-2])
+    dt[..., lo:hi, :] += win[..., lo - start : hi - start, :]
 
 
 class _BandedLocalAttention(torch.autograd.Function):
-    """Banded attention with a hand-written forward and backward.
+    """Banded attention by blocks of queries, with a hand-written forward and backward.
 
-    Scores live in a ``(..., N, 2w + 1)`` layout: column ``o`` holds ``q_i . k_{i+o-w}``.
-    Each column is one elementwise product of a slice of the queries with the keys
-    shifted by ``o - w`` and a sum over ``Dk``, so nothing ``(N, 2w + 1, D)`` (a gathered
-    window) is ever built: the largest transients are one ``(..., rows, Dk)`` product
-    and the ``(..., rows, 2w + 1)`` score block of a query chunk. The weighted sum of
-    values and every gradient are in-place ``addcmul_`` over the same shifted slices,
-    so the backward needs no scatter and no gradient buffer beyond the ``(..., N, D)``
-    results. Saved for backward: the scaled queries, keys, values and the
-    ``(..., N, 2w + 1)`` probabilities, no mask (out-of-range keys have probability
-    exactly 0, so their gradient vanishes by itself). Inputs must share their leading
-    dims.
+    The queries are cut into blocks of ``R`` rows (:func:`block_rows`); block ``j``
+    scores its rows against the ``R + 2w`` keys around it, all blocks of a group in one
+    batched product per head (``(nb, R, Dk) @ (nb, Dk, R + 2w)``, the keys' windows an
+    overlapping strided view of the keys themselves; only a block whose window crosses
+    an end reads a zero-padded copy of it, see :func:`_segments`). Each row's ``2w + 1``
+    band scores are a diagonal strip of its block (:func:`_strip`), copied out into the
+    ``(..., N, 2w + 1)`` layout that the softmax, ``combine`` (S5) and the saved
+    probabilities use. The weighted sum of values puts the probabilities back into a
+    zeroed block and multiplies by the values' windows, straight into the output's
+    rows. So a group of blocks costs a handful of kernels per head whatever ``w`` (the
+    per-offset kernel it replaced, ``scripts/attention_baselines.py``, launched about a
+    dozen per band column), and the products run on the dense matmul units.
+
+    The backward does the same in reverse; ``dk`` and ``dv`` are window products added
+    in place into the gradients in ``ceil((R + 2w) / R)`` (two, at ``R >= 2w``) slices
+    whose windows do not overlap (:func:`_add_products_`): no scatter, no atomic adds,
+    deterministic on CUDA too. Saved for backward: the scaled queries, keys, values and
+    the ``(..., N, 2w + 1)`` probabilities, no mask (out-of-range keys have probability
+    exactly 0, so their gradient vanishes by itself). Transient: one group's
+    ``(..., nb, R, R + 2w)`` block scores (two in backward) and its band copies.
+    Inputs must share their leading dims.
     """
 
     @staticmethod
-    def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int, combine=None) -> Tensor:
+    def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int | None, combine=None) -> Tensor:
         n = q_s.shape[-2]
         width = band_width(n, window)
+        w = (width - 1) // 2
         lead = q_s.shape[:-2]
-        out = q_s.new_zeros(*lead, n, v.shape[-1])
+        out = q_s.new_empty(*lead, n, v.shape[-1])
         probs = q_s.new_empty(*lead, n, width)
-        for s in range(0, n, chunk):
-            e = min(n, s + chunk)
-            offsets = list(band_offsets(s, e, n, window))
-            # Zeros, not -inf, before ``combine``: the ranks' partial sums must add up.
-            scores = q_s.new_zeros(*lead, e - s, width)
-            for o, d, lo, hi in offsets:
-                prod = q_s[..., lo:hi, :] * k[..., lo + d : hi + d, :]
-                scores[..., lo - s : hi - s, o] = prod.sum(dim=-1)
+        for s, nb, r in band_groups(n, window, chunk):
+            rows = nb * r
+            full = q_s.new_empty(*lead, nb, r, r + 2 * w)
+            segments = list(_segments(s, nb, r, w, n))
+            for seg in segments:
+                j0, j1 = seg[:2]
+                q_blk = _blocks(q_s, s + j0 * r, j1 - j0, r, r)
+                _bmm(q_blk, _windows(k, seg, r, w).transpose(-2, -1), out=full[..., j0:j1, :, :])
+            scores = _strip(full, width).flatten(-3, -2)  # a copy: the strip is not a view-able shape
             if combine is not None:
                 scores = combine(scores)
-            # Rows of a column whose key lies outside [0, N): masked after the combine.
-            reached = {o for o, *_ in offsets}
-            for o in range(width):
-                if o not in reached:
-                    scores[..., o] = float("-inf")
-            for o, d, lo, hi in offsets:
-                scores[..., : lo - s, o] = float("-inf")
-                scores[..., hi - s :, o] = float("-inf")
+            _edge_mask_(scores, s, n, w)
             p = torch.softmax(scores, dim=-1)
-            probs[..., s:e, :] = p
-            for o, d, lo, hi in offsets:
-                out[..., lo:hi, :].addcmul_(p[..., lo - s : hi - s, o : o + 1], v[..., lo + d : hi + d, :])
+            del scores
+            probs[..., s : s + rows, :] = p
+            _to_strip(_strip(full.zero_(), width), p)
+            del p
+            for seg in segments:
+                j0, j1 = seg[:2]
+                _bmm(full[..., j0:j1, :, :], _windows(v, seg, r, w), out=_blocks(out, s + j0 * r, j1 - j0, r, r))
         ctx.window, ctx.chunk, ctx.combine = window, chunk, combine
         ctx.save_for_backward(q_s, k, v, probs)
         return out
@@ -377,36 +485,46 @@ class _BandedLocalAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q_s, k, v, probs = ctx.saved_tensors
         n, width = probs.shape[-2:]
+        w = (width - 1) // 2
         lead = probs.shape[:-2]
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         # new_*(shape) rather than *_like: inputs may be expanded (stride-0) views, and
         # the gradient buffers must be dense.
-        dq = q_s.new_zeros(q_s.shape) if need_q else None
+        dq = q_s.new_empty(q_s.shape) if need_q else None
         dk = k.new_zeros(k.shape) if need_k else None
         dv = v.new_zeros(v.shape) if need_v else None
-        for s in range(0, n, ctx.chunk):
-            e = min(n, s + ctx.chunk)
-            offsets = list(band_offsets(s, e, n, ctx.window))
-            p = probs[..., s:e, :]
+        for s, nb, r in band_groups(n, ctx.window, ctx.chunk):
+            rows, span = nb * r, r + 2 * w
+            segments = list(_segments(s, nb, r, w, n))
+            p = probs[..., s : s + rows, :]
+            g = _blocks(grad_out, s, nb, r, r)
+            full = p.new_zeros(*lead, nb, r, span)
+            strip = _strip(full, width)
+            _to_strip(strip, p)
             if need_v:
-                for o, d, lo, hi in offsets:
-                    dv[..., lo + d : hi + d, :].addcmul_(p[..., lo - s : hi - s, o : o + 1], grad_out[..., lo:hi, :])
+                for j0, j1, *rest in segments:
+                    _add_window_products_(dv, (j0, j1, *rest), r, full[..., j0:j1, :, :].transpose(-2, -1), g[..., j0:j1, :, :])
             if not (need_q or need_k):
                 continue
-            # dL/dp; columns and rows outside the band stay 0 (their p is 0 anyway)
-            dp = grad_out.new_zeros(*lead, e - s, width)
-            for o, d, lo, hi in offsets:
-                dp[..., lo - s : hi - s, o] = (grad_out[..., lo:hi, :] * v[..., lo + d : hi + d, :]).sum(dim=-1)
+            # dL/dp on the band; the rest of each block is never read
+            dp = p.new_empty(*lead, nb, r, span)
+            for seg in segments:
+                j0, j1 = seg[:2]
+                _bmm(g[..., j0:j1, :, :], _windows(v, seg, r, w).transpose(-2, -1), out=dp[..., j0:j1, :, :])
+            dp = _strip(dp, width).flatten(-3, -2)
             if ctx.combine is not None:  # dL/dp sums over every rank's value channels
                 dp = ctx.combine(dp)
             # softmax backward: p * (dp - sum_j p_j dp_j)
             ds = dp.sub_((dp * p).sum(dim=-1, keepdim=True)).mul_(p)
-            for o, d, lo, hi in offsets:
-                col = ds[..., lo - s : hi - s, o : o + 1]
+            _to_strip(strip, ds)
+            del ds, dp
+            for seg in segments:
+                j0, j1, start, _ = seg
+                blk = full[..., j0:j1, :, :]
                 if need_q:
-                    dq[..., lo:hi, :].addcmul_(col, k[..., lo + d : hi + d, :])
+                    _bmm(blk, _windows(k, seg, r, w), out=_blocks(dq, s + j0 * r, j1 - j0, r, r))
                 if need_k:
-                    dk[..., lo + d : hi + d, :].addcmul_(col, q_s[..., lo:hi, :])
+                    _add_window_products_(dk, seg, r, blk.transpose(-2, -1), _blocks(q_s, s + j0 * r, j1 - j0, r, r))
         return dq, dk, dv, None, None, None
 
 
@@ -465,7 +583,7 @@ def local_attention_banded(
     window = int(window)
     if n == 0:
         return local_attention_full(q, k, v, window, scale)
-    chunk = int(chunk) if chunk else n
+    chunk = int(chunk) if chunk else None
     q_s = q * _default_scale(q, scale)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     # expand() is a view; its backward sums the gradient back to each input's shape.

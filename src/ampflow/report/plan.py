@@ -2,7 +2,7 @@
 
 :func:`plan_page` turns ``plan.json`` into HTML: signals with their evidence, the
 strategies and why (and why a strategy whose signal is raised was not taken), the
-mesh, chunk size, the predicted seconds per step with the cost model's chunk
+device it trains on (``cpu`` or ``cuda``, decided with the plan), the mesh, chunk size, the predicted seconds per step with the cost model's chunk
 candidates, predicted peak against the budget with what it counts and leaves out,
 the recommended device count, for a CPU run the torch threads per process and the
 host-memory check of the batch, and the memory model's components.
@@ -61,6 +61,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
     overview = pd.DataFrame(
         [
             ("devices", f"{inp.devices} x {human_bytes(inp.device_memory_bytes)}"),
+            ("trains on", plan.device_text()),
             ("budget per device", f"{human_bytes(budget)} ({inp.budget_fraction:g} of the device memory)"),
             ("mesh", f"{mesh_text(plan)} (world size {plan.world_size or inp.devices})"),
             ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),

@@ -1,7 +1,8 @@
 """The train job's allocation, derived from its plan and what the cluster offers.
 
 The plan (``plan.json``) decides how many processes train (dp x tp) and whether they
-train on GPUs (a plan for CPU carries a ``cpu`` section); the config's ``cluster``
+train on GPUs (its ``device``; a plan before version 4: a plan for CPU carries a ``cpu``
+section); the config's ``cluster``
 section says once what a node offers (GPUs, CPU cores and host memory per GPU, the GPU
 partition). :func:`train_allocation` turns the two into the job's nodes, GPUs per node,
 tasks, CPUs and memory, and :meth:`Allocation.resources` into Snakemake resources for
@@ -113,7 +114,10 @@ class Allocation:
 
 
 def plan_on_gpus(plan) -> bool:
-    """Whether a plan trains on GPUs (a plan for CPU carries its ``cpu`` section)."""
+    """Whether a plan trains on GPUs: its ``device`` (version 4 on); in an older plan,
+    whether it lacks the ``cpu`` section a plan for CPU carries."""
+    if getattr(plan, "device", ""):
+        return plan.device == "cuda"
     return not plan.cpu
 
 

@@ -170,6 +170,73 @@ DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 #: ``train.threads`` that takes the plan's figure (:attr:`ampflow.spec.plan.Plan.threads`).
 AUTO_THREADS = "auto"
+#: ``amp.devices`` that plans for the GPUs the devices record lists (:func:`amp_devices`).
+AUTO_DEVICES = "auto"
+
+
+def check_amp_devices(value) -> int | str:
+    """``amp.devices`` checked: an integer >= 1, or ``"auto"`` (an integer given as text,
+    as on a command line, becomes the integer)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if value == AUTO_DEVICES or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise InputError(f"must be an integer >= 1 or {AUTO_DEVICES!r} (the visible GPUs)", key="amp.devices", value=value)
+
+
+def amp_devices(value, host: dict | None) -> int:
+    """The devices a plan is made for: ``amp.devices`` as given, or for ``"auto"`` the
+    GPUs ``host`` lists (``devices.json`` of :func:`ampflow.devices.probe_devices`: the
+    GPUs the devices job saw, which are those the train job gets). ``auto`` plans for
+    GPUs only: with none listed it is an InputError naming the key and the fix, before
+    anything is planned, not a plan for one CPU process."""
+    value = check_amp_devices(value)
+    if value != AUTO_DEVICES:
+        return int(value)
+    host = host or {}
+    gpus = len(host.get("devices") or [])
+    if gpus:
+        return gpus
+    seen = f"NVML: {host['nvml']}; " if host.get("nvml") else ""
+    raise InputError(
+        f"'auto' plans for the visible GPUs and none is visible ({seen}CUDA_VISIBLE_DEVICES="
+        f"{host.get('cuda_visible_devices')}); run it where GPUs are, or give the processes as a number "
+        f"and train them on CPU cores (train.device: cpu, as config/demo.yaml does)",
+        key="amp.devices", value=AUTO_DEVICES,
+    )  # fmt: skip
+
+
+def gpu_settings(config: dict) -> list[tuple[str, object]]:
+    """The settings of a workflow config (``train``, ``amp``) that need a visible GPU:
+    ``train.device: cuda``, ``amp.devices: auto`` and ``amp.device_memory_gb: auto``,
+    as ``(key, value)`` in that order. The workflow checks them before a local run
+    starts any job, so that a GPU config on a machine without one fails at once."""
+    train, amp = config.get("train") or {}, config.get("amp") or {}
+    out = []
+    if train.get("device") == "cuda":
+        out.append(("train.device", "cuda"))
+    if amp.get("devices") == AUTO_DEVICES:
+        out.append(("amp.devices", AUTO_DEVICES))
+    if amp.get("device_memory_gb") == "auto":
+        out.append(("amp.device_memory_gb", "auto"))
+    return out
+
+
+def require_gpus(config: dict, host: dict) -> None:
+    """InputError naming the first of :func:`gpu_settings` (and the others) when ``host``
+    (:func:`ampflow.devices.probe_devices`) lists no GPU; nothing otherwise."""
+    need = gpu_settings(config)
+    if not need or host.get("devices"):
+        return
+    key, value = need[0]
+    named = ", ".join(f"{k}: {v}" for k, v in need)
+    seen = f"NVML: {host['nvml']}; " if host.get("nvml") else ""
+    raise InputError(
+        f"this config needs a GPU ({named}) and none is visible here ({seen}CUDA_VISIBLE_DEVICES="
+        f"{host.get('cuda_visible_devices')}); nothing was run. To train on CPU cores set train.device: cpu and give "
+        f"amp.devices and amp.device_memory_gb as numbers, as config/demo.yaml does (make demo)",
+        key=key, value=value,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

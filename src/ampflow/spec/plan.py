@@ -9,12 +9,15 @@ Identical plans give identical bytes (:meth:`Plan.dumps`).
 Format versions: 1, the strategies, mesh, chunk, memory prediction and reasons; 2 adds
 ``predicted_step_seconds`` and ``cost_model`` (the cost model's prediction, constants
 and chunk candidates); 3 adds ``cpu`` (threads per process and the host-memory check of
-the batch, for a run on CPU). All read: an older plan has the added keys empty.
+the batch, for a run on CPU); 4 adds ``device``, the device the plan trains on (``cpu``
+or ``cuda``), decided when the plan is made. All read: an older plan has the added keys
+empty, and one without ``device`` trains where ``train.device`` says, as it always did.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +26,9 @@ from ..io.errors import InputError, read_json
 from ..progress import human_bytes
 from .strategies import KEY_FIRST_DECODE
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
+#: The devices a plan trains on; "" in a plan before version 4 (``train.device`` decides).
+PLAN_DEVICES = ("cpu", "cuda")
 
 #: What the predicted peak counts: the allocator's peak of a steady-state training step
 #: (after the first optimizer step), what the trainer measures as ``peak_bytes``
@@ -135,6 +140,16 @@ class Plan:
         ``host_budget_bytes``, ``host_fits`` (None: not checked) and
         ``largest_fitting_batch`` (when it does not fit). Empty for a GPU run or in a
         plan before version 3.
+    device : str
+        ``"cpu"`` or ``"cuda"``: where the plan trains, decided with it (its budget, its
+        ``cpu`` section and the job's allocation are for that device): ``train.device``
+        ``cpu`` or ``cuda`` as set, ``auto`` CUDA when ``devices.json`` lists a GPU (see
+        :func:`ampflow.amp.diagnose.plan_device`). The trainer and the launcher obey it and
+        refuse a plan for ``cuda`` where no GPU is visible. ``""``: not recorded (a plan
+        before version 4, or one diagnosed without a train section or devices record):
+        ``train.device`` decides, as before.
+    path : str or None
+        The file the plan was read from (errors name it); not part of the plan's JSON.
     """
 
     version: int = PLAN_VERSION
@@ -157,7 +172,9 @@ class Plan:
     predicted_step_seconds: float | None = None
     cost_model: dict = field(default_factory=dict)
     cpu: dict = field(default_factory=dict)
+    device: str = ""
     reasons: tuple[str, ...] = ()
+    path: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.chunk_size is not None and self.chunk_size < 0:
@@ -166,6 +183,8 @@ class Plan:
             raise InputError("must be >= 1", key="world_size", value=self.world_size)
         if self.predicted_step_seconds is not None and not self.predicted_step_seconds >= 0:
             raise InputError("must be >= 0", key="predicted_step_seconds", value=self.predicted_step_seconds)
+        if self.device not in ("", *PLAN_DEVICES):
+            raise InputError(f"must be one of {', '.join(PLAN_DEVICES)}", key="device", value=self.device)
 
     # ------------------------------------------------------------ what it says
     @property
@@ -213,6 +232,18 @@ class Plan:
         """Torch threads per process for a run on CPU; None when the plan gives none."""
         t = (self.cpu or {}).get("threads")
         return int(t) if t else None
+
+    @property
+    def source(self) -> str:
+        """The plan's file for messages (``plan.json`` when it was not read from one)."""
+        return self.path or "plan.json"
+
+    def device_text(self) -> str:
+        """The device the plan trains on, or that it records none."""
+        if not self.device:
+            return "not recorded (a plan before version 4): train.device decides"
+        gpus = "one process per GPU, NCCL" if self.device == "cuda" else "processes on CPU cores, gloo"
+        return f"{self.device} ({self.world} process(es): {gpus})"
 
     def threads_text(self) -> str:
         """Threads per process, where the figure comes from and the cores it divides."""
@@ -291,6 +322,7 @@ class Plan:
             "predicted_step_seconds": self.predicted_step_seconds,
             "cost_model": self.cost_model,
             "cpu": self.cpu,
+            "device": self.device,
             "reasons": list(self.reasons),
         }
 
@@ -300,9 +332,10 @@ class Plan:
         plan may give only ``mesh`` and ``strategies``); a wrong type names the key."""
         if not isinstance(d, dict):
             raise InputError("a plan must be a JSON object", path=path, value=type(d).__name__)
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        known = set(cls.__dataclass_fields__) - {"path"}  # where it was read from, not a key
+        unknown = sorted(set(d) - known)
         if unknown:
-            raise InputError(f"unknown plan key(s); known: {sorted(cls.__dataclass_fields__)}", path=path, value=unknown)
+            raise InputError(f"unknown plan key(s); known: {sorted(known)}", path=path, value=unknown)
         try:
             mesh = d.get("mesh") or {}
             strategies = tuple(PlannedStrategy(str(s.get("id", "")), str(s["name"]), str(s.get("summary", ""))) for s in d.get("strategies") or [])
@@ -310,15 +343,18 @@ class Plan:
             kw = {k: d[k] for k in ("version", "signals", "world_size", "chunk_size", "key_first", "predicted_peak_bytes",
                                      "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",
                                      "recommended_devices", "min_fitting_devices", "peak_scope", "predicted_step_seconds",
-                                     "cost_model", "cpu") if k in d}  # fmt: skip
+                                     "cost_model", "cpu", "device") if k in d}  # fmt: skip
             for key in ("cost_model", "cpu"):
                 if key in kw and kw[key] is None:
                     kw[key] = {}
+            if "device" in kw and kw["device"] is None:
+                kw["device"] = ""
             return cls(
                 inputs=inputs,
                 strategies=strategies,
                 mesh=MeshShape(int(mesh.get("dp", 1)), int(mesh.get("tp", 1))),
                 reasons=tuple(d.get("reasons") or ()),
+                path=None if path is None else os.fspath(path),
                 **kw,
             )
         except InputError as e:

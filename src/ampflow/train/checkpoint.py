@@ -34,7 +34,10 @@ FINISHED = "finished.json"
 PARTIAL_METRICS = "metrics.partial.jsonl"
 
 
-def rng_state(generator: torch.Generator) -> dict:
+def rng_state(generator: torch.Generator, cuda: bool = False) -> dict:
+    """Every RNG state of this process; ``cuda`` (a run on CUDA): its current GPU's too.
+    Only then: a run on CPU cores must not touch CUDA on a machine with GPUs (reading
+    their states would start a CUDA context on every GPU, from every process)."""
     np_state = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -42,20 +45,25 @@ def rng_state(generator: torch.Generator) -> dict:
         "torch": torch.get_rng_state(),
         "generator": generator.get_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if cuda:
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
-def set_rng_state(state: dict, generator: torch.Generator) -> None:
+def set_rng_state(state: dict, generator: torch.Generator, cuda: bool = False) -> None:
+    """Restore :func:`rng_state`'s states; the CUDA one only for a run on CUDA (an older
+    checkpoint holds every GPU's: a list)."""
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     name, pos, has_gauss, cached = state["numpy"]["rest"]
     np.random.set_state((name, state["numpy"]["key"].numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
     torch.set_rng_state(state["torch"])
     generator.set_state(state["generator"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if cuda and "cuda" in state:
+        if isinstance(state["cuda"], (list, tuple)):
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            torch.cuda.set_rng_state(state["cuda"])
 
 
 def save(folder, step: int, payload: dict, keep: int) -> Path:

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -107,6 +108,32 @@ def uses_cuda(device: str) -> bool:
 
         return torch.cuda.is_available()
     return device == "cuda"
+
+
+def run_device(train: TrainConfig, plan: Plan | None) -> tuple[str, str]:
+    """The device this run trains on (``"cpu"`` or ``"cuda"``) and what decided it.
+
+    A plan that records its device (version 4 on) decides: its budget, its CPU threads
+    and the job's allocation were made for that device. A plan for ``cuda`` where no GPU
+    is visible is refused (an InputError naming the plan's file, the device and the
+    fixes) instead of training on CPU cores what was planned for GPUs. Without a plan,
+    or with one that records no device, ``train.device`` decides as it always did
+    (``auto``: CUDA when a GPU is visible).
+    """
+    if plan is not None and plan.device:
+        if plan.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise InputError(
+                    f"the plan trains on cuda (one process per GPU) but no CUDA GPU is visible here "
+                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!s}, torch CUDA build "
+                    f"{torch.version.cuda or 'none'}); run it where the GPUs it was planned for are, or plan again for CPU "
+                    f"cores with train.device: cpu (Snakemake re-runs the diagnose rule when the config changes)",
+                    path=plan.source, key="device", value=plan.device,
+                )  # fmt: skip
+        return plan.device, f"{Path(plan.source).name}'s device"
+    return ("cuda" if uses_cuda(train.device) else "cpu"), f"train.device {train.device}"
 
 
 def check_fits(processes: int, cuda: bool, what: str = "this node") -> None:
@@ -203,6 +230,9 @@ def run_training(data_dir, out_dir, model_cfg: ModelConfig, train_cfg: TrainConf
                  name: str = "", stop_after: int | None = None, relaunch_argv: list[str] | None = None, split=None) -> int:  # fmt: skip
     """Train one configuration; an exit status.
 
+    The device is the plan's when it records one, else ``train.device``'s
+    (:func:`run_device`).
+
     With ``relaunch_argv`` (``ampflow train --launch``), a plan of more than one process
     and no torchrun around this process, the plan's world is started under torchrun
     running ``ampflow <relaunch_argv>``; otherwise this process joins torchrun's group (if
@@ -213,13 +243,16 @@ def run_training(data_dir, out_dir, model_cfg: ModelConfig, train_cfg: TrainConf
     from .data import load_paired
     from .trainer import Trainer
 
+    # the plan's device (train.device without one); a plan for cuda without a GPU is
+    # refused here, before torchrun starts anything
+    device, _ = run_device(train_cfg, plan)
     if relaunch_argv is not None and launched_world() == 1 and plan is not None and plan.world > 1:
-        return launch(plan.world, relaunch_argv, train_cfg.device)
-    if launched_world() > 1 and uses_cuda(train_cfg.device):
+        return launch(plan.world, relaunch_argv, device)
+    if launched_world() > 1 and device == "cuda":
         check_rank_device()
     if plan is not None:
         log.info("%s", plan.summary())
-    world = init_distributed(train_cfg.device)
+    world = init_distributed(device)
     try:
         if world > 1 and dist.get_rank() > 0:
             logging.getLogger().setLevel(logging.WARNING)

@@ -2,7 +2,14 @@
 
 The peak of a step is the allocator's (:func:`measure_step`): everything allocated,
 transients included. On CUDA, ``torch.cuda.max_memory_allocated`` (reset at each phase
-of the step). On CPU, where no allocator keeps a peak, the profiler records every
+of the step), with the allocator's requested peak (the bytes asked for, before the
+caching allocator rounds each block up to a multiple of 512 B) and reserved peak (the
+segments it holds, fragmentation included: what an out-of-memory error follows) from
+``torch.cuda.memory_stats()`` beside it, and the bytes allocated when the step began
+split into what the step holds (parameters, gradients, optimizer state, the batch) and
+the rest: the persistent cuBLAS/cuBLASLt workspaces (allocated by the caching allocator
+on the first matrix product of each handle and stream and kept) and the rounding of
+the held tensors (:class:`StepMemory`, :mod:`ampflow.amp.cuda_overheads`). On CPU, where no allocator keeps a peak, the profiler records every
 allocation and free of the CPU allocator during the step (``profile_memory=True``);
 summed in time order from the bytes held when the step began (parameters, buffers,
 optimizer state, the batch: :func:`step_held_bytes`) they give the live-bytes curve and
@@ -320,9 +327,26 @@ class StepMemory:
     marks : tuple of int
         Bytes held after each Hi-C stratum of the forward pass.
     base : int
-        Bytes held when the step began (its gradients already freed).
+        Bytes held when the step began (its gradients already freed). On CUDA
+        ``torch.cuda.memory_allocated()`` then: it includes the persistent cuBLAS
+        workspaces (see :attr:`persistent`).
     source : str
         ``"allocator"`` (CPU profiler) or ``"cuda"``.
+    requested : int or None
+        CUDA only: the allocator's peak of requested bytes
+        (``memory_stats()["requested_bytes.all.peak"]``, the largest over the phases):
+        the bytes asked for, free of the 512 B block rounding. None on CPU, where
+        :attr:`peak` already counts the bytes asked for.
+    reserved : int or None
+        CUDA only: the peak of reserved bytes (``"reserved_bytes.all.peak"``): the
+        segments the caching allocator holds, its cache and fragmentation included.
+    held : int or None
+        CUDA only: the bytes of the tensors the step finds allocated
+        (:func:`step_held_bytes`: parameters, buffers, gradients, optimizer state, the
+        batch), counted from their storages. On CPU :attr:`base` is that count.
+    base_requested : int or None
+        CUDA only: requested bytes when the step began
+        (``"requested_bytes.all.current"``).
     """
 
     peak: int
@@ -331,6 +355,17 @@ class StepMemory:
     marks: tuple
     base: int
     source: str
+    requested: int | None = None
+    reserved: int | None = None
+    held: int | None = None
+    base_requested: int | None = None
+
+    @property
+    def persistent(self) -> int:
+        """Bytes allocated when the step began that are no tensor of the step (on CUDA
+        ``base - held``: the cuBLAS/cuBLASLt workspaces, the 512 B rounding of the held
+        tensors, anything else left allocated in the process); 0 on CPU."""
+        return 0 if self.held is None else max(int(self.base) - int(self.held), 0)
 
 
 def measure_step(run: Callable[..., Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, *batch: Tensor) -> tuple[Any, StepMemory]:
@@ -355,7 +390,7 @@ def measure_step(run: Callable[..., Any], model: torch.nn.Module, optimizer: tor
     cuda = any(t.is_cuda for t in batch) or any(p.is_cuda for p in model.parameters())
     optimizer.zero_grad(set_to_none=True)
     if cuda:
-        return _measure_cuda(run)
+        return _measure_cuda(run, step_held_bytes(model, optimizer, *batch))
     base = step_held_bytes(model, optimizer, *batch)
     with AllocatorTrace(base) as trace:
         result = run(on_stratum=lambda k: trace.mark(STRATUM), on_phase=trace.mark)
@@ -363,24 +398,59 @@ def measure_step(run: Callable[..., Any], model: torch.nn.Module, optimizer: tor
     return result, memory
 
 
-def _measure_cuda(run) -> tuple[Any, StepMemory]:
+#: The :func:`torch.cuda.memory_stats` keys read for a step (torch >= 2.1 has the
+#: requested bytes; an older torch lacks the key and the field is None).
+CUDA_STATS = ("allocated_bytes.all.peak", "requested_bytes.all.peak", "reserved_bytes.all.peak")
+
+
+def _cuda_peaks() -> tuple[int, int | None, int | None]:
+    """``(allocated, requested, reserved)`` peaks since the last reset."""
+    st = torch.cuda.memory_stats()
+    allocated = st.get(CUDA_STATS[0])
+    allocated = int(torch.cuda.max_memory_allocated()) if allocated is None else int(allocated)
+    requested, reserved = (st.get(k) for k in CUDA_STATS[1:])
+    return allocated, None if requested is None else int(requested), None if reserved is None else int(reserved)
+
+
+def _measure_cuda(run, held: int | None = None) -> tuple[Any, StepMemory]:
+    """The step between peak resets at each phase; each phase's allocated peak, and
+    the largest requested and reserved peaks over the phases (a reset clears every
+    peak statistic, so each phase's are read before the next reset)."""
     torch.cuda.synchronize()
     base = int(torch.cuda.memory_allocated())
+    base_requested = torch.cuda.memory_stats().get("requested_bytes.all.current")
     torch.cuda.reset_peak_memory_stats()
     phases: dict[str, int] = {}
+    requested: list[int] = []
+    reserved: list[int] = []
     marks: list[int] = []
     current = ["start"]
 
+    def close_phase() -> None:
+        allocated, req, res = _cuda_peaks()
+        phases[current[0]] = allocated
+        if req is not None:
+            requested.append(req)
+        if res is not None:
+            reserved.append(res)
+
     def on_phase(name: str) -> None:
-        phases[current[0]] = int(torch.cuda.max_memory_allocated())
+        close_phase()
         torch.cuda.reset_peak_memory_stats()
         current[0] = name
 
     result = run(on_stratum=lambda k: marks.append(int(torch.cuda.memory_allocated())), on_phase=on_phase)
     torch.cuda.synchronize()
-    phases[current[0]] = int(torch.cuda.max_memory_allocated())
+    close_phase()
     peak_phase = max(phases, key=phases.get)
-    return result, StepMemory(phases[peak_phase], phases, peak_phase, tuple(marks), base, "cuda")
+    memory = StepMemory(
+        phases[peak_phase], phases, peak_phase, tuple(marks), base, "cuda",
+        requested=max(requested) if requested else None,
+        reserved=max(reserved) if reserved else None,
+        held=held,
+        base_requested=None if base_requested is None else int(base_requested),
+    )  # fmt: skip
+    return result, memory
 
 
 def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None, cond: Tensor | None = None) -> tuple[dict, StepMemory]:

@@ -53,6 +53,7 @@ from ..spec.plan import Plan
 from . import checkpoint
 from .data import PairedData
 from .early_stopping import EarlyStopping, validation_loss, validation_split
+from .launch import run_device
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 from .memory import measured_dp_step
 
@@ -142,15 +143,17 @@ class Trainer:
         self.ckpt_dir = self.out / "checkpoints"
         self.name = name or self.out.name
         self.stop_after = stop_after  # testing aid: stop (as if killed) after this many steps
-        if train_cfg.device == "cuda" or (train_cfg.device == "auto" and torch.cuda.is_available()):
-            self.device = torch.device("cuda")
-        else:
-            self.device = torch.device("cpu")
+        # the plan's device when it records one (a plan for cuda without a GPU is refused),
+        # else train.device's
+        device, source = run_device(train_cfg, plan)
+        self.device = torch.device(device)
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         # said out loud: a GPU left unused is a choice of the config, never a silent fallback
+        if plan is not None and plan.device:
+            source = f"{source} {plan.device}; train.device {train_cfg.device}"
         log.info(
-            "device: %s (train.device %s; %d CUDA GPU(s) visible%s), %d process(es)",
-            self.device.type, train_cfg.device, gpus, ", not used" if gpus and self.device.type == "cpu" else "", self.mesh.world,
+            "device: %s (%s; %d CUDA GPU(s) visible%s), %d process(es)",
+            self.device.type, source, gpus, ", not used" if gpus and self.device.type == "cpu" else "", self.mesh.world,
         )  # fmt: skip
         self.threads, why = run_threads(train_cfg, self.plan, self.device)
         torch.set_num_threads(self.threads)
@@ -220,7 +223,7 @@ class Trainer:
             "position": list(self.position),
             "model": model,
             "optimizer": optimizer,
-            "rng": checkpoint.rng_state(self.generator),
+            "rng": checkpoint.rng_state(self.generator, cuda=self.device.type == "cuda"),
             "early_stopping": self.early.state(),
         }
 
@@ -267,7 +270,7 @@ class Trainer:
                 log.info("training from step 0 (no checkpoint of this run to resume from in %s)", self.ckpt_dir)
             return False
         load_full_state(self.model, state["model"], self.optimizer, state["optimizer"])
-        checkpoint.set_rng_state(state["rng"], self.generator)
+        checkpoint.set_rng_state(state["rng"], self.generator, cuda=self.device.type == "cuda")
         self.early.load(state.get("early_stopping"))
         self.step = int(state["step"])
         self.position = tuple(int(x) for x in state["position"])
@@ -318,7 +321,15 @@ class Trainer:
         :class:`~ampflow.train.memory.StepMemory`) adds ``peak_bytes`` (the allocator's
         peak of the step), ``peak_phase`` (``forward``, ``backward`` or
         ``optimizer_step``), ``peak_source`` (``allocator`` on CPU, ``cuda``) and
-        ``stratum_bytes`` (bytes held after each Hi-C stratum of the forward pass)."""
+        ``stratum_bytes`` (bytes held after each Hi-C stratum of the forward pass).
+
+        On CUDA ``peak_bytes`` is ``max_memory_allocated`` (512 B blocks, the persistent
+        cuBLAS workspaces included), and the row adds ``peak_requested_bytes`` (the
+        bytes asked for, no rounding), ``peak_reserved_bytes`` (the segments held, what
+        an out-of-memory error follows), ``base_bytes`` (allocated when the step began)
+        and ``held_bytes`` (the step's tensors among them), so that a reader can
+        compare with the memory model net of the workspaces:
+        ``peak_bytes - (base_bytes - held_bytes)``. A CPU row is as before."""
         row = {
             "stage": stage_name,
             "epoch": epoch,
@@ -335,6 +346,10 @@ class Trainer:
                 peak_source=memory.source,
                 stratum_bytes=[int(x) for x in memory.marks[: self.data.n_strata]],
             )
+            if memory.source == "cuda":
+                cuda = {"peak_requested_bytes": memory.requested, "peak_reserved_bytes": memory.reserved,
+                        "base_bytes": memory.base, "held_bytes": memory.held}  # fmt: skip
+                row.update({k: int(v) for k, v in cuda.items() if v is not None})
         return {**row, **extra}
 
     def _train_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:

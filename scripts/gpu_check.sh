@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# gpu_check.sh (`make gpu-check`): does ampflow work on this GPU node, and how fast?
+#
+# Run it from the checkout's root on the GPU node (in the job that has the GPU), under
+# 8 minutes. One line per check:  CHECK <name> <PASS|FAIL|TIMEOUT|INFO> <figure>
+# Every check has a time limit (`timeout`); the full output of each goes to
+# $GPU_CHECK_OUT/<name>.log (default /tmp/ampflow-gpu-check).
+#
+#   env      torch, CUDA, the GPUs ampflow sees (ampflow.devices.probe_devices)
+#   mem      memory model vs the CUDA caching allocator (bench_memory_model --device cuda)
+#   attn     the attention kernel on the GPU, fp32 and (where supported) bf16
+#            (bench_attention --device cuda)
+#   train    training steps/s against the GPU's measured matmul rate (bench_train --device cuda)
+#   pytest   pytest -m gpu (tests/test_gpu_train.py: the Trainer, collectives, numerics)
+#
+# Without a CUDA GPU visible to torch it prints one line, `gpu-check: SKIP ...`, and
+# exits 0 (GPU_CHECK_SKIP_CODE=77 makes it exit 77, the automake/ctest "skipped" code,
+# for a caller that must tell a skip from a pass). Otherwise it exits 1 if any check
+# failed or timed out, else 0.
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 2
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
+elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+else PY=python3
+fi
+OUT=${GPU_CHECK_OUT:-/tmp/ampflow-gpu-check}
+SKIP_CODE=${GPU_CHECK_SKIP_CODE:-0}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+probe=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1)
+if [ $? -ne 0 ]; then
+    echo "gpu-check: FAIL torch does not import with $PY: ${probe##*$'\n'}"
+    exit 1
+fi
+read -r TORCH_V CUDA_V HAVE_GPU <<<"$probe"
+if [ "$HAVE_GPU" != "True" ]; then
+    echo "gpu-check: SKIP no CUDA GPU visible to torch $TORCH_V (CUDA build: $CUDA_V; CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})"
+    exit "$SKIP_CODE"
+fi
+
+mkdir -p "$OUT"
+failed=0
+
+# check NAME SECONDS FIGURE-COMMAND -- COMMAND...: runs COMMAND under `timeout`, logs to
+# $OUT/NAME.log, prints one line with the figure FIGURE-COMMAND extracts from the log.
+check() {
+    local name=$1 limit=$2 figure=$3
+    shift 4
+    local log="$OUT/$name.log" t0=$SECONDS rc status fig
+    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status=TIMEOUT
+    elif [ $rc -eq 0 ]; then status=PASS
+    else status=FAIL
+    fi
+    fig=$(bash -c "$figure" <"$log" 2>/dev/null | tr -s ' \n' ' ' | cut -c1-600)
+    [ "$status" = PASS ] || failed=1
+    echo "CHECK $name $status ${fig:-"(no figure; see $log)"} [$((SECONDS - t0)) s of $limit s, rc $rc]"
+}
+
+check env 20 'cat' -- "$PY" - <<'PYEOF'
+import torch
+from ampflow.amp.cuda_overheads import cuda_overheads
+from ampflow.devices import probe_devices
+
+info = probe_devices()
+gpus = "; ".join(f"{d.get('name')} {d.get('memory_total', 0) / 2**30:.0f} GiB" for d in info["devices"])
+cap = torch.cuda.get_device_capability(0)
+o = cuda_overheads()
+print(f"torch {torch.__version__} CUDA {torch.version.cuda} cuDNN {torch.backends.cudnn.version()}; "
+      f"torch sees {torch.cuda.device_count()} GPU(s) ({torch.cuda.get_device_name(0)}, sm{cap[0]}{cap[1]}); "
+      f"ampflow sees {len(info['devices'])}: {gpus or 'none (NVML: ' + str(info.get('nvml')) + ')'}; "
+      f"bf16 {torch.cuda.is_bf16_supported()}; expected cuBLAS(Lt) workspaces {o.workspace_bytes / 2**20:.0f} MiB")
+PYEOF
+
+# mm10's chromosome sizes (UCSC), so the benchmarks build mm10's real shapes on any node
+mkdir -p "$OUT/annotation"
+printf 'chr%s\t%s\n' 1 195471971 2 182113224 3 160039680 4 156508116 5 151834684 6 149736546 7 145441459 \
+    8 129401213 9 124595110 10 130694993 11 122082543 12 120129022 13 120421639 14 124902244 15 104043685 \
+    16 98207768 17 94987271 18 90702639 19 61431566 X 171031299 Y 91744698 >"$OUT/annotation/mm10.chrom.sizes"
+
+# predicted vs allocated (net of the persistent cuBLAS workspaces), requested and reserved
+check mem 120 'grep -E "^worst ratio" | head -1' -- \
+    "$PY" scripts/bench_memory_model.py --device cuda --sweep "" --check --data-dir "$OUT"
+
+# the blocked kernel against the per-offset baseline and full masked attention at mm10
+# 1 Mb and 100 kb (full attention at 100 kb needs ~47 GiB in fp32)
+check attn-fp32 50 'grep -E "^summary"' -- \
+    "$PY" scripts/bench_attention.py --device cuda --dtype float32 --sizes 2737 27268 --chunks 2048 --max-full-gib 60
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_bf16_supported() else 1)' 2>/dev/null; then
+    check attn-bf16 50 'grep -E "^summary"' -- \
+        "$PY" scripts/bench_attention.py --device cuda --dtype bfloat16 --sizes 2737 27268 --chunks 2048 --max-full-gib 60
+else
+    echo "CHECK attn-bf16 INFO this GPU has no bf16"
+fi
+
+# steps/s at the three mm10 shapes against the GPU's measured matmul rate
+check train 150 'grep -E "^  new: step|matrix-product rate" | sed -E "s/; its components.*(;[^;]*steps\/s)/\1/"' -- \
+    "$PY" scripts/bench_train.py --device cuda --chrom-sizes "$OUT/annotation/mm10.chrom.sizes" \
+    --shapes 1000000:10 500000:20 100000:30 --batch 32 --cells 128 --steps 3 --shape-seconds 30 --matmul 4096 --threads 4
+
+check pytest 90 'tail -n 1' -- \
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py}
+
+echo "gpu-check: $([ $failed -eq 0 ] && echo PASS || echo FAIL) (logs in $OUT)"
+exit $failed

@@ -1,0 +1,69 @@
+"""scripts/gpu_check.sh (`make gpu-check`) without a GPU: it parses, says in one line
+that it skips, and exits 0 (or the skip code asked for); with a stand-in interpreter
+that claims a GPU, every check prints its one line and a failing check fails the run."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+
+
+def run(env_extra: dict, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_extra}
+    return subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def test_syntax():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the script runs its checks")
+@pytest.mark.parametrize("code", ["", "77"])
+def test_without_a_gpu_one_line_and_the_skip_code(code, tmp_path):
+    t0 = time.monotonic()
+    p = run({"PYTHON": sys.executable, "GPU_CHECK_SKIP_CODE": code or "0", "GPU_CHECK_OUT": str(tmp_path / "o")})
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu-check: SKIP no CUDA GPU visible to torch"), p.stdout + p.stderr
+    assert p.returncode == int(code or 0)
+    assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "o").exists()  # nothing run, nothing written
+
+
+FAKE = r"""#!/usr/bin/env bash
+# a stand-in python: a GPU is visible, bench_memory_model fails, the rest pass
+args="$*"
+case "$args" in
+  *torch.__version__*) echo "2.13.0 12.4 True" ;;
+  *is_bf16_supported*) exit 0 ;;
+  *bench_memory_model*) echo "worst ratio 1.250 (mm10 1Mb L10, fp32)"; exit 1 ;;
+  *bench_train*) echo "  matrix-product rate 50000.0 GFLOP/s wall"; echo "  new: step 0.0500 s; floor 0.0100 s (1 GFLOP): floor ratio 0.200; its components sum to 1.10x its plain step (medians); 20.00 steps/s" ;;
+  *pytest*) echo "5 passed in 3.00s" ;;
+  *) cat >/dev/null; echo "fake $1 ok" ;;
+esac
+"""
+
+
+def test_every_check_prints_one_line_and_failures_count(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    p = run({"PYTHON": str(fake), "GPU_CHECK_OUT": str(tmp_path / "o")})
+    lines = p.stdout.splitlines()
+    checks = {ln.split()[1]: ln for ln in lines if ln.startswith("CHECK ")}
+    assert list(checks) == ["env", "mem", "attn-fp32", "attn-bf16", "train", "pytest"], p.stdout
+    assert checks["mem"].startswith("CHECK mem FAIL worst ratio 1.250"), checks["mem"]
+    assert checks["env"].startswith("CHECK env PASS fake - ok")
+    assert "PASS" in checks["train"] and "20.00 steps/s" in checks["train"] and "50000.0 GFLOP/s" in checks["train"]
+    assert checks["pytest"].startswith("CHECK pytest PASS 5 passed")
+    assert lines[-1].startswith("gpu-check: FAIL") and p.returncode == 1
+    assert (tmp_path / "o" / "mem.log").read_text().startswith("worst ratio")
