@@ -13,7 +13,7 @@ CORES ?= all
 DEMO_CONFIG ?= config/demo.yaml
 DATASET ?= demo
 
-.PHONY: install demo demo-gpu test lint bench clean-demo
+.PHONY: install demo demo-gpu test lint bench gpu-check clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)

@@ -4,10 +4,15 @@ Each query ``i`` attends to the keys ``j`` with ``|i - j| <= window`` (non-causa
 sides). Three evaluations of the same math are provided:
 
 * :func:`local_attention_banded`, the default (:func:`local_attention`): each query
-  scores only its own ``2w + 1`` window, one diagonal offset ``j - i`` at a time, so
-  work and saved activations are ``O(N * (2w + 1))`` per head (plus the ``O(N * D)``
-  inputs), whatever ``N``. Optional query chunks (strategy S3) bound its transient
-  score block to ``O(chunk * (2w + 1))``. Forward and backward are written by hand.
+  keeps only its own ``2w + 1`` scores, so work and saved activations are
+  ``O(N * (2w + 1))`` per head (plus the ``O(N * D)`` inputs), whatever ``N``. The
+  scores are computed by blocks of ``R`` queries against the ``R + 2w`` keys around
+  them, one batched matrix product per group of blocks and head
+  (:mod:`ampflow.spec.attention_blocks`), so the kernel count does not grow with ``w``
+  or ``N`` (the per-offset kernel it replaced, one band column at a time, is kept as a
+  benchmark baseline in ``scripts/attention_baselines.py``). Optional query chunks
+  (strategy S3) bound its transient block scores to ``O(chunk * (R + 2w))``. Forward
+  and backward are written by hand.
 * :func:`local_attention_full` materialises the whole ``(..., N, N)`` score matrix and
   masks it. It is the reference in the tests, and the memory problem: its saved
   activations grow as ``N**2``.
@@ -29,7 +34,8 @@ saved bytes are checked with them); the memory model as a whole is checked again
 allocator's peak (:class:`~ampflow.train.memory.AllocatorTrace`).
 
 ``flex_attention`` is not used: in torch 2.13 it has no backward on CPU and its default
-block-mask builder evaluates the full ``N x N`` grid on CPU.
+block-mask builder evaluates the full ``N x N`` grid on CPU; the blocked kernel is plain
+``bmm`` on every device.
 """
 
 from __future__ import annotations

@@ -232,8 +232,8 @@ class AllocatorTrace:
     The profiler does not report the free of a block allocated before it started, so
     everything the block frees must have been allocated inside it (a training step
     frees its gradients first: call ``zero_grad`` before entering). It costs time: a
-    few microseconds per operator, which in a step of many small operators (the banded
-    attention's per-diagonal loops) can make it up to three times slower.
+    few microseconds per operator, which in a step of many small operators (such as the
+    per-offset attention baseline's loops) can make it up to three times slower.
 
     Parameters
     ----------
