@@ -23,6 +23,8 @@ while the part's saved tensors are still alive.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from ..spec.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
@@ -157,18 +159,34 @@ def attention_transients(n: int, window: int, chunk: int | None, heads: int, hp_
     """Bytes the banded kernel (:class:`ampflow.model.attention._BandedLocalAttention`)
     allocates beyond what it keeps, at its forward's and at its backward's peak.
 
-    Forward: one group's ``(H, rows, R + 2w)`` block scores, their band copy and its
-    softmax (``2 (2w + 1)`` per row). Backward: ``dq``, ``dk`` and ``dv`` (``hp_nD``
-    elements each, ``n x D`` on this rank) and, per group, the block scores and their
-    gradient (``2 (R + 2w)`` per row) and one band copy. ``rows``: the largest group
-    (:func:`ampflow.spec.attention_blocks.largest_group_rows`).
+    ``hp_nD`` is ``n x D`` on this rank (``H`` heads of ``D_h = hp_nD / (n H)``), ``g``
+    the rows of the largest group of blocks
+    (:func:`ampflow.spec.attention_blocks.largest_group_rows`), ``R`` its block rows,
+    ``S = R + 2w`` the keys a block sees and ``W = 2w + 1`` the band. Forward: the keys
+    and values padded by ``w`` rows (``2 H (n + 2w) D_h``) and the largest of three
+    moments of a group: the block product (a copy of the queries' blocks, ``H g D_h``,
+    and of the keys' windows, ``H (g / R) S D_h``, and its ``H g S`` scores); the
+    softmax (the scores, the band and its softmax, ``2 H g W``); the weighted values
+    (the scores, the values' windows and the product). Backward: ``dq`` and the padded
+    ``dk``, ``dv``, keys and values, then a group's probabilities as block scores and
+    the gradient of its scores (``2 H g S``) beside copies of the gradient's blocks and
+    of the values' windows.
     """
+    if n <= 0:
+        return 0, 0
     width = band_width(n, window)
-    span = block_rows(n, window, chunk) + width - 1
-    rows = largest_group_rows(n, window, chunk)
-    forward = heads * rows * (span + 2 * width) * b
-    backward = 3 * hp_nD * b + heads * rows * (2 * span + width) * b
-    return forward, backward
+    w = (width - 1) // 2
+    r = block_rows(n, window, chunk)
+    span = r + 2 * w
+    g = largest_group_rows(n, window, chunk)
+    dh = hp_nD / (n * heads)
+    windows = heads * (g / r) * span * dh  # one tensor's windows of a group, copied
+    blocks = heads * g * dh  # one tensor's blocks of a group, copied
+    scores = heads * g * span
+    padded = heads * (n + 2 * w) * dh
+    forward = 2 * padded + max(blocks + windows + scores, scores + 2 * heads * g * width, scores + windows + blocks)
+    backward = hp_nD + 4 * padded + 2 * scores + blocks + windows
+    return int(math.ceil(forward * b)), int(math.ceil(backward * b))
 
 
 # ---------------------------------------------------------------- state

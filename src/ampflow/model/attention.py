@@ -40,7 +40,6 @@ block-mask builder evaluates the full ``N x N`` grid on CPU; the blocked kernel 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterator
 
@@ -313,39 +312,16 @@ def _blocks(t: Tensor, start: int, nb: int, step: int, length: int) -> Tensor:
     )
 
 
-def _leading(*ts: Tensor) -> Iterator[tuple[int, ...]]:
-    """Every index of the leading dims (all but the last three) the tensors share."""
-    return itertools.product(*map(range, ts[0].shape[:-3]))
-
-
-def _bmm(a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
-    """``a @ b`` for ``(..., nb, X, Y)`` and ``(..., nb, Y, Z)`` operands whose ``nb``
-    batch may be an overlapping strided view (the key and value windows), one
-    ``bmm`` per leading index, written into ``out`` (a view, e.g. rows of the output)
-    when given. ``matmul`` would fold the leading dims into the batch, which such a
-    view cannot do without first copying every window (twice the keys' bytes, per
-    product); ``bmm`` reads it in place (BLAS and cuBLAS take any batch stride). The
-    leading dims are the heads: a handful of products. Operands share leading dims."""
-    if out is None:
-        out = a.new_empty(*a.shape[:-1], b.shape[-1])
-    for i in _leading(a):
-        torch.bmm(a[i], b[i], out=out[i])
-    return out
-
-
-def _add_products_(padded: Tensor, s: int, r: int, left: Tensor, right: Tensor) -> None:
-    """Overlap-add the window products ``left @ right`` (``(..., nb, R + 2w, Y)`` times
-    ``(..., nb, Y, D)``; window ``j`` starts at row ``s + j R`` of ``padded``) into
-    ``padded`` without materialising them: slices of ``R`` window rows land on disjoint
-    rows of ``padded`` across the windows, so each slice is one in-place ``baddbmm_``
-    per leading index, straight into ``padded`` (deterministic, no scatter, no atomics).
-    """
-    nb, span = left.shape[-3], left.shape[-2]
+def _add_windows_(padded: Tensor, s: int, r: int, win: Tensor) -> None:
+    """Overlap-add ``win`` (``(..., nb, R + 2w, D)``, window ``j`` starting at padded row
+    ``s + j R``) into ``padded``: slices of ``R`` window rows land on disjoint rows of
+    ``padded`` across the windows, so each slice is one in-place add (two at
+    ``R >= 2w``; deterministic, no scatter, no atomics)."""
+    nb, span = win.shape[-3], win.shape[-2]
     step = span if nb == 1 else r  # one window never overlaps itself
-    for i in _leading(left):
-        for a in range(0, span, step):
-            b = min(span, a + step)
-            _blocks(padded[i], s + a, nb, r, b - a).baddbmm_(left[i][:, a:b, :], right[i])
+    for a in range(0, span, step):
+        b = min(span, a + step)
+        _blocks(padded, s + a, nb, r, b - a).add_(win[..., a:b, :])
 
 
 def _strip(full: Tensor, width: int) -> Tensor:
@@ -377,81 +353,32 @@ def _edge_mask_(scores: Tensor, s: int, n: int, w: int) -> None:
         scores[..., lo - s : hi - s, :].masked_fill_((key < 0) | (key >= n), float("-inf"))
 
 
-def _segments(s: int, nb: int, r: int, w: int, n: int) -> Iterator[tuple[int, int, int, bool]]:
-    """How a group's key windows are read.
-
-    Block ``j`` of the group at row ``s`` sees keys ``[s + j R - w, s + j R + R + w)``.
-
-    Yields
-    ------
-    j0, j1, start, inside : int, int, int, bool
-        Blocks ``[j0, j1)`` whose windows start at key row ``start = s + j0 R - w``.
-        ``inside``: every window lies within ``[0, n)``, so all of them are one strided
-        view of the keys (the interior, a single segment); otherwise one block whose
-        window crosses an end (at most ``ceil(w / R)`` at each end), read through a
-        zero-padded copy of its window.
-    """
-    j_lo = min(nb, max(0, -(-(w - s) // r)))
-    j_hi = max(j_lo, min(nb, (n - w - r - s) // r + 1))
-    for j in range(j_lo):
-        yield j, j + 1, s + j * r - w, False
-    if j_lo < j_hi:
-        yield j_lo, j_hi, s + j_lo * r - w, True
-    for j in range(j_hi, nb):
-        yield j, j + 1, s + j * r - w, False
-
-
-def _windows(t: Tensor, seg: tuple[int, int, int, bool], r: int, w: int) -> Tensor:
-    """The ``(..., j1 - j0, R + 2w, D)`` windows of ``t``'s rows for a segment of
-    :func:`_segments`: a view inside, else a copy with zero rows beyond the ends (whose
-    scores are then 0, not ``-inf``, before ``combine``: the ranks' partial sums must add
-    up; they are masked after it)."""
-    j0, j1, start, inside = seg
-    span = r + 2 * w
-    if inside:
-        return _blocks(t, start, j1 - j0, r, span)
-    lo, hi = max(start, 0), min(start + span, t.shape[-2])
-    win = t.new_zeros(*t.shape[:-2], span, t.shape[-1])
-    win[..., lo - start : hi - start, :] = t[..., lo:hi, :]
-    return win.unsqueeze(-3)
-
-
-def _add_window_products_(dt: Tensor, seg: tuple[int, int, int, bool], r: int, left: Tensor, right: Tensor) -> None:
-    """Add the segment's window gradients ``left @ right`` to the rows of ``dt`` that
-    the windows read (the rows beyond the ends of an edge window are dropped)."""
-    _, _, start, inside = seg
-    if inside:
-        _add_products_(dt, start, r, left, right)
-        return
-    win = _bmm(left, right)[..., 0, :, :]
-    lo, hi = max(start, 0), min(start + win.shape[-2], dt.shape[-2])
-    dt[..., lo:hi, :] += win[..., lo - start : hi - start, :]
-
-
 class _BandedLocalAttention(torch.autograd.Function):
     """Banded attention by blocks of queries, with a hand-written forward and backward.
 
     The queries are cut into blocks of ``R`` rows (:func:`block_rows`); block ``j``
-    scores its rows against the ``R + 2w`` keys around it, all blocks of a group in one
-    batched product per head (``(nb, R, Dk) @ (nb, Dk, R + 2w)``, the keys' windows an
-    overlapping strided view of the keys themselves; only a block whose window crosses
-    an end reads a zero-padded copy of it, see :func:`_segments`). Each row's ``2w + 1``
+    scores its rows against the ``R + 2w`` keys around it (the keys padded with ``w``
+    zero rows at each end, so every block's window is in range). A group of blocks is
+    one batched product for all heads at once: ``(..., nb, R, Dk) @ (..., nb, Dk, R +
+    2w)``, the keys' windows an overlapping strided view that the product copies into
+    one dense operand (about twice the keys' bytes, transient). Each row's ``2w + 1``
     band scores are a diagonal strip of its block (:func:`_strip`), copied out into the
     ``(..., N, 2w + 1)`` layout that the softmax, ``combine`` (S5) and the saved
     probabilities use. The weighted sum of values puts the probabilities back into a
-    zeroed block and multiplies by the values' windows, straight into the output's
-    rows. So a group of blocks costs a handful of kernels per head whatever ``w`` (the
-    per-offset kernel it replaced, ``scripts/attention_baselines.py``, launched about a
-    dozen per band column), and the products run on the dense matmul units.
+    zeroed block and multiplies by the values' windows. So a group costs a fixed
+    handful of kernels, whatever the heads, ``w`` or ``N`` (the per-offset kernel it
+    replaced, ``scripts/attention_baselines.py``, launched about a dozen per band
+    column), and the products run on the dense matmul units.
 
-    The backward does the same in reverse; ``dk`` and ``dv`` are window products added
-    in place into the gradients in ``ceil((R + 2w) / R)`` (two, at ``R >= 2w``) slices
-    whose windows do not overlap (:func:`_add_products_`): no scatter, no atomic adds,
-    deterministic on CUDA too. Saved for backward: the scaled queries, keys, values and
-    the ``(..., N, 2w + 1)`` probabilities, no mask (out-of-range keys have probability
-    exactly 0, so their gradient vanishes by itself). Transient: one group's
-    ``(..., nb, R, R + 2w)`` block scores (two in backward) and its band copies.
-    Inputs must share their leading dims.
+    The backward does the same in reverse; ``dk`` and ``dv`` come out per window and are
+    added back into padded buffers in ``ceil((R + 2w) / R)`` (two, at ``R >= 2w``)
+    slices whose windows do not overlap (:func:`_add_windows_`): no scatter, no atomic
+    adds, deterministic on CUDA too. Saved for backward: the scaled queries, keys,
+    values and the ``(..., N, 2w + 1)`` probabilities, no mask (out-of-range keys have
+    probability exactly 0, so their gradient vanishes by itself). Transient: the padded
+    keys and values, and per group its block scores, window copies and band copies
+    (:func:`ampflow.amp.memory_terms.attention_transients`, checked against the
+    allocator). Inputs must share their leading dims.
     """
 
     @staticmethod
@@ -462,14 +389,13 @@ class _BandedLocalAttention(torch.autograd.Function):
         lead = q_s.shape[:-2]
         out = q_s.new_empty(*lead, n, v.shape[-1])
         probs = q_s.new_empty(*lead, n, width)
+        # Zero rows beyond both ends: their scores are 0, not -inf, before ``combine``
+        # (the ranks' partial sums must add up); they are masked after it.
+        kp = torch.nn.functional.pad(k, (0, 0, w, w))
+        vp = torch.nn.functional.pad(v, (0, 0, w, w))
         for s, nb, r in band_groups(n, window, chunk):
-            rows = nb * r
-            full = q_s.new_empty(*lead, nb, r, r + 2 * w)
-            segments = list(_segments(s, nb, r, w, n))
-            for seg in segments:
-                j0, j1 = seg[:2]
-                q_blk = _blocks(q_s, s + j0 * r, j1 - j0, r, r)
-                _bmm(q_blk, _windows(k, seg, r, w).transpose(-2, -1), out=full[..., j0:j1, :, :])
+            rows, span = nb * r, r + 2 * w
+            full = _blocks(q_s, s, nb, r, r) @ _blocks(kp, s, nb, r, span).transpose(-2, -1)
             scores = _strip(full, width).flatten(-3, -2)  # a copy: the strip is not a view-able shape
             if combine is not None:
                 scores = combine(scores)
@@ -479,9 +405,8 @@ class _BandedLocalAttention(torch.autograd.Function):
             probs[..., s : s + rows, :] = p
             _to_strip(_strip(full.zero_(), width), p)
             del p
-            for seg in segments:
-                j0, j1 = seg[:2]
-                _bmm(full[..., j0:j1, :, :], _windows(v, seg, r, w), out=_blocks(out, s + j0 * r, j1 - j0, r, r))
+            out[..., s : s + rows, :] = (full @ _blocks(vp, s, nb, r, span)).flatten(-3, -2)
+            del full
         ctx.window, ctx.chunk, ctx.combine = window, chunk, combine
         ctx.save_for_backward(q_s, k, v, probs)
         return out
@@ -495,28 +420,26 @@ class _BandedLocalAttention(torch.autograd.Function):
         lead = probs.shape[:-2]
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
         # new_*(shape) rather than *_like: inputs may be expanded (stride-0) views, and
-        # the gradient buffers must be dense.
+        # the gradient buffers must be dense. dk and dv are accumulated padded, like the
+        # keys and values the forward read.
         dq = q_s.new_empty(q_s.shape) if need_q else None
-        dk = k.new_zeros(k.shape) if need_k else None
-        dv = v.new_zeros(v.shape) if need_v else None
+        dkp = k.new_zeros(*lead, n + 2 * w, k.shape[-1]) if need_k else None
+        dvp = v.new_zeros(*lead, n + 2 * w, v.shape[-1]) if need_v else None
+        kp = torch.nn.functional.pad(k, (0, 0, w, w)) if need_q else None
+        vp = torch.nn.functional.pad(v, (0, 0, w, w)) if (need_q or need_k) else None
         for s, nb, r in band_groups(n, ctx.window, ctx.chunk):
             rows, span = nb * r, r + 2 * w
-            segments = list(_segments(s, nb, r, w, n))
             p = probs[..., s : s + rows, :]
             g = _blocks(grad_out, s, nb, r, r)
             full = p.new_zeros(*lead, nb, r, span)
             strip = _strip(full, width)
             _to_strip(strip, p)
             if need_v:
-                for j0, j1, *rest in segments:
-                    _add_window_products_(dv, (j0, j1, *rest), r, full[..., j0:j1, :, :].transpose(-2, -1), g[..., j0:j1, :, :])
+                _add_windows_(dvp, s, r, full.transpose(-2, -1) @ g)
             if not (need_q or need_k):
                 continue
             # dL/dp on the band; the rest of each block is never read
-            dp = p.new_empty(*lead, nb, r, span)
-            for seg in segments:
-                j0, j1 = seg[:2]
-                _bmm(g[..., j0:j1, :, :], _windows(v, seg, r, w).transpose(-2, -1), out=dp[..., j0:j1, :, :])
+            dp = g @ _blocks(vp, s, nb, r, span).transpose(-2, -1)
             dp = _strip(dp, width).flatten(-3, -2)
             if ctx.combine is not None:  # dL/dp sums over every rank's value channels
                 dp = ctx.combine(dp)
@@ -524,13 +447,13 @@ class _BandedLocalAttention(torch.autograd.Function):
             ds = dp.sub_((dp * p).sum(dim=-1, keepdim=True)).mul_(p)
             _to_strip(strip, ds)
             del ds, dp
-            for seg in segments:
-                j0, j1, start, _ = seg
-                blk = full[..., j0:j1, :, :]
-                if need_q:
-                    _bmm(blk, _windows(k, seg, r, w), out=_blocks(dq, s + j0 * r, j1 - j0, r, r))
-                if need_k:
-                    _add_window_products_(dk, seg, r, blk.transpose(-2, -1), _blocks(q_s, s + j0 * r, j1 - j0, r, r))
+            if need_q:
+                dq[..., s : s + rows, :] = (full @ _blocks(kp, s, nb, r, span)).flatten(-3, -2)
+            if need_k:
+                _add_windows_(dkp, s, r, full.transpose(-2, -1) @ _blocks(q_s, s, nb, r, r))
+            del full
+        dk = dkp[..., w : w + n, :] if need_k else None
+        dv = dvp[..., w : w + n, :] if need_v else None
         return dq, dk, dv, None, None, None
 
 
