@@ -24,10 +24,21 @@ the 181 Prodigal proteins of ``../shared/data/fasta/vibrant_mixed_example_prodig
    of them); each batch counts with its best of ``--repeats`` + 1 (of all its runs where
    two schemes share it). The figure is default /
    one at a time in sequences/s, which the default rule must keep >= 1.0, printed with
-   the load average.
+   the load average. For ESM-2 also packed rows (``pack: true`` on the CPU:
+   ``plan_packed``, short sequences sharing rows of 256 tokens, block-diagonal
+   attention), which the CPU default leaves off.
 4. GPU, only when CUDA is available: tokens/s of a model of esm2_t33_650M's shape
    (1280 wide, 33 blocks, 20 heads) in float32 and under bfloat16 autocast on the same
    sorted batches, and the mean GPU utilisation the telemetry sampler saw meanwhile.
+
+5. ``--device cuda --dtype bfloat16`` (alone: parts 1-4 do not run, and nothing is read
+   from ``../shared``): per GPU, tokens/s and sequences/s of ESM-2 650M- and 3B-shaped
+   random models (``--device-shapes``; built in code from the published configs, never
+   downloaded) on synthetic inputs drawn with a seed from the real files' length
+   quantiles (:data:`LENGTH_QUANTILES`), padded and packed batches in the same run, each
+   against the floor the card's own measured bf16 matmul rate sets (2 x parameters FLOP
+   per token), with the padding fraction and peak memory. ``--device cpu --device-shapes
+   tiny`` runs the same code on the CPU (the tests do).
 
 The model is esm2_t6_8M-shaped by default (``--shape``); its weights are random, which
 does not change the work a forward pass does. CPU figures depend on what else the
@@ -39,6 +50,7 @@ Examples::
     python scripts/bench_extract.py --shape t12 --budget 8192 --repeats 5
     python scripts/bench_extract.py --skip-batching --skip-workers --shape t12   # part 3 only
     python scripts/bench_extract.py --quick   # tiny models, a few sequences: does it run
+    python scripts/bench_extract.py --device cuda --dtype bfloat16   # part 5, on a GPU node
 """
 
 from __future__ import annotations
@@ -57,9 +69,9 @@ try:
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from ampflow.extract.batching import fixed_batches, padding_fraction, plan_batches, token_budget_batches
+from ampflow.extract.batching import fixed_batches, packed_padded_tokens, padding_fraction, plan_batches, plan_packed, token_budget_batches
 from ampflow.extract.config import ExtractSettings, ModelSpec
-from ampflow.extract.models import Embedder, load_embedder
+from ampflow.extract.models import PACKABLE, Embedder, load_embedder
 from ampflow.extract.run import extract_fasta
 from ampflow.extract.telemetry import GpuSampler
 from ampflow.extract.tiny import ESM2_650M, TINY, esm2_model, write_dnabert_s, write_esm2
@@ -78,6 +90,27 @@ DNA_SHAPES = {
     "small": {"hidden": 256, "layers": 4, "heads": 4, "intermediate": 1024},
     "base": {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072},  # DNABERT-S
 }
+# Part 5's model shapes: esm2_t33_650M_UR50D and esm2_t36_3B_UR50D (their config.json)
+DEVICE_SHAPES = {
+    "tiny": TINY,
+    "650M": ESM2_650M,
+    "3B": {"hidden": 2560, "layers": 36, "heads": 40, "intermediate": 10240},
+}
+# Length quantiles (0, 5, ..., 100 %) of real inputs, letters per sequence, computed once
+# with numpy.percentile from the files of ../shared/data/fasta/ (2026-11-26) and written
+# here so that the benchmark travels without that folder: (file, sequences, quantiles).
+LENGTH_QUANTILES = {
+    # Prodigal proteins of VIBRANT's mixed example (metagenomic proteins, 31-4,254)
+    "prodigal_proteins": ("vibrant_mixed_example_prodigal.faa", 181, [31, 53, 66, 79, 89, 96, 106, 112, 116, 139, 159, 181, 208, 255, 290, 317, 365, 410, 483, 659, 4254]),
+    # UniProt proteins of the ESM examples
+    "esm_proteins": ("esm_some_proteins.fasta", 15, [71, 77, 87, 98, 99, 100, 107, 124, 142, 153, 156, 202, 304, 435, 487, 552, 613, 653, 793, 898, 935]),
+    # a phage's proteins (VIBRANT's Microviridae example)
+    "viral_proteins": ("vibrant_Microviridae_MH552510.2.faa", 12, [68, 68, 70, 79, 85, 85, 88, 93, 94, 94, 278, 461, 461, 462, 467, 470, 470, 548, 672, 694, 694]),
+    # viral DNA: VirNucPro's reads (all 298 nt) and VIBRANT's mixed genomes
+    "viral_reads": ("virnucpro_sample_viral_test.fasta", 10, [298] * 21),
+    "viral_genomes": ("vibrant_mixed_example.fasta", 10, [910, 910, 910, 1473, 2198, 3289, 4673, 5707, 6039, 6385, 6842, 7298, 7404, 7466, 11368, 17190, 21045, 22444, 30180, 60102, 90023]),
+}
+PROTEIN_SETS = ("prodigal_proteins", "esm_proteins", "viral_proteins")
 OLD_BUDGET = 4096  # the CPU's batches before plan_batches: sorted under the GPU's budget
 # the config the bench reads its proteins with: whole headers as ids (Prodigal), ESM-2's limit
 POLICY = FastaPolicy(ids="header")
@@ -96,7 +129,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-batching", action="store_true", help="leave out part 1")
     p.add_argument("--skip-workers", action="store_true", help="leave out part 2")
     p.add_argument("--quick", action="store_true", help="tiny models, 30 proteins, 1 repeat, no part 2: does it run")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="part 5 only, on this device (synthetic inputs)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="part 5's dtype (the CPU uses float32)")
+    p.add_argument("--device-shapes", default="650M,3B", help="part 5's ESM-2 shapes, of " + ", ".join(DEVICE_SHAPES))
+    p.add_argument("--device-sets", default=",".join(PROTEIN_SETS), help="part 5's input sets, of " + ", ".join(PROTEIN_SETS))
+    p.add_argument("--device-n", type=int, default=2000, help="synthetic sequences per input set in part 5")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic sequences")
     args = p.parse_args(argv)
+    for name in args.device_shapes.split(","):
+        if name not in DEVICE_SHAPES:
+            p.error(f"--device-shapes: unknown shape {name!r} (known: {', '.join(DEVICE_SHAPES)})")
+    for name in args.device_sets.split(","):
+        if name not in PROTEIN_SETS:
+            p.error(f"--device-sets: unknown input set {name!r} (known: {', '.join(PROTEIN_SETS)})")
     if args.quick:
         args.shape, args.dna_shape, args.repeats, args.skip_workers = "tiny", "tiny", 1, True
     return args
@@ -162,26 +207,42 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
         "one at a time (tokens_per_batch 1)": plan_batches(lengths, "cpu", 1, kind=emb.kind),
         f"old: sorted, token budget {OLD_BUDGET}": token_budget_batches(lengths, OLD_BUDGET),
     }
+    rows: dict[tuple, list] = {}  # packed batches: their rows
+    if emb.kind in PACKABLE:
+        packed, emb.row_tokens = plan_packed(lengths, "cpu", args.budget, kind=emb.kind)
+        schemes["packed rows (pack: true)"] = packed
+        rows = {("packed", *b): emb._rows([toks[i] for i in b]) for b in packed}
+
+    def key(name: str, b: list[int]) -> tuple:
+        return ("packed", *b) if name.startswith("packed") else tuple(b)
+
     timed(emb, toks, schemes[next(iter(schemes))][:2], 1)  # warm-up
     best: dict[tuple, float] = {}
     vecs = {name: np.empty((len(seqs), emb.dim), dtype=np.float32) for name in schemes}
     for _ in range(args.repeats + 1):
         for name, batches in schemes.items():
             for b in batches:
+                k = key(name, b)
+                members = [toks[i] for i in b]
                 t0 = time.perf_counter()
-                vecs[name][b] = emb.embed_batch([toks[i] for i in b])[emb.products[0]]
-                best[tuple(b)] = min(best.get(tuple(b), float("inf")), time.perf_counter() - t0)
-    sec = {name: sum(best[tuple(b)] for b in batches) for name, batches in schemes.items()}
+                got = emb.embed_packed(members, rows[k]) if k in rows else emb.embed_batch(members)
+                vecs[name][b] = got[emb.products[0]]
+                best[k] = min(best.get(k, float("inf")), time.perf_counter() - t0)
+    sec = {name: sum(best[key(name, b)] for b in batches) for name, batches in schemes.items()}
     print(f"{label}: {len(seqs)} sequences, {min(lengths)}-{max(lengths)} tokens (mean {np.mean(lengths):.0f})")
     print(f"  {'scheme':<38} {'batches':>7} {'padding':>8} {'seconds':>8} {'seq/s':>8} {'vs one':>7}")
     names = list(schemes)
     one = sec[names[1]]
     for name, batches in schemes.items():
         pad = padding_fraction(lengths, batches)
+        if name.startswith("packed"):
+            pad = 1 - sum(lengths) / sum(packed_padded_tokens(lengths, [[b[j] for j in r] for r in rows[key(name, b)]]) for b in batches)
         print(f"  {name:<38} {len(batches):>7} {100 * pad:>7.1f}% {sec[name]:>8.2f} {len(seqs) / sec[name]:>8.1f} {one / sec[name]:>6.2f}x")
     diff = max(float(np.abs(vecs[n] - vecs[names[1]]).max()) for n in names)
     ratio = one / sec[names[0]]
     print(f"  default / one at a time: {ratio:.3f}x sequences/s (load average {os.getloadavg()[0]:.2f}); vectors differ by <= {diff:.2g}")
+    if rows:
+        print(f"  packed / one at a time: {one / sec[names[3]]:.3f}x sequences/s")
     return ratio
 
 
@@ -249,8 +310,116 @@ def part_gpu(args, seqs) -> None:
         print(f"{dtype:>9}: {sum(lengths) / sec:>9.0f} tokens/s, {len(seqs) / sec:>7.1f} sequences/s, mean GPU utilisation {util:.0f}%")
 
 
+def synthetic_lengths(name: str, n: int, seed: int) -> np.ndarray:
+    """``n`` lengths drawn from the quantiles of :data:`LENGTH_QUANTILES` ``[name]``
+    (inverse transform, linear between quantiles): the real file's distribution, at any n."""
+    _, _, q = LENGTH_QUANTILES[name]
+    u = np.random.default_rng(seed).random(n) * 100
+    return np.rint(np.interp(u, np.linspace(0, 100, len(q)), q)).astype(int)
+
+
+def synthetic_sequences(name: str, n: int, seed: int, letters: str = "ACDEFGHIKLMNPQRSTVWY") -> list[str]:
+    """Random sequences of :func:`synthetic_lengths` (same seed, same sequences)."""
+    rng = np.random.default_rng(seed + 1)
+    alphabet = np.array(list(letters))
+    return ["".join(rng.choice(alphabet, size=int(k))) for k in synthetic_lengths(name, n, seed)]
+
+
+def matmul_rate(device: str, dtype, size: int) -> float:
+    """The card's measured matmul FLOP/s in ``dtype`` (square products of ``size``): the
+    rate the model's floor is set against, not the data sheet's."""
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    reps = 20 if device == "cuda" else 3
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    sync(device)
+    return 2 * size**3 * reps / (time.perf_counter() - t0)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def part_device(args) -> list[dict]:
+    """Part 5: per shape and input set, padded and packed, median of ``--repeats`` runs of
+    ``Embedder.embed`` (the extraction's own batching), against the matmul floor."""
+    import torch
+    from transformers import AutoTokenizer
+
+    device = args.device
+    dtype = args.dtype if device == "cuda" else "float32"
+    tdtype = getattr(torch, dtype)
+    if device == "cuda" and not torch.cuda.is_available():
+        print("part 5: --device cuda but CUDA is not available; nothing measured")
+        return []
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+    rate = matmul_rate(device, tdtype, 8192 if device == "cuda" else 512)
+    print(f"\n5. {name}, {dtype}: measured matmul rate {rate / 1e12:.3g} TFLOP/s; median of {args.repeats} run(s); seed {args.seed}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = AutoTokenizer.from_pretrained(str(write_esm2(Path(tmp) / "vocab", seed=0)), local_files_only=True)
+    print(f"{'shape':<6} {'input set':<18} {'batches':<7} {'seqs':>6} {'tokens':>9} {'padding':>8} {'seconds':>8} "
+          f"{'tokens/s':>10} {'seq/s':>8} {'floor s':>8} {'of floor':>8} {'peak MiB':>9}")  # fmt: skip
+    rows = []
+    for shape_name in args.device_shapes.split(","):
+        shape = DEVICE_SHAPES[shape_name]
+        with torch.device(device):
+            model = esm2_model(0, **shape).to(tdtype)
+        # 2 x parameters FLOP per token: the blocks' weights (the embedding is a lookup)
+        params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embeddings."))
+        for set_name in args.device_sets.split(","):
+            seqs = [s[:1022] for s in synthetic_sequences(set_name, args.device_n, args.seed)]
+            for pack in (False, True):
+                emb = Embedder("esm2", model, tokenizer, [shape["layers"]], device=device, dtype=dtype, pack=pack)
+                emb.embed(seqs[:8])  # warm-up
+                runs = []
+                for _ in range(args.repeats):
+                    base = 0
+                    if device == "cuda":
+                        sync(device)
+                        torch.cuda.reset_peak_memory_stats()
+                        base = torch.cuda.memory_allocated()
+                    t0 = time.perf_counter()
+                    _, stats = emb.embed(seqs)
+                    sync(device)
+                    sec = time.perf_counter() - t0
+                    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device == "cuda" else float("nan")
+                    runs.append((sec, peak, stats))
+                sec = float(np.median([r[0] for r in runs]))
+                peak = max(r[1] for r in runs)
+                stats = runs[0][2]
+                floor = 2 * params * stats["tokens"] / rate
+                row = {
+                    "shape": shape_name, "set": set_name, "pack": pack, "sequences": len(seqs), "tokens": stats["tokens"],
+                    "padding": 1 - stats["tokens"] / stats["padded_tokens"], "seconds": sec, "tokens_per_s": stats["tokens"] / sec,
+                    "sequences_per_s": len(seqs) / sec, "floor_seconds": floor, "of_floor": floor / sec, "peak_mib": peak,
+                }  # fmt: skip
+                rows.append(row)
+                print(f"{shape_name:<6} {set_name:<18} {'packed' if pack else 'padded':<7} {len(seqs):>6} {stats['tokens']:>9} "
+                      f"{100 * row['padding']:>7.1f}% {sec:>8.2f} {row['tokens_per_s']:>10.0f} {row['sequences_per_s']:>8.1f} "
+                      f"{floor:>8.2f} {100 * row['of_floor']:>7.1f}% {peak:>9.0f}")  # fmt: skip
+            padded, packed = rows[-2], rows[-1]
+            print(f"{shape_name:<6} {set_name:<18} packed / padded: {padded['seconds'] / packed['seconds']:.2f}x sequences/s")
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.device:
+        part_device(args)
+        return 0
     if not args.fasta.is_file():
         print(f"bench_extract: {args.fasta} not found (the shared data folder is absent); nothing measured")
         return 0

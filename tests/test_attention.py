@@ -26,6 +26,7 @@ from ampflow.parallel.collectives import group_sum
 from ampflow.train.memory import SavedTensorBytes, saved_activation_bytes
 from conftest import load_script
 from dist_helpers import run_world
+from largest_output import LargestOutput
 
 F64 = torch.float64
 
@@ -221,31 +222,16 @@ def test_shape_mismatch_is_rejected():
         local_attention_chunked(q, k[..., :1], v, 2, 4)
 
 
-class _LargestOutput(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an aten op returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_chunked_never_builds_an_n_by_n_tensor():
     n, w, c, heads, d = 600, 10, 32, 2, 4
     q, k, v, grad_out = _inputs(n, heads, d, d, seed=1, dtype=torch.float32)
-    with _LargestOutput() as seen:
+    with LargestOutput() as seen:
         out = local_attention_chunked(q, k, v, w, c)
         out.backward(grad_out)
     # Forward and backward alike: nothing beyond one score block or one (H, N, D) tensor.
     assert seen.largest <= max(heads * c * (c + 2 * w), heads * n * d)
     assert seen.largest < n * n
-    with _LargestOutput() as seen_full:
+    with LargestOutput() as seen_full:
         local_attention_full(q, k, v, w).backward(grad_out)
     assert seen_full.largest >= heads * n * n  # the check above can see an N x N tensor
 
@@ -476,7 +462,7 @@ def test_banded_never_builds_anything_n_by_window_by_d():
     n, w, c, heads, d = 600, 10, 32, 2, 4
     q, k, v, grad_out = _inputs(n, heads, d, d, seed=1, dtype=torch.float32)
     for chunk in (None, c):
-        with _LargestOutput() as seen:
+        with LargestOutput() as seen:
             local_attention_banded(q, k, v, w, chunk).backward(grad_out)
         # nothing beyond one (H, N + 2w, D) padded tensor or the (H, N, R + 2w) block
         # scores (R = block_rows <= max(2w, 16), so at most twice the probabilities):

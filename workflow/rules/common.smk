@@ -363,11 +363,12 @@ def tiny_model_folder(model):
 
 
 def extract_model_input(model):
-    """The model folder when the workflow builds it or it is local (re-run on change)."""
+    """The model folder (or ESM C weights file) when the workflow builds it or it is
+    local (re-run on change)."""
     spec = EXTRACT_MODELS[model]
     if spec.tiny:
         return tiny_model_folder(model)
-    return spec.source if Path(spec.source).is_dir() else []
+    return spec.source if Path(spec.source).exists() else []
 
 
 def extract_folder_arg(model):

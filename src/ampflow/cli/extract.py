@@ -56,7 +56,7 @@ def cmd_tiny_model(a):
 
 def add_commands(sub) -> None:
     """Add this group's subcommands to the ``ampflow`` parser."""
-    s = sub.add_parser("extract", help="embed FASTA files with one ESM-2 or DNABERT-S model (one queue, worker pool, vector cache)")
+    s = sub.add_parser("extract", help="embed FASTA files with one ESM-2, DNABERT-S or ESM C model (one queue, worker pool, vector cache)")
     s.add_argument("--input", action="append", required=True, metavar="NAME=FASTA", help="an input FASTA and its name (repeat)")
     s.add_argument("--policies", default="", help="per-input FASTA policy keys as JSON {name: {key: value}} (over extract.fasta)")
     s.add_argument("--model-name", required=True, help="the model's name in the config (recorded in the outputs)")
@@ -81,8 +81,8 @@ def add_commands(sub) -> None:
     s.add_argument("--tokens", default=None, help="per-token vectors (.h5; per_token)")
     s.set_defaults(func=cmd_extract_outputs)
 
-    s = sub.add_parser("tiny-model", help="write a tiny randomly initialised ESM-2 or DNABERT-S-shaped model folder")
-    s.add_argument("--kind", required=True, choices=["esm2", "dnabert_s"])
+    s = sub.add_parser("tiny-model", help="write a tiny randomly initialised ESM-2, DNABERT-S or ESM C-shaped model folder")
+    s.add_argument("--kind", required=True, choices=["esm2", "dnabert_s", "esmc"])
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_tiny_model)

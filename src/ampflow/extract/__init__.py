@@ -5,6 +5,7 @@ the queue of what the cache lacks, ``pool`` and ``worker`` run one model per GPU
 workers) over the chunks, ``batching`` plans batches per device and splits those that run
 out of memory, ``cache`` stores every vector by sequence and model (the resume and the
 reuse across files), ``markers`` rebuilds the progress from the shards' markers,
-``weights``, ``models`` and ``dnabert`` load ESM-2 and DNABERT-S, ``merge`` writes each
-input's AnnData, ``telemetry`` samples the GPUs, ``run`` ties one model's job together.
+``weights``, ``models``, ``dnabert`` and ``esmc`` load ESM-2, DNABERT-S and ESM C,
+``merge`` writes each input's AnnData, ``telemetry`` samples the GPUs, ``run`` ties one
+model's job together.
 """

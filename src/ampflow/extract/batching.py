@@ -4,6 +4,8 @@
 a token budget and an attention budget; on the CPU batches of short, near-equal
 sequences only (see :data:`CPU_SHORT_TOKENS` for why). :func:`embed_with_backoff` runs
 a plan and halves any batch that runs out of GPU memory, down to one sequence.
+:func:`plan_packed` and :func:`pack_rows` plan packed batches instead (several sequences
+per row, ``extract.models.pack``).
 """
 
 from __future__ import annotations
@@ -184,3 +186,96 @@ def embed_with_backoff(
     for k, b in enumerate(batches):
         run(k, b, 0)
     return out, splits
+
+
+# ---------------------------------------------------------------- packing
+# Row length of a packed batch on a GPU: ESM-2's longest input, so a row's attention
+# (row^2 per head, masked across sequences but still computed) is at most that of one
+# ESM-2 sequence of full length, and the attention budget bounds rows as it bounds rows
+# of a padded batch.
+PACK_ROW_TOKENS = REFERENCE_TOKENS
+
+
+def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: positions into ``lengths`` grouped into rows of at most
+    ``max(capacity, longest)`` tokens, each row's members longest first (ties in input
+    order). Padding is left only at the end of rows, where nothing else fit."""
+    cap = max([capacity, *lengths]) if lengths else capacity
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(cap - lengths[i])
+    return rows
+
+
+def packed_padded_tokens(lengths: list[int], rows: list[list[int]]) -> int:
+    """Token positions a packed batch computes: rows x its longest row."""
+    return len(rows) * max(sum(lengths[i] for i in r) for r in rows) if rows else 0
+
+
+def plan_packed(
+    lengths: list[int], device: str, tokens_per_batch: int, attention_per_batch: int | None = None, kind: str | None = None
+) -> tuple[list[list[int]], int]:
+    """Batches of indices into ``lengths`` for packed rows, and the row length: each batch
+    is later packed by :func:`pack_rows` (so that a half of a batch that ran out of
+    memory is packed again on its own).
+
+    GPU: length-sorted, a batch closed when its sequences would fill more than
+    ``tokens_per_batch`` tokens in rows of :data:`PACK_ROW_TOKENS`, or its rows more than
+    ``attention_per_batch`` (default ``tokens_per_batch x`` :data:`REFERENCE_TOKENS`)
+    attention elements per head; sequences longer than a row have rows of their own.
+    CPU: only sequences of at most :data:`CPU_SHORT_TOKENS` share a row (one row a
+    batch, at most ``min(tokens_per_batch,`` :data:`CPU_TOKENS_PER_BATCH` ``)`` tokens):
+    longer ones run alone, which is never slower there (see the measurements above).
+    """
+    if device == "cpu":
+        row = min(tokens_per_batch, CPU_TOKENS_PER_BATCH)
+        short = CPU_SHORT_TOKENS.get(kind, min(CPU_SHORT_TOKENS.values()))
+        order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        batches: list[list[int]] = []
+        cur: list[int] = []
+        for i in order:
+            if cur and not (lengths[i] <= short and sum(lengths[j] for j in cur) + lengths[i] <= row and lengths[cur[0]] <= short):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+        return batches, row
+    row = PACK_ROW_TOKENS
+    if attention_per_batch is None:
+        attention_per_batch = tokens_per_batch * REFERENCE_TOKENS
+    # Members come longest first, so first-fit decreasing of a batch plus its next
+    # member is the batch's packing plus that member in the first row with room: the
+    # rows are kept as they grow (what pack_rows would give each batch, in O(rows)).
+    batches = []
+    cur: list[int] = []
+    free: list[int] = []
+    fill: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        if cur:
+            r = next((r for r, room in enumerate(free) if n <= room), len(free))
+            rows = len(free) + (r == len(free))
+            s = max(max(fill), n if r == len(free) else fill[r] + n)
+            if rows * s <= tokens_per_batch and rows * s * s <= attention_per_batch:
+                if r == len(free):
+                    free.append(max(row, lengths[cur[0]]) - n)
+                    fill.append(n)
+                else:
+                    free[r] -= n
+                    fill[r] += n
+                cur.append(i)
+                continue
+            batches.append(cur)
+        cur, free, fill = [i], [max(row, n) - n], [n]
+    if cur:
+        batches.append(cur)
+    return batches, row

@@ -7,17 +7,19 @@ from dataclasses import asdict, dataclass, field
 from ..io.errors import InputError, reject_unknown_keys
 from ..io.fasta import DNA, PROTEIN, Alphabet, FastaPolicy
 
-KINDS = ("esm2", "dnabert_s")
-ALPHABETS = {"esm2": PROTEIN, "dnabert_s": DNA}
+KINDS = ("esm2", "dnabert_s", "esmc")
+ALPHABETS = {"esm2": PROTEIN, "dnabert_s": DNA, "esmc": PROTEIN}
 # letters a model reads at most, when the config leaves max_length null: ESM-2 was
 # trained on 1022 residues + 2 special tokens; DNABERT-S (ALiBi) has no hard limit, but
-# attention memory grows with the square of the length
-DEFAULT_MAX_LENGTH = {"esm2": 1022, "dnabert_s": 10000}
+# attention memory grows with the square of the length; ESM C (rotary, no position
+# table) has no hard limit either: 2046 letters + <cls>/<eos> = 2048 tokens (a hosted
+# ESM C API, biolm.ai, takes up to 2048 letters; the training context is not checked here)
+DEFAULT_MAX_LENGTH = {"esm2": 1022, "dnabert_s": 10000, "esmc": 2046}
 # mean: over the sequence's own tokens (fair-esm's mean_representations); mean_special:
 # special tokens too (DNABERT-S's model card: torch.mean(hidden_states[0], dim=0));
 # bos: the first token (<cls> / [CLS], fair-esm's bos_representations)
 POOLINGS = ("mean", "mean_special", "bos")
-DEFAULT_POOLING = {"esm2": "mean", "dnabert_s": "mean_special"}
+DEFAULT_POOLING = {"esm2": "mean", "dnabert_s": "mean_special", "esmc": "mean"}
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -36,31 +38,37 @@ class ModelSpec:
     """One feature model (an entry of ``extract.models``).
 
     kind
-        ``esm2`` (transformers ``EsmModel``) or ``dnabert_s`` (our MosaicBERT/ALiBi code).
+        ``esm2`` (transformers ``EsmModel``), ``dnabert_s`` (our MosaicBERT/ALiBi code) or
+        ``esmc`` (EvolutionaryScale's ESM C, our code: :mod:`~ampflow.extract.esmc`).
     source
-        A local folder or a hub name present in the local hub cache (nothing is downloaded).
+        A local folder or a hub name present in the local hub cache (nothing is
+        downloaded); for ``esmc`` also the weights file itself (``esmc_300m_2024_12_v0.pth``).
     tiny
         The workflow builds a tiny randomly initialised model of this kind into
         ``resources/models/{name}`` (demo and tests); ``source`` is then that folder.
     layer
         Hidden state(s) to pool, one int or a list computed in one pass: 0 = embeddings,
         n = after block n, negative counts from the end (-1 = the last block, after ESM-2's
-        final layer norm). The first is the output's ``X``, the others ``obsm``.
+        and ESM C's final layer norm). The first is the output's ``X``, the others ``obsm``.
     pooling
         One of, or a list of: ``mean`` over sequence tokens (no special tokens, no padding),
         ``mean_special`` (special tokens included), ``bos`` (the first token, ``<cls>`` /
-        ``[CLS]``). Default: ``mean`` for ESM-2 (fair-esm's mean representation),
-        ``mean_special`` for DNABERT-S (its model card's mean over every token).
+        ``[CLS]``). Default: ``mean`` for ESM-2 (fair-esm's mean representation) and
+        ESM C, ``mean_special`` for DNABERT-S (its model card's mean over every token).
     per_token
         Also write every sequence token's vector per layer (``{name}.{model}.tokens.h5``).
     max_length
-        Letters per sequence the model reads (null: 1022 for ESM-2, 10000 for DNABERT-S);
-        longer ones follow ``extract.fasta.too_long``.
+        Letters per sequence the model reads (null: 1022 for ESM-2, 10000 for DNABERT-S,
+        2046 for ESM C); longer ones follow ``extract.fasta.too_long``.
     tokens_per_batch
         Token budget of one batch (padded length x sequences) over length-sorted sequences.
     attention_per_batch
         Budget of attention elements per head (sequences x padded length squared) of one
         batch; null: the batch planner's default (see ``batching.plan_batches``).
+    pack
+        ``true``: several sequences share a row of a batch, each attending only to
+        itself, positions from 0 (``esm2``, ``esmc``): no padding but at row ends.
+        Off by default (see ``models.Embedder`` for why).
     dtype
         Compute dtype on GPU: the weights are loaded in it (bfloat16/float16 halve the
         memory) and it runs under autocast; the CPU always uses float32.
@@ -76,6 +84,7 @@ class ModelSpec:
     tokens_per_batch: int = 4096
     attention_per_batch: int | None = None
     dtype: str = "bfloat16"
+    pack: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -98,6 +107,8 @@ class ModelSpec:
             raise InputError(f"must be one of {', '.join(DTYPES)}", key="extract.models.dtype", value=self.dtype)
         if self.max_length is not None and self.max_length < 1:
             raise InputError("must be >= 1 (or null)", key="extract.models.max_length", value=self.max_length)
+        if self.pack not in (True, False) or (self.pack is True and self.kind == "dnabert_s"):
+            raise InputError("must be true or false (true only for esm2 and esmc)", key="extract.models.pack", value=self.pack)
         if self.tokens_per_batch < 1:
             raise InputError("must be >= 1", key="extract.models.tokens_per_batch", value=self.tokens_per_batch)
 
@@ -141,8 +152,10 @@ class ExtractSettings:
         The content-addressed vector cache (``cache.py``); may be shared by several
         workflows and jobs. Empty: ``cache`` in the extraction's output folder.
     deadline, load_deadline
-        Seconds a worker may stay silent computing a batch, or loading its model, before
-        it is killed and replaced (its chunk goes back to the queue).
+        Seconds a worker may go without progress (a finished batch; while loading, modules
+        imported and bytes read) computing a chunk, or loading its model, before it is
+        killed and replaced (its chunk goes back to the queue). Counted from its last
+        progress, not its start: a slow load that keeps reading is never killed.
     """
 
     sequences_per_file: int = 10000

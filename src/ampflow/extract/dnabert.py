@@ -10,8 +10,10 @@ loads as is:
 
 * embeddings: word + token type (no positions: ALiBi), LayerNorm;
 * per layer: fused ``Wqkv``, attention with bias ``-slope_h * |i - j|`` plus a padding
-  mask, output projection + residual + LayerNorm, gated GELU MLP (``gated_layers``
-  without bias, ``wo``) + residual + LayerNorm (post-LN throughout);
+  mask (the bias shared by the batch, the mask per sequence, combined a few heads at a
+  time: see :meth:`BertSelfAttention.forward`), output projection + residual +
+  LayerNorm, gated GELU MLP (``gated_layers`` without bias, ``wo``) + residual +
+  LayerNorm (post-LN throughout);
 * a CLS pooler, as the checkpoint has one (never run: :func:`load_dnabert` neither
   builds nor reads it).
 
@@ -73,6 +75,10 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return power_of_2(closest) + alibi_slopes(2 * closest)[0::2][: n_heads - closest]
 
 
+# see BertEncoder.bias_elements
+BIAS_ELEMENTS = 1 << 24
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: DnabertConfig):
         super().__init__()
@@ -92,12 +98,36 @@ class BertSelfAttention(nn.Module):
         self.heads = cfg.num_attention_heads
         self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """x: (B, S, D); bias: (B, H, S, S) additive (ALiBi + padding). Returns (B, S, D)."""
+    def forward(self, x: torch.Tensor, bias: "AttentionBias") -> torch.Tensor:
+        """x: (B, S, D); bias: the batch's shared ALiBi and key padding. Returns (B, S, D).
+
+        Without padding the (1, H, S, S) ALiBi goes to attention as is, broadcast over the
+        batch. With padding, ALiBi and the padded keys must be one additive mask per
+        sequence, (B, heads, S, S): it is built a few heads at a time
+        (:attr:`AttentionBias.elements` at most), never for every head of every sequence
+        at once, and in the compute dtype. It is rebuilt in every block (memory traffic
+        of one masked_fill, no matmul): keeping it across blocks would hold what this
+        avoids. Under the planner's default attention budget (B x S^2 <= 2^22) every
+        head fits one call, as before.
+        """
         b, s, d = x.shape
         qkv = self.Wqkv(x).view(b, s, 3, self.heads, d // self.heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, S, Dh)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+        alibi = bias.alibi if bias.alibi.dtype == q.dtype else bias.alibi.to(q.dtype)
+        if bias.key_pad is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=alibi)
+        else:
+            step = bias.heads_per_call(b, s, self.heads)
+            out = torch.cat(
+                [
+                    F.scaled_dot_product_attention(
+                        q[:, h : h + step], k[:, h : h + step], v[:, h : h + step],
+                        attn_mask=alibi[:, h : h + step].masked_fill(bias.key_pad, float("-inf")),
+                    )  # fmt: skip
+                    for h in range(0, self.heads, step)
+                ],
+                dim=1,
+            )
         return out.transpose(1, 2).reshape(b, s, d)
 
 
@@ -117,7 +147,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: "AttentionBias") -> torch.Tensor:
         return self.output(self.self(x, bias), x)
 
 
@@ -141,7 +171,7 @@ class BertLayer(nn.Module):
         self.attention = BertAttention(cfg)
         self.mlp = BertGatedLinearUnitMLP(cfg)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: "AttentionBias") -> torch.Tensor:
         return self.mlp(self.attention(x, bias))
 
 
@@ -150,15 +180,38 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.register_buffer("slopes", torch.tensor(alibi_slopes(cfg.num_attention_heads)), persistent=False)
+        # The most elements of a padded batch's additive mask built at once (2^24: 32 MiB
+        # in bfloat16): attention is called on as many heads at a time as fit, so a
+        # batch's mask costs this much, not B x H x S^2; more heads a call only saves
+        # kernel launches, which matter for short sequences, and those fit whole.
+        self.bias_elements = BIAS_ELEMENTS
 
-    def attention_bias(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, S) 1/0 mask -> (B, H, S, S) bias: -slope_h |i - j|, -inf at padded keys."""
+    def attention_bias(self, attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> "AttentionBias":
+        """(B, S) 1/0 mask -> the ALiBi ``-slope_h |i - j|`` as one (1, H, S, S) tensor in
+        ``dtype`` shared by every sequence, and the padded keys as a (B, 1, 1, S) boolean
+        (None when nothing is padded): B times smaller than the (B, H, S, S) float32 sum
+        this once built, which a batch of 64 DNABERT-S reads of 2,000 tokens made 11 GiB."""
         s = attention_mask.shape[1]
         pos = torch.arange(s, device=attention_mask.device)
-        alibi = -self.slopes.float()[:, None, None] * (pos[None, :] - pos[:, None]).abs()  # (H, S, S)
-        pad = torch.zeros(attention_mask.shape, dtype=torch.float32, device=attention_mask.device)
-        pad = pad.masked_fill(attention_mask == 0, float("-inf"))
-        return alibi[None] + pad[:, None, None, :]
+        # float32 first, then rounded once to the compute dtype (as the sum was)
+        alibi = (-self.slopes.float()[:, None, None] * (pos[None, :] - pos[:, None]).abs())[None].to(dtype)
+        pad = attention_mask == 0
+        key_pad = pad[:, None, None, :] if bool(pad.any()) else None
+        return AttentionBias(alibi, key_pad, self.bias_elements)
+
+
+class AttentionBias:
+    """What every attention block of one batch shares: ALiBi ``alibi`` (1, H, S, S) and
+    the padded keys ``key_pad`` (B, 1, 1, S) bool, or None without padding."""
+
+    def __init__(self, alibi: torch.Tensor, key_pad: torch.Tensor | None, elements: int):
+        self.alibi = alibi
+        self.key_pad = key_pad
+        self.elements = elements
+
+    def heads_per_call(self, batch: int, length: int, heads: int) -> int:
+        """Heads whose (B, heads, S, S) padded bias fits in :attr:`elements` (at least one)."""
+        return max(1, min(heads, self.elements // (batch * length * length)))
 
 
 class BertPooler(nn.Module):
@@ -187,7 +240,9 @@ class DnabertModel(nn.Module):
         one pass that stops at the deepest one."""
         x = self.embeddings(input_ids)
         out = {0: x} if 0 in layers else {}
-        bias = self.encoder.attention_bias(attention_mask)
+        dev = x.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        bias = self.encoder.attention_bias(attention_mask, dtype)
         for i, block in enumerate(self.encoder.layer[: max(layers)], start=1):
             x = block(x, bias)
             if i in layers:

@@ -1,4 +1,4 @@
-"""Model loading (ESM-2, DNABERT-S) and batched, pooled inference.
+"""Model loading (ESM-2, DNABERT-S, ESM C) and batched, pooled inference.
 
 :class:`Embedder` holds one model and its tokenizer on one device. Sequences are
 tokenized once, grouped into length-sorted batches under a token budget, run under
@@ -25,11 +25,16 @@ from .config import ModelSpec
 log = logging.getLogger(__name__)
 
 
-def resolve_source(source: str) -> Path:
-    """A model folder: ``source`` itself, or its snapshot in the local hub cache."""
+def resolve_source(source: str, kind: str = "esm2") -> Path:
+    """A model folder: ``source`` itself, or its snapshot in the local hub cache; for
+    ``esmc`` also a weights file (EvolutionaryScale's ``.pth``)."""
     p = Path(source)
     if p.is_dir():
         return p
+    if p.is_file():
+        if kind == "esmc":
+            return p
+        raise InputError(f"a file; a {kind} model is a folder (config.json, weights, vocabulary)", key="extract.models.source", value=source)
     try:
         from huggingface_hub import snapshot_download
 
@@ -44,7 +49,14 @@ def resolve_source(source: str) -> Path:
 
 def _model_files(folder: Path):
     """(name relative to the folder, path) of the model's files, sorted; hidden ones
-    (a hub cache's .locks, editors' files) left out."""
+    (a hub cache's .locks, editors' files) left out. A file (ESM C's weights) is its
+    own one file, with the ``config.json`` that gives its shape, if any."""
+    if folder.is_file():
+        from .esmc import config_file
+
+        config = config_file(folder)
+        yield from ([("config.json", config)] if config is not None else []) + [(folder.name, folder)]
+        return
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder)
         if p.is_file() and not any(part.startswith(".") for part in rel.parts):
@@ -86,8 +98,14 @@ def cached_fingerprint(folder, work) -> str:
     return digest
 
 
-def model_shape(folder) -> tuple[int, int]:
-    """Number of transformer blocks and hidden size, from the folder's ``config.json``."""
+def model_shape(folder, kind: str = "esm2") -> tuple[int, int]:
+    """Number of transformer blocks and hidden size, from the folder's ``config.json``
+    (ESM C: :func:`~ampflow.extract.esmc.read_config`, which may read the weights' shapes)."""
+    if kind == "esmc":
+        from .esmc import read_config
+
+        cfg = read_config(folder)
+        return cfg.n_layers, cfg.d_model
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise InputError("model folder has no config.json", path=folder)
@@ -101,6 +119,11 @@ def resolve_layer(layer: int, n_layers: int) -> int:
     if not 0 <= idx <= n_layers:
         raise InputError(f"the model has layers 0..{n_layers} (or -1..-{n_layers + 1})", key="extract.models.layer", value=layer)
     return idx
+
+
+# the kinds whose sequences can share a row: rotary positions restart per sequence
+# (DNABERT-S's ALiBi bias would need a per-row bias, which it was rewritten to avoid)
+PACKABLE = ("esm2", "esmc")
 
 
 @dataclass
@@ -124,12 +147,14 @@ class Embedder:
     Parameters
     ----------
     kind
-        ``esm2`` or ``dnabert_s``.
+        ``esm2``, ``dnabert_s`` or ``esmc``.
     model
-        transformers ``EsmModel`` (blocks already cut to the deepest layer) or
-        :class:`~ampflow.extract.dnabert.DnabertModel`.
+        transformers ``EsmModel`` (blocks already cut to the deepest layer),
+        :class:`~ampflow.extract.dnabert.DnabertModel` or
+        :class:`~ampflow.extract.esmc.EsmcModel` (each cut likewise).
     tokenizer
-        The folder's transformers tokenizer.
+        The folder's transformers tokenizer, or ESM C's
+        :class:`~ampflow.extract.esmc.EsmcTokenizer`.
     layers
         Hidden states to pool (each 0..n_layers), all from one pass.
     poolings
@@ -140,11 +165,21 @@ class Embedder:
         ``cpu``/``cuda``; ``float32``/``bfloat16``/``float16`` (autocast, CUDA only).
     tokens_per_batch, attention_per_batch
         The batch budgets (:func:`~ampflow.extract.batching.plan_batches`).
+    pack
+        Pack several sequences into one row of a batch (``esm2``, ``esmc``), each seeing
+        only itself (a block-diagonal attention mask) with its rotary positions from 0,
+        so that padding is left only at the ends of rows
+        (:func:`~ampflow.extract.batching.plan_packed`). Off by default: on the CPU the
+        batch rule already pads little (it runs long sequences alone) and packed rows
+        measured no faster (``scripts/bench_extract.py``, part 3); on GPUs, where rows
+        of 1024 tokens trade padding for attention across the row, it is not yet
+        measured (part 5 runs both in one run).
     """
 
     def __init__(
         self, kind: str, model, tokenizer, layers: list[int], poolings: list[str] = ("mean",), per_token: bool = False,
         device: str = "cpu", dtype: str = "float32", tokens_per_batch: int = 4096, attention_per_batch: int | None = None,
+        pack: bool = False,
     ):  # fmt: skip
         import torch
 
@@ -159,6 +194,12 @@ class Embedder:
         self.dtype = dtype if device.startswith("cuda") else "float32"
         self.tokens_per_batch = tokens_per_batch
         self.attention_per_batch = attention_per_batch
+        if pack not in (True, False):
+            raise InputError("must be true or false", key="extract.models.pack", value=pack)
+        if pack and kind not in PACKABLE:
+            raise InputError(f"packing is for {', '.join(PACKABLE)} (rotary positions), not {kind}", key="extract.models.pack", value=pack)
+        self.pack = pack
+        self.row_tokens = 1024  # the plan's row length (plan_packed) replaces it
         self.pad_id = tokenizer.pad_token_id
         self.dim = model.config.hidden_size
         self._autocast = None if self.dtype == "float32" else getattr(torch, self.dtype)
@@ -168,7 +209,7 @@ class Embedder:
         self.inject_oom_above: int | None = None
         from transformers import EsmTokenizer
 
-        if isinstance(tokenizer, EsmTokenizer):
+        if isinstance(tokenizer, EsmTokenizer) or getattr(tokenizer, "char_level", False):
             # one token per letter: a dict lookup gives the tokenizer's own ids, without
             # its slow per-sequence splitting (checked in the tests)
             self._char_vocab = tokenizer.get_vocab()
@@ -183,8 +224,12 @@ class Embedder:
         return [Tokenized(ids, [not m for m in mask]) for ids, mask in zip(enc["input_ids"], enc["special_tokens_mask"])]
 
     # ---------------------------------------------------------------- forward
-    def _hidden(self, ids, mask) -> dict:
-        """Hidden states of every asked layer, from one forward pass."""
+    def _hidden(self, ids, mask, positions=None) -> dict:
+        """Hidden states of every asked layer, from one forward pass. Packed rows
+        (``positions`` given): ``mask`` numbers each row's sequences 1, 2, ... (0 at
+        padding) and ``positions`` counts each sequence's tokens from 0."""
+        if positions is not None:
+            return self._hidden_packed(ids, mask, positions)
         if self.kind == "esm2":
             deepest = max(self.layers)
             out = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=deepest > 0)
@@ -193,6 +238,91 @@ class Embedder:
             # LayerNorm only when nothing was cut (as fair-esm's last representation)
             return {layer: out.last_hidden_state if layer == deepest else out.hidden_states[layer] for layer in self.layers}
         return self.model.hidden_states(ids, mask, self.layers)
+
+    def _hidden_packed(self, ids, segments, positions) -> dict:
+        if self.kind == "esmc":
+            return self.model.hidden_states(ids, segments, self.layers, positions=positions)
+        import torch
+
+        # ESM-2 (transformers EsmModel): its embeddings take the 0/1 mask (they zero
+        # padding; token dropout rescales by the row's share of <mask>, which is why a
+        # sequence holding <mask> never shares a row: see _rows); the encoder takes a
+        # prepared 4D mask as is and the rotary positions as position_ids
+        real = (segments > 0).long()
+        emb = self.model.embeddings(input_ids=ids, attention_mask=real)
+        see = (segments[:, :, None] == segments[:, None, :])[:, None]  # padding sees padding: no empty row
+        if self.model.config._attn_implementation != "sdpa":  # eager adds the mask
+            see = torch.zeros(see.shape, dtype=emb.dtype, device=see.device).masked_fill(~see, torch.finfo(emb.dtype).min)
+        deepest = max(self.layers)
+        out = self.model(inputs_embeds=emb, attention_mask=see, position_ids=positions, output_hidden_states=deepest > 0)
+        return {layer: out.last_hidden_state if layer == deepest else out.hidden_states[layer] for layer in self.layers}
+
+    def _rows(self, batch: list[Tokenized]) -> list[list[int]]:
+        """Packed rows of a batch (positions into it): first-fit decreasing into rows of
+        the plan's length; with ESM-2's token dropout, a sequence holding ``<mask>``
+        has a row of its own (the rescaling is by the row's share of <mask>)."""
+        from .batching import pack_rows
+
+        mask_id = getattr(self.tokenizer, "mask_token_id", None)
+        alone = [j for j, t in enumerate(batch) if self.kind == "esm2" and mask_id is not None and mask_id in t.ids]
+        rest = [j for j in range(len(batch)) if j not in set(alone)]
+        rows = [[rest[k] for k in r] for r in pack_rows([len(batch[j].ids) for j in rest], self.row_tokens)]
+        return rows + [[j] for j in alone]
+
+    def embed_packed(self, batch: list[Tokenized], rows: list[list[int]]) -> dict:
+        """:meth:`embed_batch` for sequences packed into ``rows`` (lists of positions into
+        ``batch``): the same products, pooled per sequence over its own tokens only."""
+        import torch
+
+        if len(rows) == len(batch):  # a row each: the padded batch, without the gathers
+            return self.embed_batch(batch)
+        lens = [len(t.ids) for t in batch]
+        s = max(sum(lens[j] for j in r) for r in rows)
+        if self.inject_oom_above is not None and len(rows) * s > self.inject_oom_above:
+            raise torch.OutOfMemoryError(f"injected: {len(rows)} x {s} tokens > {self.inject_oom_above}")
+        ids = torch.full((len(rows), s), self.pad_id, dtype=torch.long)
+        seg = torch.zeros((len(rows), s), dtype=torch.long)
+        pos = torch.zeros((len(rows), s), dtype=torch.long)
+        own = torch.zeros((len(rows), s), dtype=torch.bool)
+        which = torch.full((len(rows), s), -1, dtype=torch.long)  # the sequence (position in batch) of each token
+        where = [(0, 0, 0)] * len(batch)
+        for r, members in enumerate(rows):
+            at = 0
+            for k, j in enumerate(members, start=1):
+                n, t = lens[j], batch[j]
+                ids[r, at : at + n] = torch.tensor(t.ids)
+                seg[r, at : at + n] = k
+                pos[r, at : at + n] = torch.arange(n)
+                own[r, at : at + n] = torch.tensor(t.own)
+                which[r, at : at + n] = j
+                where[j] = (r, at, n)
+                at += n
+        ids, seg, pos = ids.to(self.device), seg.to(self.device), pos.to(self.device)
+        own, which = own.to(self.device), which.to(self.device)
+        first = torch.tensor([w[:2] for w in where], device=self.device)
+        out = {}
+        with torch.inference_mode():
+            if self._autocast is not None:
+                with torch.autocast("cuda", dtype=self._autocast):
+                    states = self._hidden(ids, seg, pos)
+            else:
+                states = self._hidden(ids, seg, pos)
+            for layer, h in states.items():
+                h = h.float()
+                flat = h.reshape(-1, h.shape[-1])
+                for p in self.poolings:
+                    if p == "bos":
+                        v = h[first[:, 0], first[:, 1]]
+                    else:
+                        keep = (own if p == "mean" else seg > 0).reshape(-1)
+                        idx = which.reshape(-1)[keep]
+                        total = torch.zeros((len(batch), h.shape[-1]), dtype=h.dtype, device=h.device).index_add_(0, idx, flat[keep])
+                        v = total / torch.bincount(idx, minlength=len(batch))[:, None].to(h.dtype)
+                    out[f"L{layer}.{p}"] = v.cpu().numpy()
+                if self.per_token:
+                    hc, oc = h.cpu(), own.cpu()
+                    out[f"L{layer}.tokens"] = [hc[r, a : a + n][oc[r, a : a + n]].numpy() for r, a, n in where]
+        return out
 
     def embed_batch(self, batch: list[Tokenized]) -> dict:
         """Every product for one padded batch: pooled ``(len(batch), dim)`` float32 arrays,
@@ -241,7 +371,7 @@ class Embedder:
         and ``stats["splits"]`` says which. ``on_batch(sequences, tokens, padded_tokens)``
         is called after every batch.
         """
-        from .batching import embed_with_backoff, plan_batches
+        from .batching import embed_with_backoff, packed_padded_tokens, plan_batches, plan_packed
 
         toks = self.tokenize(seqs)
         lengths = [len(t.ids) for t in toks]
@@ -252,7 +382,8 @@ class Embedder:
         stats = {"tokens": 0, "padded_tokens": 0, "batches": 0}
 
         def run(b: list[int]) -> None:
-            got = self.embed_batch([toks[i] for i in b])
+            members = [toks[i] for i in b]
+            got = self.embed_packed(members, self._rows(members)) if self.pack else self.embed_batch(members)
             for name, v in got.items():
                 if name.endswith(".tokens"):
                     for i, a in zip(b, v):
@@ -261,14 +392,21 @@ class Embedder:
                     out[name][b] = v
 
         def done(b: list[int]) -> None:
-            real, padded = sum(lengths[i] for i in b), len(b) * max(lengths[i] for i in b)
+            real = sum(lengths[i] for i in b)
+            if self.pack:
+                padded = packed_padded_tokens([lengths[i] for i in b], self._rows([toks[i] for i in b]))
+            else:
+                padded = len(b) * max(lengths[i] for i in b)
             stats["tokens"] += real
             stats["padded_tokens"] += padded
             stats["batches"] += 1
             if on_batch is not None:
                 on_batch(len(b), real, padded)
 
-        batches = plan_batches(lengths, self.device, self.tokens_per_batch, self.attention_per_batch, kind=self.kind)
+        if self.pack:
+            batches, self.row_tokens = plan_packed(lengths, self.device, self.tokens_per_batch, self.attention_per_batch, kind=self.kind)
+        else:
+            batches = plan_batches(lengths, self.device, self.tokens_per_batch, self.attention_per_batch, kind=self.kind)
         _, stats["splits"] = embed_with_backoff(batches, run, lengths, None, on_batch=done)
         return out, stats
 
@@ -284,11 +422,13 @@ def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from .esmc import EsmcTokenizer
     from .weights import load_lock, load_model
 
     hf_logging.disable_progress_bar()
     folder = Path(folder)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    # ESM C's vocabulary is built in code (its folder holds only the weights)
+    tokenizer = EsmcTokenizer() if spec.kind == "esmc" else AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     if tokenizer.pad_token_id is None:
         raise InputError("the model's tokenizer has no padding token", path=folder)
     # float32 on the CPU: the weights stay the file's pages, one copy shared by every
@@ -298,5 +438,5 @@ def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu
         model = load_model(spec.kind, folder, dtype=dtype, device=device, n_blocks=max(layers))
     return Embedder(
         spec.kind, model, tokenizer, layers, spec.poolings, spec.per_token, device, dtype,
-        spec.tokens_per_batch, spec.attention_per_batch,
+        spec.tokens_per_batch, spec.attention_per_batch, spec.pack,
     )  # fmt: skip

@@ -10,9 +10,16 @@ worker is left, the job stops with a message that says so.
 
 A worker can also hang without dying (a stuck kernel or driver call, a stalled network
 file system): alive and silent, it would hold its chunk until the scheduler's time limit
-ends the whole job. So each worker has a deadline: one that sends nothing for
-``deadline`` seconds while computing a chunk, or is still loading its model after
-``load_deadline`` seconds, is killed and then handled exactly like a death.
+ends the whole job. So each worker has a deadline, counted from its last progress, not
+from its start: one that makes no progress for ``deadline`` seconds while computing a
+chunk, or for ``load_deadline`` seconds while loading its model, is killed and then
+handled exactly like a death. Progress is what the worker reports
+(:mod:`~ampflow.extract.worker`): a finished batch or chunk, and while loading, counters
+that grow only as its main thread gets work done (modules imported, bytes read), never a
+bare "still alive". A node so loaded that a worker needs minutes to import torch and
+read a model is slow, not hung, and keeps its worker. GPU workers load one after
+another: one waiting for its turn makes progress whenever a worker that is loading does
+(one hung holding the lock is killed at its own deadline, which frees the lock).
 
 Devices: ``CUDA_VISIBLE_DEVICES`` is set in each worker's environment before it starts
 (spawn, never fork), so torch in the worker sees exactly its own GPU.
@@ -118,6 +125,13 @@ def _exit_text(code: int | None) -> str:
     return f"exit status {code}"
 
 
+def _counters_text(counters: dict) -> str:
+    if not counters:
+        return "none reported"
+    units = {"read": "bytes read", "fetched": "bytes fetched from storage", "modules": "modules", "batches": "batches"}
+    return ", ".join(f"{v} {units.get(k, k)}" for k, v in counters.items())
+
+
 @dataclass
 class _Worker:
     wid: int
@@ -126,10 +140,13 @@ class _Worker:
     conn: object
     label: str = ""
     task: dict | None = None
+    progress: dict = field(default_factory=dict)  # its last reported counters (worker.ProgressReporter)
+    quiet: float = 0.0  # longest wait between two signs of progress while loading
     partial: int = 0  # sequences of the current chunk already counted in the progress
-    state: str = "loading"  # loading -> busy (a chunk) / stopped (told to stop); ending
-    since: float = field(default_factory=time.monotonic)  # start, or its last message
+    state: str = "loading"  # loading (or waiting for its turn) -> busy (a chunk) / stopped (told to stop); ending
+    since: float = field(default_factory=time.monotonic)  # start, or its last progress
     stats: Counter = field(default_factory=Counter)
+    started: float = field(default_factory=time.monotonic)
 
 
 class WorkerPool:
@@ -146,17 +163,20 @@ class WorkerPool:
         (without a finished chunk in between) after which a device gets no new worker.
         A worker killed at its deadline counts as a death.
     deadline
-        Seconds a worker computing a chunk may go without a message (a finished batch or
-        chunk) before it is taken for hung and killed. One batch is seconds even for
+        Seconds a worker computing a chunk may go without progress (a finished batch or
+        chunk, bytes read) before it is taken for hung and killed. One batch is seconds even for
         ESM-2 15B on a full token budget of 1022-residue sequences, and reading a chunk
         or writing its output is seconds more; 600 s leaves room for a slow first batch
         (CUDA kernels loaded, memory allocated) on a busy node, yet a hang costs ten
         minutes, not the rest of a multi-day allocation.
     load_deadline
-        Seconds from a worker's start to its model being loaded (``ready``). Loading is
-        bounded by reading the weights: ESM-2 15B is ~60 GB of float32 checkpoint, about
-        ten minutes from a network file system at 100 MB/s; 1800 s allows for a slower
-        or shared file system.
+        Seconds a worker loading its model (from its start to ``ready``) may go without
+        progress (modules imported, bytes read) before it is taken for hung and killed.
+        A load that goes on reading is never killed, however slow the node or its file
+        system; the longest step without a report is one tensor's read (ESM-2 15B's
+        largest is ~400 MB of float32, seconds even at 100 MB/s) or one shared library
+        loaded. The default, 1800 s, is generous on purpose: a shared file system that
+        stalls for minutes and then recovers is not taken for a hang.
     """
 
     kill_grace = 5.0  # seconds between SIGTERM and SIGKILL, and waited after SIGKILL
@@ -231,8 +251,25 @@ class WorkerPool:
 
     def _handle(self, w: _Worker, msg: tuple, pending: deque, progress: Progress | None) -> None:
         kind = msg[0]
-        w.since = time.monotonic()
+        now = time.monotonic()
+        if kind == "progress":
+            counters = msg[2]
+            if any(v > w.progress.get(k, -1) for k, v in counters.items()):
+                self._progressed(w, now)
+                w.progress = {k: max(v, w.progress.get(k, -1)) for k, v in counters.items()}
+            return  # the same counters again: alive, but no progress
+        if kind in ("waiting", "turn"):  # for the model-loading lock (GPU workers)
+            if w.state in ("loading", "waiting"):
+                w.state = "waiting" if kind == "waiting" else "loading"
+                w.since = now
+            w.progress = {k: max(v, w.progress.get(k, -1)) for k, v in msg[2].items()}
+            return
+        self._progressed(w, now)
         if kind == "ready":
+            log.info(
+                "%s: model loaded in %.1f s, at most %.1f s without progress (extract.load_deadline %g s)",
+                w.label, now - w.started, w.quiet, self.load_deadline,
+            )  # fmt: skip
             if progress is not None and progress.done == 0:
                 progress.restart_clock()  # rates from the first loaded model on
             self._give(w, pending)
@@ -258,6 +295,14 @@ class WorkerPool:
             if is_input:
                 raise InputError(text)
             raise RuntimeError(f"{w.label} failed:\n{text}")
+
+    def _progressed(self, w: _Worker, now: float) -> None:
+        if w.state == "loading":
+            w.quiet = max(w.quiet, now - w.since)
+            for other in self.workers.values():
+                if other.state == "waiting":  # its turn comes as this load goes on
+                    other.since = now
+        w.since = now
 
     def _drain(self, w: _Worker, pending: deque, progress) -> None:
         try:
@@ -307,7 +352,7 @@ class WorkerPool:
             log.warning("%s died (%s) while computing %s; the chunk goes back to the queue", w.label, why, name)
             pending.appendleft(w.task)
         else:
-            log.warning("%s died (%s) %s", w.label, why, "while loading its model" if was == "loading" else "between chunks")
+            log.warning("%s died (%s) %s", w.label, why, "while loading its model" if was in ("loading", "waiting") else "between chunks")
         self.failures[w.slot] += 1
         if pending and self.failures[w.slot] < self.max_attempts:
             log.info("starting a new worker in its place")
@@ -317,7 +362,7 @@ class WorkerPool:
 
     def _limit(self, w: _Worker) -> float | None:
         """Seconds ``w`` may stay silent now; None when it owes nothing (told to stop)."""
-        return {"loading": self.load_deadline, "busy": self.deadline}.get(w.state)
+        return {"loading": self.load_deadline, "waiting": self.load_deadline, "busy": self.deadline}.get(w.state)
 
     def _timeout(self) -> float | None:
         """Seconds to the nearest deadline, so that a hang is noticed when it is due."""
@@ -325,11 +370,11 @@ class WorkerPool:
         return max(0.0, min(due) - time.monotonic()) if due else None
 
     def _kill_hung(self, pending: deque, progress: Progress | None) -> None:
-        """Kill and replace every worker silent past its deadline.
+        """Kill and replace every worker without progress past its deadline.
 
-        The sign of life is progress, a message per finished batch, not a heartbeat: a
-        heartbeat thread in the worker would go on beating while its main thread is stuck
-        in a CUDA call, and the hang would never be seen.
+        The sign of life is progress (a finished batch, counters of work that grew), not
+        a heartbeat: a heartbeat thread in the worker would go on beating while its main
+        thread is stuck in a CUDA call, and the hang would never be seen.
         """
         now = time.monotonic()
         for w in list(self.workers.values()):
@@ -337,12 +382,13 @@ class WorkerPool:
             if limit is None or now - w.since < limit or w.conn.poll():
                 continue  # (a message waiting in its pipe: not silent, read on the next pass)
             silent = now - w.since
-            doing = "loading its model" if w.state == "loading" else f"computing {w.task['name']}"
+            doing = {"loading": "loading its model", "waiting": "waiting for its turn to load"}.get(w.state) or f"computing {w.task['name']}"
             log.warning(
-                "%s silent for %.1f s while %s, past its %g s deadline: taken for hung (not crashed), killing it",
-                w.label, silent, doing, limit,
+                "%s without progress for %.1f s while %s (%.1f s since it started; last counters %s), "
+                "past its %g s deadline: taken for hung (not crashed), killing it",
+                w.label, silent, doing, now - w.started, _counters_text(w.progress), limit,
             )  # fmt: skip
-            self._gone(w, pending, progress, hung=f"killed after {silent:.1f} s silent, past the {limit:g} s deadline")
+            self._gone(w, pending, progress, hung=f"killed after {silent:.1f} s without progress, past the {limit:g} s deadline")
 
     def _finished(self, chunk: dict) -> bool:
         """Whether the chunk's shard is in the cache (its name starts with the chunk's hash)."""

@@ -92,7 +92,6 @@ def compute_model(
     record=None,
     delay: float = 0.0,
     oom_above: int | None = None,
-    hang: dict | None = None,
     pool=WorkerPool,
 ) -> dict:
     """Put every sequence of every input into the vector cache with one model; the job
@@ -114,10 +113,10 @@ def compute_model(
         Chunk size, FASTA policies, devices, workers (defaults: ExtractSettings()).
     model_folder
         Where the model is, when not ``spec.source`` (tiny models built by the workflow).
-    delay, oom_above, hang
+    delay, oom_above
         Tests only: seconds each worker waits after a chunk; batches of more padded
-        tokens than ``oom_above`` run out of memory; a simulated hung worker
-        (:class:`~ampflow.extract.worker.Job`'s ``hang_once``, ``hang_in``, ``hang_times``).
+        tokens than ``oom_above`` run out of memory. (Hung or slow workers are test
+        doubles of the worker process, patched in by the tests: ``tests/extract_doubles.py``.)
     pool
         The pool class: :class:`~ampflow.extract.pool.WorkerPool` (processes), or
         :class:`~ampflow.extract.pool.InlinePool` (this process; tests, debugging).
@@ -131,8 +130,8 @@ def compute_model(
         n_temps = _remove_temps(work, [record] if record else [], Path(cache_root))
         if n_temps:
             log.info("removed %d temporary file(s) left by an interrupted run", n_temps)
-        folder = Path(model_folder) if model_folder else resolve_source(spec.source)
-        n_layers, dim = model_shape(folder)
+        folder = Path(model_folder) if model_folder else resolve_source(spec.source, spec.kind)
+        n_layers, dim = model_shape(folder, spec.kind)
         layers = [resolve_layer(x, n_layers) for x in spec.layers]
         device, slots = choose_devices(settings.device, settings.gpus, settings.cpu_workers)
         dtype = spec.dtype if device == "cuda" else "float32"
@@ -162,7 +161,7 @@ def compute_model(
             try:
                 job = Job(
                     spec, str(folder), tuple(layers), str(work), str(cache.dir.parent), ident, device, settings.threads,
-                    delay, oom_above, **(hang or {}),
+                    delay, oom_above,
                 )  # fmt: skip
                 meter = Progress(todo, "sequences", log)
                 workers = pool(job, slots, settings.max_attempts, settings.deadline, settings.load_deadline).run(chunks, meter)

@@ -1,4 +1,4 @@
-"""Tiny, randomly initialised models shaped like ESM-2 and DNABERT-S, built locally.
+"""Tiny, randomly initialised models shaped like ESM-2, DNABERT-S and ESM C, built locally.
 
 For the demo, the tests and the benchmarks: nothing is downloaded and no weights are
 committed. Each folder has what the real model's folder has, so that the same loaders
@@ -6,7 +6,10 @@ read both: ESM-2 a transformers ``EsmModel`` (``config.json``, ``model.safetenso
 the real 33-token ``vocab.txt``; DNABERT-S a ``config.json`` with the hub's keys, a
 ``model.safetensors`` with the hub's parameter names, and a real byte-pair-encoding
 ``tokenizer.json`` (``tokenizers`` library, trained here on random DNA) that adds
-``[CLS]``/``[SEP]`` as DNABERT-S's does. Same seed, same weights.
+``[CLS]``/``[SEP]`` as DNABERT-S's does; ESM C a ``torch.save``d state dict with every
+key of EvolutionaryScale's (masked-LM head included) at the hub's path
+``data/weights/esmc_tiny_v0.pth``, and a ``config.json`` naming its shape (the hub's
+holds ``{}``: the published shapes are known). Same seed, same weights.
 """
 
 from __future__ import annotations
@@ -139,10 +142,56 @@ def write_dnabert_s(folder, seed: int = 0, hidden: int = 32, layers: int = 2, he
     return folder
 
 
+def esmc_model(seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4):
+    """A randomly initialised :class:`~ampflow.extract.esmc.EsmcModel` with its masked-LM
+    head; the LayerNorms random too (torch initialises them to 1 and 0, which would hide
+    a norm read from the wrong key)."""
+    import torch
+
+    from .esmc import EsmcConfig, EsmcModel
+
+    torch.manual_seed(seed)
+    model = EsmcModel(EsmcConfig(d_model=hidden, n_heads=heads, n_layers=layers), head=True).eval()
+    return randomise_norms_(model)
+
+
+def randomise_norms_(model: torch.nn.Module) -> torch.nn.Module:
+    """Random LayerNorm scales and shifts (from torch's global generator), so that a norm
+    read from the wrong key, or left at its initial 1 and 0, shows in the outputs."""
+    import torch
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.copy_(1 + 0.2 * torch.randn_like(m.weight))
+                if m.bias is not None:
+                    m.bias.copy_(0.1 * torch.randn_like(m.bias))
+    return model
+
+
+ESMC_WEIGHTS = "data/weights/esmc_tiny_v0.pth"
+
+
+def write_esmc(folder, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4) -> Path:
+    """Write an ESM C-shaped model folder (atomically): ``config.json`` and the state dict
+    at :data:`ESMC_WEIGHTS`, as ``torch.save`` writes EvolutionaryScale's."""
+    import torch
+
+    folder = Path(folder)
+    model = esmc_model(seed, hidden, layers, heads)
+    with atomic_path(folder) as tmp:
+        (tmp / ESMC_WEIGHTS).parent.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps(model.config.to_json(), indent=2, sort_keys=True) + "\n")
+        torch.save({k: v.contiguous() for k, v in model.state_dict().items()}, tmp / ESMC_WEIGHTS)
+    return folder
+
+
 def write_tiny(kind: str, folder, seed: int = 0) -> Path:
-    """A tiny model folder of ``kind`` (``esm2`` or ``dnabert_s``)."""
+    """A tiny model folder of ``kind`` (``esm2``, ``dnabert_s`` or ``esmc``)."""
     if kind == "esm2":
         return write_esm2(folder, seed)
     if kind == "dnabert_s":
         return write_dnabert_s(folder, seed)
+    if kind == "esmc":
+        return write_esmc(folder, seed)
     raise ValueError(f"unknown model kind {kind!r}")

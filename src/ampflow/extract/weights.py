@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from ..io.errors import InputError
+from .esmc import EsmcAdapter
 
 log = logging.getLogger(__name__)
 
@@ -55,25 +56,34 @@ class Checkpoint:
 
     ``model.safetensors`` (or shards named by ``model.safetensors.index.json``) is
     preferred; ``pytorch_model.bin`` (or its shards) is opened with ``torch.load(mmap=True)``,
-    which maps the file instead of reading it whole.
+    which maps the file instead of reading it whole. ``files`` names the weight files
+    (in ``folder``) instead: ``.safetensors`` ones, or state dicts saved by ``torch.save``
+    (ESM C's ``.pth``).
     """
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, files: list[str] | None = None):
         self.folder = folder
         self._stack = ExitStack()
         self._bins: dict[str, dict] = {}
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            index = folder / f"{name}.index.json"
-            if (folder / name).is_file():
-                files = [name]
-            elif index.is_file():
-                files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            else:
-                continue
-            self.safetensors = name.endswith(".safetensors")
-            break
+        if files is not None:
+            self.safetensors = all(f.endswith(".safetensors") for f in files)
+            if not self.safetensors and any(f.endswith(".safetensors") for f in files):
+                raise ValueError(f"safetensors and torch files mixed: {files}")
         else:
-            raise InputError("no weights (model.safetensors or pytorch_model.bin, or their shards) in the model folder", path=folder)
+            for name in ("model.safetensors", "pytorch_model.bin"):
+                index = folder / f"{name}.index.json"
+                if (folder / name).is_file():
+                    files = [name]
+                elif index.is_file():
+                    files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+                else:
+                    continue
+                self.safetensors = name.endswith(".safetensors")
+                break
+            else:
+                raise InputError("no weights (model.safetensors or pytorch_model.bin, or their shards) in the model folder", path=folder)
+        # what an error names: the weight file, or the folder of several
+        self.where = folder / files[0] if len(files) == 1 else folder
         self.file_of: dict[str, str] = {}
         for f in files:
             for key in self._open(f)["keys"]:
@@ -94,12 +104,19 @@ class Checkpoint:
                 pread = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu", backend="pread"))
                 self._bins[file] = {"keys": list(mmap.offset_keys()), "mmap": mmap, "pread": pread}
             else:
-                tensors = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+                tensors = _load_state_dict(path)
                 self._bins[file] = {"keys": list(tensors), "tensors": tensors}
         return self._bins[file]
 
     def keys(self) -> list[str]:
         return list(self.file_of)
+
+    def shape(self, key: str) -> torch.Size:
+        """The shape of tensor ``key`` (nothing read but the header or the mapping)."""
+        opened = self._open(self.file_of[key])
+        if self.safetensors:
+            return torch.Size(opened["mmap"].get_slice(key).get_shape())
+        return opened["tensors"][key].shape
 
     def read(self, key: str, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """The tensor ``key`` as ``dtype`` on ``device``; a zero-copy view of the file where
@@ -107,7 +124,7 @@ class Checkpoint:
         opened = self._open(self.file_of[key])
         t = opened["mmap"].get_tensor(key) if self.safetensors else opened["tensors"][key]
         if t.shape != shape:
-            raise InputError(f"checkpoint tensor {key} has shape {tuple(t.shape)}, the network {tuple(shape)}", path=self.folder)
+            raise InputError(f"checkpoint tensor {key} has shape {tuple(t.shape)}, the network {tuple(shape)}", path=self.folder / self.file_of[key])
         if t.dtype == dtype and t.device == device:
             return t
         if self.safetensors:
@@ -117,6 +134,29 @@ class Checkpoint:
     def close(self) -> None:
         self._stack.close()
         self._bins.clear()
+
+
+def _load_state_dict(path: Path) -> dict:
+    """A ``torch.save``d state dict, memory-mapped (files of the zip format, torch >= 1.6)
+    or else read; tensors only (``weights_only``: no code in the file is run)."""
+    try:
+        try:
+            tensors = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            tensors = torch.load(path, map_location="cpu", weights_only=True)  # the legacy format
+    except Exception as e:  # a truncated file, not a torch file, unpickling refused
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise InputError(f"cannot read the weights ({type(e).__name__}: {first})", path=path) from None
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()):
+        raise InputError("not a state dict (a dict of names to tensors)", path=path)
+    return tensors
+
+
+def _config_json(folder: Path) -> None:
+    if not (folder / "config.json").is_file():
+        raise InputError("model folder has no config.json", path=folder)
 
 
 # ---------------------------------------------------------------- the networks
@@ -152,9 +192,14 @@ class _Esm2:
     def __init__(self, folder: Path, n_blocks: int | None):
         from transformers import EsmConfig
 
+        _config_json(folder)
+        self.folder = folder
         self.config = EsmConfig.from_pretrained(str(folder), local_files_only=True)
         self.total = self.config.num_hidden_layers
         self.blocks = _blocks(self.total, n_blocks)
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.folder)
 
     def skeleton(self) -> nn.Module:
         from transformers import EsmModel
@@ -206,9 +251,14 @@ class _Dnabert:
     def __init__(self, folder: Path, n_blocks: int | None):
         from .dnabert import DnabertConfig
 
+        _config_json(folder)
+        self.folder = folder
         self.config = DnabertConfig.from_json(folder / "config.json")
         self.total = self.config.num_hidden_layers
         self.blocks = _blocks(self.total, n_blocks)
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.folder)
 
     def skeleton(self) -> nn.Module:
         from .dnabert import DnabertModel
@@ -237,7 +287,7 @@ class _Dnabert:
         return {"encoder.slopes": torch.tensor(alibi_slopes(self.config.num_attention_heads), device=device)}
 
 
-ARCHITECTURES = {"esm2": _Esm2, "dnabert_s": _Dnabert}
+ARCHITECTURES = {"esm2": _Esm2, "dnabert_s": _Dnabert, "esmc": EsmcAdapter}
 
 
 # ---------------------------------------------------------------- loading
@@ -249,11 +299,13 @@ def load_model(kind: str, folder, dtype: str = "float32", device: str = "cpu", n
     ----------
     kind
         ``esm2`` (a transformers ``EsmModel`` without pooler; checkpoints of ``EsmModel``
-        or of ``EsmForMaskedLM`` as on the hub) or ``dnabert_s``
-        (:class:`~ampflow.extract.dnabert.DnabertModel`).
+        or of ``EsmForMaskedLM`` as on the hub), ``dnabert_s``
+        (:class:`~ampflow.extract.dnabert.DnabertModel`) or ``esmc``
+        (:class:`~ampflow.extract.esmc.EsmcModel`, EvolutionaryScale's state dicts).
     folder
         A model folder: ``config.json`` and ``model.safetensors`` (or
-        ``pytorch_model.bin``, or shards of either with their index).
+        ``pytorch_model.bin``, or shards of either with their index); for ``esmc`` the
+        ``.pth`` file or a folder holding one (:func:`~ampflow.extract.esmc.weights_file`).
     dtype
         ``float32``, ``bfloat16`` or ``float16``: the parameters are held in it (buffers
         such as rotary frequencies stay float32).
@@ -270,15 +322,13 @@ def load_model(kind: str, folder, dtype: str = "float32", device: str = "cpu", n
     if dtype not in DTYPES:
         raise InputError(f"dtype must be one of {sorted(DTYPES)}", key="extract.models.dtype", value=dtype)
     folder, device, param_dtype = Path(folder), torch.device(device), DTYPES[dtype]
-    if not (folder / "config.json").is_file():
-        raise InputError("model folder has no config.json", path=folder)
     t0 = time.monotonic()
     arch = ARCHITECTURES[kind](folder, n_blocks)
-    model = arch.skeleton()
-    wanted = model.state_dict()  # meta tensors: parameters and persistent buffers
-    params = {name for name, _ in model.named_parameters()}
-    ckpt = Checkpoint(folder)
+    ckpt = arch.checkpoint()
     try:
+        model = arch.skeleton()
+        wanted = model.state_dict()  # meta tensors: parameters and persistent buffers
+        params = {name for name, _ in model.named_parameters()}
         keys = ckpt.keys()
         prefixed = arch.is_prefixed(keys)
         source: dict[str, str] = {}
@@ -296,7 +346,7 @@ def load_model(kind: str, folder, dtype: str = "float32", device: str = "cpu", n
             raise InputError(
                 f"checkpoint does not match the {kind} network: missing {missing[:5]}, unexpected {unexpected[:5]}"
                 + (f" ({len(missing)} missing, {len(unexpected)} unexpected in all)" if len(missing) > 5 or len(unexpected) > 5 else ""),
-                path=folder,
+                path=ckpt.where,
             )  # fmt: skip
         state = {}
         for name, key in source.items():

@@ -7,17 +7,52 @@ functions: nothing touches CUDA before the environment is in place.
 
 Messages to the parent (one pipe per worker): ``("ready", wid, info)``,
 ``("batch", wid, sequences, tokens, padded_tokens)``, ``("done", wid, chunk, info)``,
-``("error", wid, text, is_input_error)``. The parent answers ``ready`` and ``done`` with
-the next chunk (a dict from the split manifest) or ``None`` to stop.
+``("progress", wid, counters)``, ``("error", wid, text, is_input_error)``. The parent
+answers ``ready`` and ``done`` with the next chunk (a dict from the split manifest) or
+``None`` to stop.
+
+Liveness is progress, not time. The pool kills a worker that makes no progress for its
+deadline (``load_deadline`` while loading, ``deadline`` while computing a chunk), so the
+worker says when it gets work done. Batches and chunks are messages of their own. Loading
+a model has no such steps the worker could count (``weights.load_model`` takes no
+callback, and most of the time of a small model goes to importing torch and
+transformers), so :class:`ProgressReporter`, a thread started first thing in the worker,
+samples counters that grow only when the *main* thread gets work done:
+
+* ``modules``: modules imported (``len(sys.modules)``);
+* ``read``: bytes the main thread passed through ``read``/``pread`` (``rchar`` of
+  ``/proc/self/task/<tid>/io``: Python files, tokenizer, config, the weights read with
+  ``pread`` to be converted or moved to a GPU);
+* ``fetched``: bytes the main thread caused to be fetched from storage (``read_bytes``;
+  also page faults on memory-mapped weights from a cold file system);
+* ``batches``: batches computed.
+
+It sends them, every :data:`PROGRESS_INTERVAL` seconds, only when one grew. A main thread
+hung in a driver call, a stalled file system read or a sleep grows none of them, so the
+reporter falls silent although its own thread is alive: a heartbeat that only said
+"alive" would hide exactly the hangs the deadline is there to find. CPU time is not
+counted either: a host thread spinning on a stuck GPU burns it. Slowness (a loaded node,
+a slow file system) is not silence: a load that goes on reading is never killed, however
+long it takes. The thread's own reads of ``/proc`` count in its own task, not the main
+thread's; on a system without per-thread I/O counters only modules and batches count.
+
+GPU workers load one after another (a file lock, as ``weights.load_lock``): a worker
+waiting for its turn makes no progress of its own, so it says ``("waiting", wid,
+counters)`` before it blocks and ``("turn", wid, counters)`` when it has the lock; the
+pool counts the progress of the workers loading meanwhile as its progress
+(:class:`~ampflow.extract.pool.WorkerPool`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sys
+import threading
 import time
 import traceback
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -48,29 +83,6 @@ class Job:
     threads: int = 1
     delay: float = 0.0  # seconds to wait after each chunk (tests: a window to kill in)
     oom_above: int | None = None  # tests: batches of more padded tokens run out of memory
-    # TEST ONLY: simulate a hung device (a stuck kernel or driver call). A worker that
-    # creates ``hang_once`` exclusively (O_EXCL) sleeps forever, in ``hang_in`` ("chunk":
-    # before the first batch of its chunk; "load": before it says it is ready); the
-    # ones after it, finding the file, do not. ``hang_times`` > 1 hangs that many workers
-    # (files ``hang_once``, ``hang_once.1``, ...): a chunk that hangs every worker.
-    hang_once: str | None = None
-    hang_in: str = "chunk"
-    hang_times: int = 1
-
-    def hang_if_told(self, phase: str, what: str) -> None:
-        """TEST ONLY: sleep forever if this worker claims one of the hang files."""
-        if self.hang_once is None or phase != self.hang_in:
-            return
-        for i in range(self.hang_times):
-            try:
-                fd = os.open(self.hang_once + (f".{i}" if i else ""), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                continue
-            os.write(fd, what.encode())  # which worker hung where, for the test to check
-            os.close(fd)
-            log.warning("test hook: hanging (%s)", what)
-            while True:
-                time.sleep(3600)
 
     @property
     def chunk_dir(self) -> Path:
@@ -78,6 +90,101 @@ class Job:
 
     def cache(self) -> VectorCache:
         return VectorCache(self.cache_root, self.ident)
+
+
+PROGRESS_INTERVAL = 1.0  # seconds between looks at the counters
+
+
+class ProgressReporter:
+    """Counters of the work the calling (main) thread gets done, sent to the pool by a
+    thread of its own whenever one of them grew (see the module's docstring).
+
+    ``send`` is called with ``("progress", wid, counters)`` from the reporter's thread;
+    the caller makes it safe to use beside its own sends (one lock). ``batch()`` counts a
+    finished batch. The thread ends with :meth:`stop`, or when ``send`` fails (the pool
+    is gone).
+    """
+
+    def __init__(self, wid: int, send: Callable, interval: float = PROGRESS_INTERVAL):
+        self.wid = wid
+        self.send = send
+        self.interval = interval
+        self.batches = 0
+        self._io = f"/proc/self/task/{threading.get_native_id()}/io"
+        self._stop = threading.Event()
+        self._best: dict = {}
+        self._lock = threading.Lock()  # counters compared and sent in one order
+        self._thread = threading.Thread(target=self._run, name="extract-progress", daemon=True)
+
+    def start(self) -> "ProgressReporter":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def batch(self) -> None:
+        self.batches += 1
+
+    def counters(self) -> dict:
+        out = {"modules": len(sys.modules), "batches": self.batches}
+        try:
+            with open(self._io, "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+            out["read"] = int(fields[b"rchar"])
+            out["fetched"] = int(fields[b"read_bytes"])
+        except (OSError, KeyError, ValueError):
+            pass  # no per-thread I/O counters here: modules and batches only
+        return out
+
+    def grew(self) -> dict | None:
+        """The counters when one is above its highest value yet, else None."""
+        now = self.counters()
+        if not any(v > self._best.get(k, -1) for k, v in now.items()):
+            return None
+        for k, v in now.items():
+            self._best[k] = max(v, self._best.get(k, -1))
+        return now
+
+    def say(self, kind: str) -> None:
+        """Send ``(kind, wid, counters)`` now, from the calling thread; progress messages
+        after it carry counters above these."""
+        with self._lock:
+            self.grew()
+            self.send((kind, self.wid, self.counters()))
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                counters = self.grew()
+                if counters is not None:
+                    try:
+                        self.send(("progress", self.wid, counters))
+                    except (OSError, ValueError):
+                        return  # the pipe is closed: the pool is gone, or we are ending
+            if self._stop.wait(self.interval):
+                return
+
+
+@contextmanager
+def load_turn(path: Path, progress: ProgressReporter):
+    """Hold an exclusive ``flock`` on ``path`` while in the block (the lock of
+    ``weights.load_lock``: the kernel releases it when the holder dies); when another
+    worker holds it, say ``waiting`` before blocking and ``turn`` once it is ours."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress.say("waiting")
+            t0 = time.monotonic()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            progress.say("turn")
+            log.info("waited %.1f s for the model-loading lock %s", time.monotonic() - t0, path)
+        yield
+    finally:
+        os.close(fd)
 
 
 def compute_chunk(embedder, job: Job, chunk: dict, label: str, on_batch: Callable | None = None, cache=None) -> dict:
@@ -102,6 +209,13 @@ def worker_label(wid: int, device: str) -> str:
 
 def worker_main(wid: int, conn, job: Job) -> None:
     """Entry point of a worker process."""
+    lock = threading.Lock()
+
+    def send(msg: tuple) -> None:
+        with lock:  # the reporter's thread sends too: one message at a time on the pipe
+            conn.send(msg)
+
+    progress = ProgressReporter(wid, send).start()  # before anything slow (imports)
     label = worker_label(wid, job.device)
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, force=True,
@@ -112,7 +226,8 @@ def worker_main(wid: int, conn, job: Job) -> None:
     def on_batch(n: int, tokens: int, padded: int) -> None:
         if os.getppid() != parent:  # the pool is gone: stop instead of computing for nobody
             os._exit(0)
-        conn.send(("batch", wid, n, tokens, padded))
+        progress.batch()
+        send(("batch", wid, n, tokens, padded))
 
     try:
         import torch
@@ -121,40 +236,42 @@ def worker_main(wid: int, conn, job: Job) -> None:
 
         torch.set_num_threads(job.threads)
         t0 = time.monotonic()
-        job.hang_if_told("load", f"{label} load")
         # GPU workers load one after another: each reads and converts the weights through
         # host buffers on the way to its device. CPU workers share the file's pages and
         # load at once.
-        lock = Path(job.work) / "model-load.lock" if job.device == "cuda" else None
-        embedder = load_embedder(job.spec, job.folder, list(job.layers), device=job.device, lock=lock)
+        turn = load_turn(Path(job.work) / "model-load.lock", progress) if job.device == "cuda" else nullcontext()
+        with turn:
+            embedder = load_embedder(job.spec, job.folder, list(job.layers), device=job.device)
         embedder.inject_oom_above = job.oom_above
         cache = job.cache()
-        info = {"label": label, "load_seconds": round(time.monotonic() - t0, 2)}
+        info = {"label": label, "load_seconds": round(time.monotonic() - t0, 2), **progress.counters()}
         log.info("model loaded in %.1f s on %s (%s)", info["load_seconds"], job.device, embedder.dtype)
-        conn.send(("ready", wid, info))
+        send(("ready", wid, info))
         while True:
             chunk = conn.recv()
             if chunk is None:
                 # everything is on disk and acknowledged: skip the interpreter's slow
                 # teardown of torch and transformers (seconds the job would wait)
+                progress.stop()
                 logging.shutdown()
                 os._exit(0)
-            job.hang_if_told("chunk", f"{label} {chunk['name']}")
             marker = compute_chunk(embedder, job, chunk, label, on_batch, cache)
             if job.delay:
                 time.sleep(job.delay)
-            conn.send(("done", wid, chunk["name"], {k: marker[k] for k in ("n_sequences", "seconds", "tokens", "padded_tokens", "splits")}))
+            send(("done", wid, chunk["name"], {k: marker[k] for k in ("n_sequences", "seconds", "tokens", "padded_tokens", "splits")}))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent went away
     except InputError as e:
-        _report(conn, wid, str(e), True)
+        progress.stop()
+        _report(send, wid, str(e), True)
     except Exception:
-        _report(conn, wid, traceback.format_exc(), False)
+        progress.stop()
+        _report(send, wid, traceback.format_exc(), False)
 
 
-def _report(conn, wid: int, text: str, is_input: bool) -> None:
+def _report(send, wid: int, text: str, is_input: bool) -> None:
     try:
-        conn.send(("error", wid, text, is_input))
+        send(("error", wid, text, is_input))
     except (BrokenPipeError, OSError):
         pass
     sys.exit(1)
