@@ -1,6 +1,7 @@
 """Extraction on a real GPU (skipped without CUDA): half-precision loading straight to the
 device, host memory of two GPU workers loading one after another, a real CUDA
-out-of-memory error split and retried.
+out-of-memory error split and retried; the GPU telemetry of a small extraction, read back
+the way the report reads it.
 
 The model is a randomly initialised ESM-2 of esm2_t33_650M's shape (2.6 GB of fp32
 weights; random weights do the same work as trained ones). Referees: the CPU in float32
@@ -126,6 +127,43 @@ def test_two_gpu_workers_load_one_after_another_near_one_host_copy(big_model, tm
           f"one fp32 copy {file_bytes / 2**30:.2f} GiB; workers {workers}")  # fmt: skip
     assert len(workers) == 2 and all(w.get("chunks", 0) >= 1 for w in workers)
     assert peaks["pss"] <= 1.3 * file_bytes
+
+
+def test_telemetry_samples_every_gpu_of_a_small_extraction(tmp_path):
+    """A tiny ESM-2 on every GPU torch sees, sampled every 0.1 s: the input's telemetry
+    file, read by the report's reader, has at least one sample per GPU worker, with
+    memory used > 0 (NVML counts the CUDA context at least) and utilisation in 0..100;
+    the report's peak per GPU equals the sampler's own; the figure's line per GPU."""
+    from ampflow.extract.config import ExtractSettings, ModelSpec
+    from ampflow.extract.pool import gpu_slots
+    from ampflow.extract.run import extract_model
+    from ampflow.extract.tiny import write_esm2
+    from ampflow.report import extraction as ex
+
+    n = torch.cuda.device_count()
+    model = write_esm2(tmp_path / "esm_tiny", seed=0)
+    fasta = tmp_path / "p.fa"
+    fasta.write_text("".join(f">p{i}\n{s}\n" for i, s in enumerate(proteins(64, seed=4, lengths=(20, 200)))))
+    job = extract_model(
+        {"p": {"fasta": fasta}}, ModelSpec(kind="esm2", source=str(model)), "esm", tmp_path / "work", tmp_path / "out",
+        ExtractSettings(gpus=n, device="cuda", telemetry_interval=0.1, sequences_per_file=16),
+    )  # fmt: skip
+    path = tmp_path / "out" / "p.esm.telemetry.jsonl"
+    assert path.is_file(), f"no telemetry file at {path}"
+    samples = ex.read_gpu_samples(path)
+    print(f"\ntelemetry: {len(samples)} samples of {n} GPU(s); notes {samples.attrs['notes']}; sampler {job['run']['gpu']}")
+    assert not samples.empty, f"{path}: no sample, notes {samples.attrs['notes']}"
+    slots = gpu_slots(n)
+    counts = samples.groupby("gpu").size()
+    assert sorted(counts.index) == sorted(slots) and counts.min() >= 1, (dict(counts), slots)
+    bad = samples[(samples["memory_used_bytes"] <= 0) | ~samples["utilization_pct"].between(0, 100)]
+    assert bad.empty, f"{path}: samples with no memory used or utilisation outside 0..100:\n{bad}"
+    summary = ex.gpu_summary(samples).set_index("gpu")
+    for gpu, own in job["run"]["gpu"].items():
+        assert summary.loc[gpu, "peak_memory_gib"] * 2**30 == own["peak_memory_used"], (gpu, own)
+    lines = ex.gpu_summary_lines(summary.reset_index())
+    assert len(lines) == len(slots) and all(line.startswith("GPU ") and "median utilisation" in line for line in lines)
+    assert ex.plot_gpu_timelines(samples, tmp_path / "gpus.png").is_file()
 
 
 def _oom_child(folder: str, q) -> None:

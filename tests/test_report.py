@@ -35,7 +35,7 @@ def assert_labelled(fig: Figure) -> None:
     """A title (on the figure or every panel) and, on every visible panel, x and y labels with a unit in parentheses."""
     suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
     for ax in fig.axes:
-        if not ax.get_visible():
+        if not ax.get_visible() or not ax.axison:  # a text-only panel (axis off) has no axes to label
             continue
         assert suptitle or ax.get_title(), "figure or panel title"
         for label in (ax.get_xlabel(), ax.get_ylabel()):
@@ -346,6 +346,167 @@ def test_extraction_gpu_samples(tmp_path, figures):
     assert any("no GPU samples: no GPU: CPU workers" in t for t in texts)
     with pytest.raises(InputError, match="'utilization_gpu' and 'memory_used'"):
         ex.read_gpu_samples(write_jsonl(tmp_path / "bad.jsonl", [{"time": 1, "gpu": "0"}]))
+
+
+class FakeNvml:
+    """A stand-in for ``pynvml`` that GpuSampler imports: per GPU index, utilisation and
+    memory used from fixed lists, one value per sample; when the first GPU's list runs out
+    it raises like a GPU fallen off the bus, so the sampler stops by itself after exactly
+    that many samples (and writes its "sampling stopped" note)."""
+
+    def __init__(self, util: dict[int, list[int]], used: dict[int, list[int]], total: int):
+        import threading
+        from types import SimpleNamespace
+
+        self.util, self.used, self.total, self.calls = util, used, total, {i: 0 for i in util}
+        self.done, self.ns = threading.Event(), SimpleNamespace
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"Fake GPU"  # older pynvml returns bytes: the sampler decodes them
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        k = self.calls[h]
+        if k >= len(self.util[h]):
+            self.done.set()
+            raise RuntimeError(f"GPU {h} fell off the bus")
+        self.calls[h] += 1
+        return self.ns(gpu=self.util[h][k], memory=7)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self.ns(used=self.used[h][self.calls[h] - 1], total=self.total)
+
+
+def sampled_telemetry(path, monkeypatch) -> dict:
+    """A telemetry file written by the real GpuSampler (its thread, its writer) from a
+    fake NVML: GPUs "0" and "1", 7 samples each; the sampler's own summary."""
+    import sys
+
+    from ampflow.extract.telemetry import GpuSampler
+
+    # skewed on purpose: the median and the mean differ, the peak is mid-run
+    fake = FakeNvml(
+        util={0: [3, 97, 95, 0, 99, 98, 2], 1: [10, 20, 90, 15, 12, 100, 11]},
+        used={0: [1 * 2**30, 9 * 2**30, 23 * 2**30 + 5, 12 * 2**30, 11 * 2**30, 10 * 2**30, 2**29],
+              1: [2**28, 3 * 2**30, 3 * 2**30, 40 * 2**30, 3 * 2**30, 3 * 2**30, 3 * 2**30]},
+        total=80 * 2**30,
+    )  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    sampler = GpuSampler(path, ["0", "1"], interval=0.001, run="r1").start()
+    assert fake.done.wait(10), "the sampler never used up the fake GPU's samples"
+    return sampler.stop()
+
+
+def test_gpu_summary_from_the_samplers_own_file(tmp_path, monkeypatch, figures):
+    """Per GPU, the figure's summary line gives the median utilisation and peak memory of
+    that GPU's samples, computed here with numpy from the raw lines the sampler wrote."""
+    path = tmp_path / "x.esm.telemetry.jsonl"
+    own = sampled_telemetry(path, monkeypatch)
+    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    assert raw[-1]["note"] == "sampling stopped: GPU 0 fell off the bus"
+    expect = {}
+    for gpu in ("0", "1"):
+        rows = [r for r in raw if r.get("gpu") == gpu]
+        assert len(rows) == 7 and {r["name"] for r in rows} == {"Fake GPU"}
+        expect[gpu] = (np.median([r["utilization_gpu"] for r in rows]), np.max([r["memory_used"] for r in rows]) / 2**30)
+    assert expect["0"][0] == 95 and expect["1"][0] == 15  # medians far from the means (56, 37)
+
+    samples = ex.read_gpu_samples(path)
+    assert samples.attrs["notes"] == ["sampling stopped: GPU 0 fell off the bus"] and not samples.attrs["cpu"]
+    summary = ex.gpu_summary(samples).set_index("gpu")
+    for gpu, (median, peak) in expect.items():
+        assert summary.loc[gpu, "samples"] == 7
+        assert summary.loc[gpu, "median_utilization_pct"] == median
+        assert summary.loc[gpu, "peak_memory_gib"] == pytest.approx(peak, rel=1e-12)
+        assert summary.loc[gpu, "memory_total_gib"] == 80
+        assert own[gpu]["peak_memory_used"] == round(peak * 2**30)  # the sampler's own view agrees
+
+    assert is_png(ex.plot_gpu_timelines(samples, tmp_path / "gpus.png", "x.esm: "))
+    fig = figures[-1]
+    assert_labelled(fig)
+    shown = "\n".join(t.get_text() for ax in fig.axes for t in ax.texts).splitlines()
+    pattern = re.compile(r"GPU (\S+): median utilisation ([\d.]+)%, peak memory ([\d.]+) GiB of ([\d.]+) GiB \((\d+) samples\)")
+    parsed = {m[1]: m for m in map(pattern.fullmatch, shown) if m}
+    assert sorted(parsed) == ["0", "1"], shown
+    for gpu, (median, peak) in expect.items():
+        m = parsed[gpu]
+        assert float(m[2]) == pytest.approx(median, abs=0.05) and float(m[3]) == pytest.approx(peak, abs=0.005)
+        assert float(m[4]) == 80 and int(m[5]) == 7
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["GPU 0 (median 95%)", "GPU 1 (median 15%)"]
+
+
+def test_gpu_samples_half_written_last_line(tmp_path, monkeypatch, caplog):
+    """A job killed mid-write leaves a last line without its newline: the reader skips it
+    (naming file and line); a malformed line anywhere else stays an error; the next
+    sampler start cuts the stub instead of gluing its first line onto it."""
+    from ampflow.extract.telemetry import GpuSampler
+
+    path = tmp_path / "t.jsonl"
+    sampled_telemetry(path, monkeypatch)
+    whole = ex.read_gpu_samples(path)
+    text = path.read_text()
+    n_lines = len(text.splitlines())
+    cut = text + json.dumps(telemetry_rows(1, ("0",))[0])[:57]  # stops inside a value
+    path.write_text(cut)
+    with caplog.at_level("WARNING"):
+        half = ex.read_gpu_samples(path)
+    pd.testing.assert_frame_equal(half, whole)
+    assert f"{path}, line {n_lines + 1}: skipped a half-written last line" in caplog.text
+
+    path.write_text(cut + "\n")  # the same stub with a newline is not a cut line: an error
+    with pytest.raises(InputError, match=re.escape(f"{path}:{n_lines + 1}: not valid JSON")):
+        ex.read_gpu_samples(path)
+    lines = text.splitlines(keepends=True)
+    path.write_text("".join(lines[:3]) + lines[3][:20] + "".join(lines[4:]))  # line 4 cut, the rest whole
+    with pytest.raises(InputError, match=re.escape(f"{path}:4: not valid JSON")):
+        ex.read_gpu_samples(path)
+
+    # a re-run appends to the same file: the stub is cut first, so every line parses
+    path.write_text(cut)
+    GpuSampler(path, [], run="r2").start().stop()  # a CPU re-run: writes its note
+    after = path.read_text()
+    assert after.startswith(text) and after.count("\n") == n_lines + 1
+    again = ex.read_gpu_samples(path)
+    pd.testing.assert_frame_equal(again, whole, check_like=True)
+    assert again.attrs["notes"][-1] == "no GPU in use (CPU workers): nothing sampled"
+
+
+def test_gpu_samples_missing_file_and_cpu_run(tmp_path, figures):
+    """No file, or only the sampler's CPU note: the figure says the job ran on the CPU;
+    an NVML failure is not a CPU run and says what happened; an empty file (nothing was
+    left to compute) says that."""
+    from ampflow.extract.telemetry import GpuSampler
+
+    missing = ex.read_gpu_samples(tmp_path / "absent.jsonl")
+    assert missing.empty and missing.attrs["cpu"]
+    cpu_file = tmp_path / "cpu.jsonl"
+    GpuSampler(cpu_file, []).start().stop()
+    cpu = ex.read_gpu_samples(cpu_file)
+    assert cpu.empty and cpu.attrs["cpu"]
+    nvml = ex.read_gpu_samples(write_jsonl(tmp_path / "nvml.jsonl", [{"run": "r", "time": 1.0, "note": "NVML unavailable (x): nothing sampled"}]))
+    (tmp_path / "empty.jsonl").write_text("")
+    empty = ex.read_gpu_samples(tmp_path / "empty.jsonl")
+    expect = [
+        (missing, "no GPU samples (ran on CPU)"),
+        (cpu, "no GPU samples (ran on CPU)"),
+        (nvml, "no GPU samples: NVML unavailable (x): nothing sampled"),
+        (empty, "no GPU samples (empty telemetry file: nothing was computed)"),
+    ]
+    for i, (frame, text) in enumerate(expect):
+        assert is_png(ex.plot_gpu_timelines(frame, tmp_path / f"g{i}.png"))
+        fig = figures[-1]
+        assert_labelled(fig)
+        for ax in fig.axes:  # both panels and the summary line
+            assert [t.get_text() for t in ax.texts] == [text]
 
 
 RECORDS = "record\tline\tid\tlength\tproblem\taction\tdetail\n" \

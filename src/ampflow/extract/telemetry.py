@@ -6,6 +6,11 @@ memory used and total (bytes). Without GPUs (CPU workers) or without NVML the fi
 one line with a ``note`` saying why nothing was sampled. ``torch.cuda.memory_usage``
 would be a percentage of time, not bytes; NVML gives the device's own view, other
 processes included.
+
+Each start appends to the same file (a re-run keeps the work folder), so a job killed
+in the middle of a write leaves a half-written last line that the next start would glue
+its first line onto: :meth:`GpuSampler.start` cuts such a tail first, and the report's
+reader skips one at the end of the file (the job that wrote it never restarted).
 """
 
 from __future__ import annotations
@@ -17,6 +22,29 @@ import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+#: The note of a job whose workers ran on the CPU; the report recognises it by this text.
+CPU_NOTE = "no GPU in use (CPU workers): nothing sampled"
+
+
+def drop_partial_tail(path: Path) -> int:
+    """Cut a last line that has no newline (a writer killed mid-line) off ``path``; the
+    number of bytes cut. Every complete line ends with one, so nothing whole is lost."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return 0
+    if size == 0:
+        return 0
+    with open(path, "rb+") as fh:
+        fh.seek(-1, 2)
+        if fh.read(1) == b"\n":
+            return 0
+        fh.seek(0)
+        keep = fh.read().rfind(b"\n") + 1
+        fh.truncate(keep)
+    log.warning("telemetry: %s ended in a half-written line (%d bytes, a killed job): cut before appending", path, size - keep)
+    return size - keep
 
 
 def _nvml_handles(pynvml, entries: list[str]):
@@ -50,8 +78,9 @@ class GpuSampler:
 
     def start(self) -> "GpuSampler":
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        drop_partial_tail(self.path)
         if not self.entries:
-            self.note = "no GPU in use (CPU workers): nothing sampled"
+            self.note = CPU_NOTE
         else:
             try:
                 import pynvml

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pandas as pd
 
 from ..io.atomic import atomic_path, write_text_atomic
 from ..io.errors import InputError, require_file
+
+log = logging.getLogger(__name__)
 
 #: Okabe-Ito colours: distinct for colour-blind readers, in a fixed order.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
@@ -49,8 +52,12 @@ def note(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#666666", wrap=True)
 
 
-def read_jsonl(path, what: str) -> list[dict]:
-    """Rows of a JSON-lines file; blank lines skipped, a malformed line is an InputError."""
+def read_jsonl(path, what: str, partial_last: bool = False) -> list[dict]:
+    """Rows of a JSON-lines file; blank lines skipped, a malformed line is an InputError.
+
+    ``partial_last``: a malformed last line *without* its newline is skipped with a
+    warning instead, for files appended line by line by a job that may be killed mid-write
+    (a writer ends every line with a newline, so only a cut line lacks one)."""
     path = require_file(path, what)
     rows = []
     with open(path) as fh:
@@ -60,6 +67,9 @@ def read_jsonl(path, what: str) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
+                if partial_last and not line.endswith("\n"):  # only the file's last line can lack one
+                    log.warning("%s %s, line %d: skipped a half-written last line (%s: %.60r)", what, path, n, e.msg, line)
+                    continue
                 raise InputError(f"not valid JSON: {e.msg}", path=path, line=n) from None
             if not isinstance(row, dict):
                 raise InputError("expected one JSON object per line", path=path, line=n)

@@ -22,7 +22,10 @@ JSON object per GPU and sample, appended by the NVML sampler thread::
 ``gpu`` is the worker's ``CUDA_VISIBLE_DEVICES`` entry; ``utilization_gpu`` is NVML's
 utilisation in percent (``utilization`` is accepted too); memory in bytes
 (``memory_total`` optional). A line with a ``note`` and no ``gpu`` says why nothing was
-sampled (no GPU, no NVML): it is kept as a note, not as a sample.
+sampled (no GPU, no NVML): it is kept as a note, not as a sample. A half-written last
+line (the job was killed mid-write) is skipped. A missing file is shown as a run on the
+CPU, with a warning naming the path: the workflow declares the file, so only a report
+run by hand can miss it, and a figure is more use then than no report at all.
 
 **Problem records** (``results/{dataset}/extract/{name}.{model}.report.tsv``), one row
 per record something was done to, with a header::
@@ -43,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..extract.telemetry import CPU_NOTE
 from ..io.errors import InputError, require_file
 from .common import GIB, colour, html_table, new_figure, note, read_jsonl, save_png, write_html
 
@@ -80,9 +84,19 @@ def read_progress(path) -> pd.DataFrame:
 def read_gpu_samples(path) -> pd.DataFrame:
     """Telemetry samples as ``time_s`` (from the first sample), ``gpu`` (label, text),
     ``utilization_pct``, ``memory_used_bytes`` and ``memory_total_bytes`` (NaN if absent).
-    Lines with a ``note`` are not samples: their notes are in ``frame.attrs["notes"]``."""
+
+    Lines with a ``note`` are not samples: their notes are in ``frame.attrs["notes"]``;
+    ``frame.attrs["cpu"]`` is True when the job ran on the CPU (the sampler's CPU note,
+    or no file at all). A half-written last line is skipped (the sampler appends line by
+    line and may be killed mid-line); any other malformed line is an InputError."""
+    path = Path(path)
     out, notes = [], []
-    for n, r in enumerate(read_jsonl(path, "GPU telemetry file"), 1):
+    if path.exists():
+        rows = read_jsonl(path, "GPU telemetry file", partial_last=True)
+    else:
+        log.warning("GPU telemetry file %s does not exist: reported as a run on the CPU", path)
+        rows, notes = [], [f"no telemetry file {path}"]
+    for n, r in enumerate(rows, 1):
         if "gpu" not in r and "note" in r:
             notes.append(str(r["note"]))
             continue
@@ -96,7 +110,42 @@ def read_gpu_samples(path) -> pd.DataFrame:
     if len(frame):
         frame["time_s"] -= frame["time_s"].min()
     frame.attrs["notes"] = notes
+    frame.attrs["cpu"] = not path.exists() or (not len(frame) and CPU_NOTE in notes)
     return frame
+
+
+def no_samples_text(samples: pd.DataFrame) -> str:
+    """Why a telemetry frame has no sample, in the words the report shows: a CPU run says
+    so plainly (nothing is wrong), anything else gives the sampler's last note."""
+    notes = samples.attrs.get("notes") or []
+    if samples.attrs.get("cpu"):
+        return "no GPU samples (ran on CPU)"
+    if notes:
+        return f"no GPU samples: {notes[-1]}"
+    return "no GPU samples (empty telemetry file: nothing was computed)"
+
+
+def gpu_summary(samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per GPU: ``samples``, ``median_utilization_pct``, ``peak_memory_gib``,
+    ``memory_total_gib`` (NaN if not recorded). The median, not the mean: a few idle
+    samples while the model loads or the queue drains should not hide a GPU that was
+    busy the rest of the time (nor a mostly idle one behind a few busy samples)."""
+    rows = [
+        (gpu, len(g), float(np.median(g["utilization_pct"])), float(g["memory_used_bytes"].max()) / GIB,
+         float(g["memory_total_bytes"].max()) / GIB if g["memory_total_bytes"].notna().any() else np.nan)
+        for gpu, g in samples.groupby("gpu", sort=True)
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=["gpu", "samples", "median_utilization_pct", "peak_memory_gib", "memory_total_gib"])
+
+
+def gpu_summary_lines(summary: pd.DataFrame) -> list[str]:
+    """The one line per GPU the figure shows and the job log gets."""
+    lines = []
+    for r in summary.itertuples(index=False):
+        total = f" of {r.memory_total_gib:.1f} GiB" if np.isfinite(r.memory_total_gib) else ""
+        lines.append(f"GPU {r.gpu}: median utilisation {r.median_utilization_pct:.1f}%, "
+                     f"peak memory {r.peak_memory_gib:.2f} GiB{total} ({r.samples} samples)")  # fmt: skip
+    return lines
 
 
 def read_records(path) -> pd.DataFrame:
@@ -158,19 +207,22 @@ def plot_throughput(progress: pd.DataFrame, path, title: str = "") -> Path:
 
 def plot_gpu_timelines(samples: pd.DataFrame, path, title: str = "") -> Path:
     """Two panels against wall-clock time, one line per GPU: utilisation (%) and memory
-    used (GiB, each GPU's total memory dashed)."""
-    fig, axes = new_figure(2, 1, size=(12, 7), sharex=True)
-    ax_u, ax_m = axes[:, 0]
+    used (GiB, each GPU's total memory dashed); under them one summary line per GPU
+    (:func:`gpu_summary_lines`: median utilisation, peak memory), also logged."""
+    summary = gpu_summary(samples)
+    lines = gpu_summary_lines(summary) if len(samples) else [no_samples_text(samples)]
+    for line in lines:
+        log.info("%sGPU telemetry: %s", title, line)
+    fig, axes = new_figure(3, 1, size=(12, 7.4 + 0.22 * len(lines)), sharex=True,
+                           gridspec_kw={"height_ratios": [3, 3, 0.25 + 0.22 * len(lines)]})  # fmt: skip
+    ax_u, ax_m, ax_s = axes[:, 0]
     div, unit = _time_unit(float(samples["time_s"].max()) if len(samples) else 0.0)
-    for i, (gpu, g) in enumerate(samples.groupby("gpu", sort=True)):
+    for i, ((gpu, g), s) in enumerate(zip(samples.groupby("gpu", sort=True), summary.itertuples(index=False))):
         c = colour(i)
-        mean = g["utilization_pct"].mean()
-        ax_u.plot(g["time_s"] / div, g["utilization_pct"], color=c, linewidth=1.3, label=f"GPU {gpu} (mean {mean:.0f}%)")
-        ax_m.plot(g["time_s"] / div, g["memory_used_bytes"] / GIB, color=c, linewidth=1.3,
-                  label=f"GPU {gpu} (peak {g['memory_used_bytes'].max() / GIB:.1f} GiB)")  # fmt: skip
-        tot = g["memory_total_bytes"].dropna()
-        if len(tot):
-            ax_m.axhline(tot.max() / GIB, color=c, linestyle="--", linewidth=0.9, alpha=0.7)
+        ax_u.plot(g["time_s"] / div, g["utilization_pct"], color=c, linewidth=1.3, label=f"GPU {gpu} (median {s.median_utilization_pct:.0f}%)")
+        ax_m.plot(g["time_s"] / div, g["memory_used_bytes"] / GIB, color=c, linewidth=1.3, label=f"GPU {gpu} (peak {s.peak_memory_gib:.1f} GiB)")
+        if np.isfinite(s.memory_total_gib):
+            ax_m.axhline(s.memory_total_gib, color=c, linestyle="--", linewidth=0.9, alpha=0.7)
     ax_u.set_ylabel("GPU utilisation (%)")
     ax_u.set_ylim(0, 105)
     ax_u.set_title("Utilisation per GPU (NVML)")
@@ -183,10 +235,10 @@ def plot_gpu_timelines(samples: pd.DataFrame, path, title: str = "") -> Path:
         ax.grid(True, alpha=0.3)
         if len(samples):
             ax.legend(frameon=False, fontsize=9, loc="lower right", ncols=2)
-    if not len(samples):
-        notes = samples.attrs.get("notes") or []
-        for ax in (ax_u, ax_m):
-            note(ax, "no GPU samples" + (f": {notes[-1]}" if notes else ""))
+        else:
+            note(ax, lines[0])
+    ax_s.set_axis_off()
+    ax_s.text(0.0, 1.0, "\n".join(lines), ha="left", va="top", transform=ax_s.transAxes, fontsize=9, family="monospace")
     n_gpus = samples["gpu"].nunique()
     fig.suptitle(f"{title}GPU telemetry, {n_gpus} GPU(s), {len(samples)} samples")
     return save_png(fig, path)
@@ -227,6 +279,9 @@ def extraction_report(out_dir, progress=None, telemetry=None, records=None, name
 
 __all__ = [
     "extraction_report",
+    "gpu_summary",
+    "gpu_summary_lines",
+    "no_samples_text",
     "plot_gpu_timelines",
     "plot_throughput",
     "read_gpu_samples",
