@@ -11,7 +11,8 @@
 #   attn     the attention kernel on the GPU, fp32 and (where supported) bf16
 #            (bench_attention --device cuda)
 #   train    training steps/s against the GPU's measured matmul rate (bench_train --device cuda)
-#   pytest   pytest -m gpu (tests/test_gpu_train.py: the Trainer, collectives, numerics)
+#   pytest   pytest -m gpu (tests/test_gpu_train.py: the Trainer, collectives, numerics;
+#            test_attention.py: the kernel in fp32/bf16; test_extract_pack.py: packed rows)
 #
 # Without a CUDA GPU visible to torch it prints one line, `gpu-check: SKIP ...`, and
 # exits 0 (GPU_CHECK_SKIP_CODE=77 makes it exit 77, the automake/ctest "skipped" code,
@@ -101,7 +102,7 @@ check train 150 'grep -E "^  new: step|matrix-product rate" | sed -E "s/; its co
     --shapes 1000000:10 500000:20 100000:30 --batch 32 --cells 128 --steps 3 --shape-seconds 30 --matmul 4096 --threads 4
 
 check pytest 90 'tail -n 1' -- \
-    "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py}
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py tests/test_attention.py tests/test_extract_pack.py}
 
 echo "gpu-check: $([ $failed -eq 0 ] && echo PASS || echo FAIL) (logs in $OUT)"
 exit $failed
