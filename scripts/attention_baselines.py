@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 try:
-    from ampflow.model.attention import _check_inputs, _default_scale, band_width, local_attention_full
+    from ampflow.model.attention import band_width, banded_arguments, local_attention_full
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from ampflow.model.attention import _check_inputs, _default_scale, band_width, local_attention_full
+    from ampflow.model.attention import band_width, banded_arguments, local_attention_full
 
 
 def band_offsets(s: int, e: int, n: int, window: int) -> Iterator[tuple[int, int, int, int]]:
@@ -147,14 +147,9 @@ def local_attention_per_offset(
     Same arguments and result as :func:`ampflow.model.attention.local_attention_banded`
     (``chunk``: query rows per block, ``None`` or ``0`` one block).
     """
-    n = _check_inputs(q, k, v, window)
-    if chunk is not None and (int(chunk) != chunk or chunk < 0):
-        raise ValueError(f"chunk must be a non-negative integer or None, got {chunk!r}")
-    window = int(window)
-    if n == 0:
-        return local_attention_full(q, k, v, window, scale)
-    chunk = int(chunk) if chunk else n
-    q_s = q * _default_scale(q, scale)
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    q_s, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q_s, k, v))
+    args = banded_arguments(q, k, v, window, chunk, scale)
+    if args is None:
+        return local_attention_full(q, k, v, int(window), scale)
+    q_s, k, v, window, chunk = args
+    chunk = chunk or q.shape[-2]
     return _PerOffsetLocalAttention.apply(q_s, k, v, window, chunk, combine)

@@ -45,6 +45,11 @@ def alone(emb, seqs) -> dict:
     return {k: ([g[k][0] for g in got] if k.endswith(".tokens") else np.concatenate([g[k] for g in got])) for k in got[0]}
 
 
+def cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity of matching rows."""
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
 def assert_same(got: dict, ref: dict, atol: float) -> None:
     assert set(got) == set(ref)
     for k in ref:
@@ -103,10 +108,6 @@ def test_packed_bf16_close_to_alone(folders, kind):
     rows = emb._rows(toks)
     assert max(len(r) for r in rows) >= 3
     got = emb.embed_packed(toks, rows)["L2.mean"]
-
-    def cos(a, b):
-        return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-
     assert cos(got, ref16).min() >= 0.999
     assert cos(got, ref32).min() >= 0.999
 
@@ -208,5 +209,4 @@ def test_packed_equals_one_at_a_time_on_the_gpu(folders, kind, dtype):
     if dtype == "float32":
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
     else:
-        cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
-        assert cos.min() >= 0.999
+        assert cos(got, ref).min() >= 0.999

@@ -153,6 +153,7 @@ def test_every_collective_on_a_one_rank_group(device, tmp_path):
     from ampflow.parallel.data_parallel import DataParallelStep, parallelize_data_parallel
     from ampflow.parallel.feature_parallel import FeatureParallelLinear
     from ampflow.parallel.mesh import Mesh
+    from ampflow.parallel.parallelize import apply_single_device_strategies
     from ampflow.parallel.sharded_decoder import ShardedStratifiedZINBDecoder
     from ampflow.spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 
@@ -172,11 +173,7 @@ def test_every_collective_on_a_one_rank_group(device, tmp_path):
                 mesh = Mesh(1, 1, 0)
                 mesh.dp_group = mesh.tp_group = world
                 dec = model.hic_decoder
-                if plan.chunk:
-                    for block in dec.blocks:
-                        block.chunk = plan.chunk
-                if plan.uses_key_first:
-                    dec.key_first = True
+                apply_single_device_strategies(dec, plan)
                 features, hidden = plan.uses(FEATURE_PARALLEL), plan.uses(HIDDEN_PARALLEL)
                 shards = {}
                 if features or hidden:

@@ -506,18 +506,26 @@ def local_attention_banded(
     Tensor
         ``(..., N, Dv)``.
     """
+    args = banded_arguments(q, k, v, window, chunk, scale)
+    if args is None:
+        return local_attention_full(q, k, v, int(window), scale)
+    return _BandedLocalAttention.apply(*args, combine)
+
+
+def banded_arguments(q: Tensor, k: Tensor, v: Tensor, window: int, chunk: int | None, scale: float | None):
+    """The checked arguments of a banded kernel: ``(q_s, k, v, window, chunk)`` with the
+    queries scaled and all three expanded to their shared leading dims, ``chunk`` an
+    int or None (one block); None for ``N = 0`` (the full kernel's empty result)."""
     n = _check_inputs(q, k, v, window)
     if chunk is not None and (int(chunk) != chunk or chunk < 0):
         raise ValueError(f"chunk must be a non-negative integer or None, got {chunk!r}")
-    window = int(window)
     if n == 0:
-        return local_attention_full(q, k, v, window, scale)
-    chunk = int(chunk) if chunk else None
+        return None
     q_s = q * _default_scale(q, scale)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     # expand() is a view; its backward sums the gradient back to each input's shape.
     q_s, k, v = (t.expand(*batch, *t.shape[-2:]) for t in (q_s, k, v))
-    return _BandedLocalAttention.apply(q_s, k, v, window, chunk, combine)
+    return q_s, k, v, int(window), int(chunk) if chunk else None
 
 
 def local_attention(

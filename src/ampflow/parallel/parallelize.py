@@ -55,11 +55,7 @@ def parallelize(model: nn.Module, plan: Plan | None, mesh: Mesh | None = None) -
     plan = plan or Plan()
     mesh = mesh or Mesh(1, 1)
     dec = model.hic_decoder
-    if plan.chunk:
-        for block in dec.blocks:
-            block.chunk = plan.chunk
-    if plan.uses_key_first:
-        dec.key_first = True
+    apply_single_device_strategies(dec, plan)
     if mesh.world > 1:
         _broadcast_from_rank0(model)
     features = plan.uses(FEATURE_PARALLEL) and mesh.tp > 1
@@ -126,3 +122,13 @@ def load_full_state(model: nn.Module, state: dict, optimizer: torch.optim.Optimi
         shard = shards.get(names[int(i)])
         local["state"][i] = {k: (shard.take(v) if shard is not None and torch.is_tensor(v) and v.dim() > 0 else v) for k, v in st.items()}
     optimizer.load_state_dict(local)
+
+
+def apply_single_device_strategies(dec, plan: Plan) -> None:
+    """Switch on the plan's strategies that need no other rank: S3's query chunk in every
+    stratum block, S4's key-first decode."""
+    if plan.chunk:
+        for block in dec.blocks:
+            block.chunk = plan.chunk
+    if plan.uses_key_first:
+        dec.key_first = True
