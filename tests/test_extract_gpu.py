@@ -92,8 +92,11 @@ def test_two_gpu_workers_load_one_after_another_near_one_host_copy(big_model, tm
     from ampflow.extract.config import ExtractSettings, ModelSpec
     from ampflow.extract.run import extract_model
 
+    # enough work that the second worker, waiting its turn to load, gets chunks: an H100
+    # computed 200 of these proteins in 2 s, before the second worker was ready, and the
+    # pool rightly ended it unused
     fasta = tmp_path / "p.fa"
-    fasta.write_text("".join(f">p{i}\n{s}\n" for i, s in enumerate(proteins(200, seed=2, lengths=(50, 400)))))
+    fasta.write_text("".join(f">p{i}\n{s}\n" for i, s in enumerate(proteins(3000, seed=2, lengths=(50, 400)))))
     file_bytes = (big_model / "model.safetensors").stat().st_size
     peaks = {"pss": 0, "rss": 0}
     stop = threading.Event()

@@ -6,10 +6,10 @@ fail.
 * the Trainer end to end: trained, killed (``stop_after``) and resumed, outputs written,
   metrics rows with the allocator's peaks (``peak_source`` ``cuda`` with the requested
   and reserved peaks and the base). Determinism: on CPU the resumed run equals the
-  uninterrupted one bit for bit. On CUDA the run is under
-  ``torch.use_deterministic_algorithms(True, warn_only=True)`` with
-  ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (effective where this process had not yet made a
-  cuBLAS handle): bit-identical unless an op warned that it has no deterministic
+  uninterrupted one bit for bit. On CUDA the trainer itself (``train.deterministic``,
+  its default) runs under ``torch.use_deterministic_algorithms(True, warn_only=True)``
+  with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``: bit-identical unless an op warned that it
+  has no deterministic
   CUDA implementation, and then within a stated tolerance (:data:`RESUME_RTOL` on the
   final loss and parameters: atomics reorder float32 sums, about 1e-7 relative per
   addition, over the 12 steps of the run);
@@ -83,7 +83,7 @@ def _rows(out: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_trainer_trains_is_killed_and_resumes(device, tmp_path, monkeypatch):
+def test_trainer_trains_is_killed_and_resumes(device, tmp_path):
     from ampflow.spec.config import LossWeights, ModelConfig, StageConfig, TrainConfig
     from ampflow.train.trainer import MEASURED_STEPS, Trainer
 
@@ -93,9 +93,9 @@ def test_trainer_trains_is_killed_and_resumes(device, tmp_path, monkeypatch):
                       pretrain=StageConfig(2, 2e-3, w), finetune=StageConfig(1, 5e-4, w))  # fmt: skip
     steps = 3 * math.ceil(32 / 8)
     caught: list = []
-    if device == "cuda":
-        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+    # train.deterministic (default true): the trainer itself switches a CUDA run to
+    # deterministic kernels and sets the cuBLAS workspace; undone after the test
+    cublas = os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -104,9 +104,15 @@ def test_trainer_trains_is_killed_and_resumes(device, tmp_path, monkeypatch):
             assert a.fit() is True
             assert Trainer(data, ModelConfig(), cfg, tmp_path / "b", stop_after=5).fit() is False
             assert Trainer(data, ModelConfig(), cfg, tmp_path / "b").fit() is True
-    finally:
         if device == "cuda":
-            torch.use_deterministic_algorithms(False)
+            assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        else:  # a CPU run repeats without them
+            assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    finally:
+        torch.use_deterministic_algorithms(False)
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        if cublas is not None:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = cublas
     for out in ("a", "b"):
         for f in ("model.pt", "embeddings.h5ad", "config.yaml", "metrics.jsonl"):
             assert (tmp_path / out / f).is_file(), (out, f)
@@ -201,6 +207,16 @@ def test_every_collective_on_a_one_rank_group(device, tmp_path):
         dist.destroy_process_group()
 
 
+def _problem_on(device, problem):
+    """test_tensor_parallel's ``_problem`` built on ``device``."""
+
+    def on_device(*a, **k):
+        model, rna, hic, cond = problem(*a, **k)
+        return model.to(device), rna.to(device), hic.to(device), None if cond is None else cond.to(device)
+
+    return on_device
+
+
 def _ranks_on_one_device(rank, world, cases, device):
     """tests/test_tensor_parallel's worker with its problem on ``device`` (every rank on
     GPU 0 under gloo); results back on the CPU."""
@@ -209,12 +225,7 @@ def _ranks_on_one_device(rank, world, cases, device):
     if device == "cuda":
         torch.cuda.set_device(0)
     orig = T._problem
-
-    def on_device(*a, **k):
-        model, rna, hic, cond = orig(*a, **k)
-        return model.to(device), rna.to(device), hic.to(device), None if cond is None else cond.to(device)
-
-    T._problem = on_device
+    T._problem = _problem_on(device, orig)
     try:
         out = T._tp_worker(rank, world, cases)
     finally:
@@ -222,9 +233,27 @@ def _ranks_on_one_device(rank, world, cases, device):
     return _to(out, "cpu")
 
 
+def _references_on(device, T, monkeypatch):
+    """test_tensor_parallel's one-process references computed on ``device`` (results back
+    on the CPU): with dp = 1 the model draws its noise from the global RNG of its device,
+    and CUDA's generator draws other numbers than the CPU's from the same seed."""
+    problem = T._problem
+    on_device = _problem_on(device, problem)
+    for name in ("_reference", "_truth"):
+
+        def computed_on_device(*a, _fn=getattr(T, name), **k):
+            T._problem = on_device
+            try:
+                return _to(_fn(*a, **k), "cpu")
+            finally:
+                T._problem = problem
+
+        monkeypatch.setattr(T, name, computed_on_device)
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("device", DEVICES)
-def test_two_ranks_share_one_device_over_gloo(device, tmp_path):
+def test_two_ranks_share_one_device_over_gloo(device, tmp_path, monkeypatch):
     import test_tensor_parallel as T
     from dist_helpers import run_world
 
@@ -232,6 +261,7 @@ def test_two_ranks_share_one_device_over_gloo(device, tmp_path):
     if device == "cpu":  # test_tensor_parallel runs them all on CPU: here the device path's proof
         cases = [c for c in cases if c[0] in ("S1", "S2+S3+S4+S5") and c[1] == "narrow"]
     results = run_world(_ranks_on_one_device, 2, tmp_path, cases, device)
+    _references_on(device, T, monkeypatch)
     T._check(2, results, cases)
 
 

@@ -124,10 +124,12 @@ def _truth(config, dp):
     gen = torch.Generator().manual_seed(NOISE_SEED)
     torch.manual_seed(GLOBAL_SEED)
     n_nodes, d = model.graph_encoder.embedding.shape
-    src = gen if dp > 1 else None  # dp = 1: the model's own draws from the global RNG
+    device = model.graph_encoder.embedding.device
+    # dp = 1: the model's own draws, from the global RNG of the device it is on
+    src, where = (gen, gen.device) if dp > 1 else (None, device)
 
     def draw(n):
-        return torch.randn(n, d, generator=src, dtype=torch.float32).to(F64)
+        return torch.randn(n, d, generator=src, dtype=torch.float32, device=where).to(device, F64)
 
     noise = (draw(B), draw(B), draw(n_nodes))
     terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond)

@@ -670,3 +670,31 @@ def test_checkpoints_of_another_run_are_not_resumed(paired, reference, tmp_path,
     assert "from another run" in caplog.text
     assert_same_model(out, reference)
     assert_same_metrics(out, reference)
+
+
+def test_deterministic_cuda_turns_on_torchs_switch_and_keeps_a_users_cublas_setting():
+    """``train.deterministic`` on CUDA: torch's deterministic algorithms (warn-only) and
+    the cuBLAS workspace its documentation requires, unless the user set one; off, it
+    changes nothing and says why runs may differ. Referee: torch's own switches."""
+    from ampflow.train.trainer import DETERMINISTIC_CUBLAS, use_deterministic_cuda
+
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        env: dict = {}
+        assert "differ" in use_deterministic_cuda(False, env)
+        assert env == {} and not torch.are_deterministic_algorithms_enabled()
+        why = use_deterministic_cuda(True, env)
+        assert env == {"CUBLAS_WORKSPACE_CONFIG": DETERMINISTIC_CUBLAS} == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert ":4096:8" in why
+        users = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+        assert ":16:8" in use_deterministic_cuda(True, users) and users == {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
+def test_train_deterministic_must_be_a_boolean():
+    with pytest.raises(InputError, match=r"train\.deterministic.*'yes'"):
+        TrainConfig.from_dict({"deterministic": "yes"})
+    assert TrainConfig().deterministic is True and TrainConfig.from_dict({"deterministic": False}).deterministic is False

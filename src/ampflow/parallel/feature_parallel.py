@@ -41,7 +41,8 @@ class FeatureParallelLinear(nn.Module):
         shard = Shard(1, features.long(), plain.in_features)
         self.weight = sharded_parameter(plain.weight, shard)
         self.bias = sharded_parameter(plain.bias, None) if plain.bias is not None else None
-        self.register_buffer("features", features.long().clone(), persistent=False)
+        # on the layer's device: built after the model moved to its GPU, from CPU indices
+        self.register_buffer("features", features.long().to(plain.weight.device, copy=True), persistent=False)
         self.shards = {"weight": shard}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -122,8 +122,9 @@ class HiddenParallelStratumBlock(nn.Module):
         cols_I, cols_J = Shard(1, channels, D), Shard(1, ffn, width)
         self.heads, self.window, self.attention, self.chunk = plain.heads, plain.window, plain.attention, plain.chunk
         self.group, self.D = group, D
-        self.register_buffer("channels", channels.clone(), persistent=False)
-        self.register_buffer("ffn_cols", ffn2, persistent=False)
+        device = plain.w_v.weight.device  # the indices are built on the CPU; the block may be on a GPU
+        self.register_buffer("channels", channels.to(device, copy=True), persistent=False)
+        self.register_buffer("ffn_cols", ffn2.to(device), persistent=False)
         self.norm_in = LocalNorm(plain.norm_in, None)
         self.w_v = LocalLinear(plain.w_v, I, None)
         self.w_k = LocalLinear(plain.w_k, I, None) if plain.w_k is not None else None

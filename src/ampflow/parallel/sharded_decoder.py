@@ -65,7 +65,10 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         for name in ("scale_lin", "bias", "log_theta", "zi_logits"):
             setattr(self, name, sharded_parameter(getattr(plain, name), fshard))
         self.loading = sharded_parameter(plain.loading, fshard)
-        self.register_buffer("local_features", local, persistent=False)
+        # index buffers on the plain decoder's device: it is sharded after the model moved
+        # to its GPU, and the indices are built on the CPU
+        device = plain.scale_lin.device
+        self.register_buffer("local_features", local.to(device), persistent=False)
         self.register_buffer("feature_anchor", plain.feature_anchor.clone(), persistent=False)
         self.bounds = list(plain.bounds)
         self.shards: dict[str, Shard] = {}
@@ -75,7 +78,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
             D = plain.u_proj.out_features if plain.u_proj is not None else plain.loading.shape[1] - plain.n_batches
             heads = plain.blocks[0].heads if len(plain.blocks) else 1
             channels = head_channels(D, heads, tp, rank)
-            self.register_buffer("channels", channels, persistent=False)
+            self.register_buffer("channels", channels.to(device), persistent=False)
             self.blocks = nn.ModuleList(HiddenParallelStratumBlock(b, channels, tp, rank, group) for b in plain.blocks)
             for i, b in enumerate(self.blocks):
                 self.shards.update({f"blocks.{i}.{n}": s for n, s in b.shards.items()})

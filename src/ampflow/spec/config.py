@@ -248,6 +248,11 @@ class TrainConfig:
     mesh's processes; see :mod:`ampflow.amp.cpu`), and 1 where the plan has none. Both
     repeat for identical inputs: the plan is a pure function of the profile,
     ``devices.json`` and the calibration.
+
+    ``deterministic`` (default true) makes a CUDA run repeat bit for bit on one machine:
+    deterministic algorithms (CUDA's ``index_add_``/scatter kernels otherwise add with
+    atomics in a varying order) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` where unset. A CPU
+    run repeats either way.
     """
 
     seed: int = 0
@@ -257,6 +262,7 @@ class TrainConfig:
     threads: int | str = AUTO_THREADS
     device: str = "auto"
     dtype: str = "float32"
+    deterministic: bool = True
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 2e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 5e-4, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -273,6 +279,8 @@ class TrainConfig:
             raise InputError("must be auto, cpu or cuda", key="train.device", value=self.device)
         if self.dtype not in DTYPE_BYTES:
             raise InputError(f"must be one of {', '.join(DTYPE_BYTES)}", key="train.dtype", value=self.dtype)
+        if not isinstance(self.deterministic, bool):
+            raise InputError("must be true or false", key="train.deterministic", value=self.deterministic)
 
     @property
     def explicit_threads(self) -> int | None:

@@ -113,6 +113,27 @@ def run_threads(cfg: TrainConfig, plan: Plan | None, device: torch.device) -> tu
     return 1, "train.threads auto and no planned figure" + (" for a CPU run" if device.type == "cpu" else " on a GPU")
 
 
+#: The cuBLAS workspace setting under which PyTorch's cuBLAS calls are deterministic
+#: (its documentation's ``:4096:8``; 32 MiB per handle, what plans budget on any GPU).
+DETERMINISTIC_CUBLAS = ":4096:8"
+
+
+def use_deterministic_cuda(on: bool, env=None) -> str:
+    """Switch a CUDA run to deterministic kernels (``train.deterministic``) and say how.
+
+    Sets ``CUBLAS_WORKSPACE_CONFIG`` in ``env`` (default ``os.environ``) where unset, before
+    the run's first cuBLAS call, and turns on ``torch.use_deterministic_algorithms`` with
+    ``warn_only``: an operation with no deterministic CUDA kernel warns (once) instead of
+    stopping a training run. Process-wide, as torch's switch is: the trainer's process
+    trains one model."""
+    if not on:
+        return "train.deterministic is false: CUDA's atomic index_add_/scatter sums may differ from run to run"
+    env = os.environ if env is None else env
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    return f"deterministic algorithms on, CUBLAS_WORKSPACE_CONFIG={env['CUBLAS_WORKSPACE_CONFIG']} (train.deterministic)"
+
+
 def seed_everything(seed: int) -> torch.Generator:
     random.seed(seed)
     np.random.seed(seed)
@@ -155,6 +176,8 @@ class Trainer:
             "device: %s (%s; %d CUDA GPU(s) visible%s), %d process(es)",
             self.device.type, source, gpus, ", not used" if gpus and self.device.type == "cpu" else "", self.mesh.world,
         )  # fmt: skip
+        if self.device.type == "cuda":
+            log.info("determinism: %s", use_deterministic_cuda(train_cfg.deterministic))
         self.threads, why = run_threads(train_cfg, self.plan, self.device)
         torch.set_num_threads(self.threads)
         log.info("torch threads: %d per process (%s)", torch.get_num_threads(), why)
