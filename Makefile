@@ -44,9 +44,13 @@ demo-gpu:
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
 
+# the workflow (snakemake --lint, snakefmt), the package (ruff, configured in
+# pyproject.toml) and its layers (import-linter's contracts in pyproject.toml)
 lint: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --lint --configfile $(DEMO_CONFIG)
 	$(BIN)/snakefmt --check workflow/
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_prepare.py

@@ -84,7 +84,7 @@ class _PerOffsetLocalAttention(torch.autograd.Function):
             for o in range(width):
                 if o not in reached:
                     scores[..., o] = float("-inf")
-            for o, d, lo, hi in offsets:
+            for o, _, lo, hi in offsets:
                 scores[..., : lo - s, o] = float("-inf")
                 scores[..., hi - s :, o] = float("-inf")
             p = torch.softmax(scores, dim=-1)

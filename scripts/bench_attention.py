@@ -75,18 +75,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[2737, 5462, 27268], help="sequence lengths N")
     p.add_argument("--dim", type=int, default=8, help="head width D (Dk = Dv)")
     p.add_argument("--window", type=int, default=8, help="half-width w of the window")
-    p.add_argument(
-        "--chunks", type=int, nargs="+", default=[128, 2048], help="query rows C per chunk (S3)"
-    )
+    p.add_argument("--chunks", type=int, nargs="+", default=[128, 2048], help="query rows C per chunk (S3)")
     p.add_argument("--heads", type=int, default=4, help="attention heads H")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats (best is reported)")
-    p.add_argument(
-        "--warmup", type=int, default=1, help="untimed passes first (the first counts bytes)"
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)"
-    )
+    p.add_argument("--warmup", type=int, default=1, help="untimed passes first (the first counts bytes)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument(
         "--max-full-gib",
@@ -204,9 +198,7 @@ def main(argv=None) -> int:
     summary = []
     for n in args.sizes:
         g = torch.Generator(device="cpu").manual_seed(args.seed + n)
-        q, k, v, grad_out = (
-            torch.randn(h, n, d, generator=g, dtype=dtype).to(device) for _ in range(4)
-        )
+        q, k, v, grad_out = (torch.randn(h, n, d, generator=g, dtype=dtype).to(device) for _ in range(4))
         for t in (q, k, v):
             t.requires_grad_(True)
         print(f"\nN={n}   ({band_width(n, w)} scores per query needed)")
@@ -215,10 +207,7 @@ def main(argv=None) -> int:
         est = full_peak_estimate(n, h, itemsize)
         for label, kind, c, fn in methods:
             if kind == "full" and est > args.max_full_gib * GIB:
-                print(
-                    f"  {label:<15} skipped: estimated peak {fmt_bytes(est)} "
-                    f"(H*N^2*(4*{itemsize}+1) bytes) > --max-full-gib {args.max_full_gib:g}"
-                )
+                print(f"  {label:<15} skipped: estimated peak {fmt_bytes(est)} (H*N^2*(4*{itemsize}+1) bytes) > --max-full-gib {args.max_full_gib:g}")
                 continue
             r = run_method(fn, q, k, v, grad_out, args.repeats, args.warmup)
             model = score_model_bytes(n, h, itemsize, w, kind, c)
@@ -232,22 +221,15 @@ def main(argv=None) -> int:
                 base = r
             else:
                 ratios[label] = r["total"] / base["total"]
-                diff = max(
-                    (a - b).abs().max().item()
-                    for a, b in zip([r["out"], *r["grads"]], [base["out"], *base["grads"]])
-                )
-                line += (
-                    f"\n  {'':<15} / banded: fwd+bwd {r['total'] / base['total']:.2f}x"
-                    f"   saved {r['saved'] / base['saved']:.2f}x   max |diff| {diff:.1e}"
-                )
+                diff = max((a - b).abs().max().item() for a, b in zip([r["out"], *r["grads"]], [base["out"], *base["grads"]]))
+                line += f"\n  {'':<15} / banded: fwd+bwd {r['total'] / base['total']:.2f}x   saved {r['saved'] / base['saved']:.2f}x   max |diff| {diff:.1e}"
                 if "cuda_peak" in r:
                     line += f"   cuda peak {r['cuda_peak'] / base['cuda_peak']:.2f}x"
             print(line)
             del r
         summary.append(
             f"summary N={n} {args.dtype} {device.type}: banded fwd+bwd {base['total'] * 1e3:.2f} ms; "
-            f"per-offset / banded {ratios['per-offset']:.2f}x; "
-            + (f"full / banded {ratios['full']:.2f}x" if "full" in ratios else "full skipped")
+            f"per-offset / banded {ratios['per-offset']:.2f}x; " + (f"full / banded {ratios['full']:.2f}x" if "full" in ratios else "full skipped")
         )
         del q, k, v, grad_out, base
     print()

@@ -101,14 +101,26 @@ DEVICE_SHAPES = {
 # here so that the benchmark travels without that folder: (file, sequences, quantiles).
 LENGTH_QUANTILES = {
     # Prodigal proteins of VIBRANT's mixed example (metagenomic proteins, 31-4,254)
-    "prodigal_proteins": ("vibrant_mixed_example_prodigal.faa", 181, [31, 53, 66, 79, 89, 96, 106, 112, 116, 139, 159, 181, 208, 255, 290, 317, 365, 410, 483, 659, 4254]),
+    "prodigal_proteins": (
+        "vibrant_mixed_example_prodigal.faa",
+        181,
+        [31, 53, 66, 79, 89, 96, 106, 112, 116, 139, 159, 181, 208, 255, 290, 317, 365, 410, 483, 659, 4254],
+    ),
     # UniProt proteins of the ESM examples
     "esm_proteins": ("esm_some_proteins.fasta", 15, [71, 77, 87, 98, 99, 100, 107, 124, 142, 153, 156, 202, 304, 435, 487, 552, 613, 653, 793, 898, 935]),
     # a phage's proteins (VIBRANT's Microviridae example)
-    "viral_proteins": ("vibrant_Microviridae_MH552510.2.faa", 12, [68, 68, 70, 79, 85, 85, 88, 93, 94, 94, 278, 461, 461, 462, 467, 470, 470, 548, 672, 694, 694]),
+    "viral_proteins": (
+        "vibrant_Microviridae_MH552510.2.faa",
+        12,
+        [68, 68, 70, 79, 85, 85, 88, 93, 94, 94, 278, 461, 461, 462, 467, 470, 470, 548, 672, 694, 694],
+    ),
     # viral DNA: VirNucPro's reads (all 298 nt) and VIBRANT's mixed genomes
     "viral_reads": ("virnucpro_sample_viral_test.fasta", 10, [298] * 21),
-    "viral_genomes": ("vibrant_mixed_example.fasta", 10, [910, 910, 910, 1473, 2198, 3289, 4673, 5707, 6039, 6385, 6842, 7298, 7404, 7466, 11368, 17190, 21045, 22444, 30180, 60102, 90023]),
+    "viral_genomes": (
+        "vibrant_mixed_example.fasta",
+        10,
+        [910, 910, 910, 1473, 2198, 3289, 4673, 5707, 6039, 6385, 6842, 7298, 7404, 7466, 11368, 17190, 21045, 22444, 30180, 60102, 90023],
+    ),
 }
 PROTEIN_SETS = ("prodigal_proteins", "esm_proteins", "viral_proteins")
 OLD_BUDGET = 4096  # the CPU's batches before plan_batches: sorted under the GPU's budget

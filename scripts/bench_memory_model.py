@@ -304,7 +304,10 @@ def main(argv=None) -> int:
         print(f"M(L) sweep, n={base_cfg.n_anchors}, B={base_cfg.batch}, chunk={base_cfg.chunk}, key-first, fp32, L = {sweep}")
         print(f"  allocator (MiB): {', '.join(f'{m / MIB:.2f}' for m in meas)}")
         print(f"  predicted (MiB): {', '.join(f'{p / MIB:.2f}' for p in pred)}  (phases: {', '.join(r.est.peak_part for r in runs)})")
-        print(f"  slope     fitted to allocator {m_slope / MIB:9.4f} MiB | to predicted {p_slope / MIB:9.4f} MiB | predicted M_stratum {last.per_stratum / MIB:9.4f} MiB")
+        print(
+            f"  slope     fitted to allocator {m_slope / MIB:9.4f} MiB | to predicted {p_slope / MIB:9.4f} MiB"
+            f" | predicted M_stratum {last.per_stratum / MIB:9.4f} MiB"
+        )
         print(f"  intercept fitted to allocator {m_icpt / MIB:9.4f} MiB | to predicted {p_icpt / MIB:9.4f} MiB")
 
     if results:

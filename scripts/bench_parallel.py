@@ -48,8 +48,7 @@ def prepare(work: Path) -> tuple[Path, dict]:
         print("preparing the demo's heavy configuration (Snakemake up to its plan) ...", flush=True)
         for cmd in (
             [str(BIN / "ampflow"), "demo-data", "resources/demo", "--cells", "120", "--seed", "0"],
-            [str(BIN / "snakemake"), "--profile", "profiles/local", "--configfile", "config/demo.yaml", "--cores", "2",
-             str(plan.relative_to(work))],
+            [str(BIN / "snakemake"), "--profile", "profiles/local", "--configfile", "config/demo.yaml", "--cores", "2", str(plan.relative_to(work))],
         ):
             res = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
             if res.returncode:
@@ -138,7 +137,10 @@ def main() -> None:
             cuda = False
         if cuda:
             gpu = train(work, data, mesh_plan(plan, 1, 1), a.steps, "gpu", device="cuda")
-            print(f"\nGPU, one process: median step {statistics.median(r['seconds'] for r in gpu[2:]):.4f} s, peak {max(r['peak_bytes'] for r in gpu) / 2**20:.1f} MiB")
+            print(
+                f"\nGPU, one process: median step {statistics.median(r['seconds'] for r in gpu[2:]):.4f} s,"
+                f" peak {max(r['peak_bytes'] for r in gpu) / 2**20:.1f} MiB"
+            )
         else:
             print("\nno CUDA device: the NCCL smoke run and the largest-fitting-configuration figures are skipped")
     finally:

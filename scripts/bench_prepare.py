@@ -182,17 +182,18 @@ def check_same_pixels(ours: Path, theirs: Path) -> tuple[int, int]:
     if a.binsize != b.binsize or a.chromnames != b.chromnames:
         sys.exit(f"bench: coolers differ in resolution/chromosomes: {a.binsize} {a.chromnames} vs {b.binsize} {b.chromnames}")
     ba, bb = a.bins()[["chrom", "start", "end"]][:], b.bins()[["chrom", "start", "end"]][:]
-    if len(ba) != len(bb) or not (ba["chrom"].astype(str).to_numpy() == bb["chrom"].astype(str).to_numpy()).all() or not (
-        ba[["start", "end"]].to_numpy() == bb[["start", "end"]].to_numpy()
-    ).all():
+    if (
+        len(ba) != len(bb)
+        or not (ba["chrom"].astype(str).to_numpy() == bb["chrom"].astype(str).to_numpy()).all()
+        or not (ba[["start", "end"]].to_numpy() == bb[["start", "end"]].to_numpy()).all()
+    ):
         sys.exit("bench: the two coolers have different bin tables")
     pa, pb = a.pixels()[:], b.pixels()[:]
     cols = ["bin1_id", "bin2_id", "count"]
     same = len(pa) == len(pb) and np.array_equal(pa[cols].to_numpy(np.int64), pb[cols].to_numpy(np.int64))
     if not same:
         sys.exit(
-            f"bench: pixels differ: ours {len(pa)} pixels / {int(pa['count'].sum())} contacts, "
-            f"cooler {len(pb)} pixels / {int(pb['count'].sum())} contacts"
+            f"bench: pixels differ: ours {len(pa)} pixels / {int(pa['count'].sum())} contacts, cooler {len(pb)} pixels / {int(pb['count'].sum())} contacts"
         )
     return len(pa), int(pa["count"].sum())
 
@@ -293,7 +294,10 @@ def bench_dryrun(args, tmp: Path) -> dict:
     jobs = next((ln.split()[-1] for ln in log.splitlines() if ln.startswith("total")), "?")
     t_big, t_small = summarise(big, args.stat), summarise(small, args.stat)
     print(f"  {args.dryrun_cells:,} cells : {t_big:7.3f} s ({args.stat}; runs: {fmt_times(big)}), {jobs} jobs planned")
-    print(f"  {len(demo):,} cells{' ' * (len(f'{args.dryrun_cells:,}') - len(str(len(demo))))} : {t_small:7.3f} s ({args.stat}; runs: {fmt_times(small)})  baseline")
+    print(
+        f"  {len(demo):,} cells{' ' * (len(f'{args.dryrun_cells:,}') - len(str(len(demo))))} : "
+        f"{t_small:7.3f} s ({args.stat}; runs: {fmt_times(small)})  baseline"
+    )
     print(f"  (c) snakemake -n on {args.dryrun_cells:,} cells = {t_big:.2f} s   (goal < {DRYRUN_GOAL:g} s)")
     return {"t": t_big, "t_small": t_small, "jobs": jobs}
 
@@ -662,7 +666,9 @@ def summarise_stages(out: dict, args) -> None:
         g = growth["TOTAL"]
         at_aim = g["wall_small"] + (AIM_CELLS - small) * g["wall_s_per_cell"]
         worst = max((v["rss_mb_per_cell"], k) for k, v in growth.items() if k != "TOTAL")
-        print(f"  total wall at {AIM_CELLS:,} cells (linear from the two sizes): {at_aim / 60:.1f} min vs aim {WALL_AIM / 60:.0f} min -> {at_aim / WALL_AIM:.2f}x")
+        print(
+            f"  total wall at {AIM_CELLS:,} cells (linear from the two sizes): {at_aim / 60:.1f} min vs aim {WALL_AIM / 60:.0f} min -> {at_aim / WALL_AIM:.2f}x"
+        )
         ca = sum(m["cpu"] for m in out["sizes"][small]["stages"].values())
         cb = sum(m["cpu"] for m in out["sizes"][big]["stages"].values())
         cpu_aim = ca + (AIM_CELLS - small) * (cb - ca) / (big - small)
@@ -687,13 +693,30 @@ def cell_counts(text: str) -> list[int]:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--cells", type=cell_counts, default=None, help="stage benchmark (d) at these dataset sizes, e.g. 300,1000 (two or more: growth per cell); without it (a)-(c)")
-    p.add_argument("--contacts", type=int, default=None, help="(a) contacts in the bulk-size pairs file (default: 20,000,000); (d) median contacts per cell (default: 150,000)")
+    p.add_argument(
+        "--cells",
+        type=cell_counts,
+        default=None,
+        help="stage benchmark (d) at these dataset sizes, e.g. 300,1000 (two or more: growth per cell); without it (a)-(c)",
+    )
+    p.add_argument(
+        "--contacts",
+        type=int,
+        default=None,
+        help="(a) contacts in the bulk-size pairs file (default: 20,000,000); (d) median contacts per cell (default: 150,000)",
+    )
     p.add_argument("--resolution", type=int, default=500_000, help="bin size in bp (default: 500000)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per command, after one warm-up (default: 3)")
-    p.add_argument("--stat", choices=["median", "best"], default="best", help="how repeats are summarised: best (least disturbed by other load, default) or median")
+    p.add_argument(
+        "--stat", choices=["median", "best"], default="best", help="how repeats are summarised: best (least disturbed by other load, default) or median"
+    )
     p.add_argument("--dryrun-cells", type=int, default=10_000, help="(c) rows of the cell sheet for snakemake -n (default: 10000)")
-    p.add_argument("--data-dir", default=None, help="(a) shared data folder with hires/ and annotation/ (default: auto); (d) folder of the datasets bench_<N>/, reused when present, else written there (default: inside the workdir)")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="(a) shared data folder with hires/ and annotation/ (default: auto); "
+        "(d) folder of the datasets bench_<N>/, reused when present, else written there (default: inside the workdir)",
+    )
     p.add_argument("--synthetic", action="store_true", help="use a synthetic cell even when the HiRES cell is available")
     p.add_argument("--gzip-level", type=int, default=6, help="gzip level of the benchmark pairs file (default: 6)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic cell / dataset (default: 0)")
@@ -724,7 +747,10 @@ def main(argv=None) -> int:
     results: dict = {}
     try:
         if args.cells:
-            print(f"ampflow prepare stages benchmark  (python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} usable CPUs, load average {os.getloadavg()[0]:.1f})")
+            print(
+                f"ampflow prepare stages benchmark  (python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} usable CPUs, "
+                f"load average {os.getloadavg()[0]:.1f})"
+            )
             results = bench_stages(args, tmp)
             if args.json_out:
                 Path(args.json_out).write_text(json.dumps(results, indent=1, default=str))

@@ -252,8 +252,10 @@ def main(argv=None) -> int:
             folders[label] = (d, real)
             print(f"wrote {label}: nnz {real:,}, hic.h5ad {mb((d / 'hic.h5ad').stat().st_size)} in {time.perf_counter() - t1:.1f} s")
         del var
-        print(f"setup {time.perf_counter() - t:.1f} s; rna.h5ad {mb((shared / 'rna.h5ad').stat().st_size)}, "
-              f"graph {mb(sum(p.stat().st_size for p in input_files(shared / 'graph')))}\n")
+        print(
+            f"setup {time.perf_counter() - t:.1f} s; rna.h5ad {mb((shared / 'rna.h5ad').stat().st_size)}, "
+            f"graph {mb(sum(p.stat().st_size for p in input_files(shared / 'graph')))}\n"
+        )
 
         # one discarded run loads the interpreter's and libraries' own files into the page
         # cache, so that "cold" below measures the inputs not being cached, not the code

@@ -291,7 +291,9 @@ def gageseq_splits(a, template: dict) -> list[dict]:
         held = holdout(hic.n_obs, split)
         z, _ = bandnorm_baseline(hic, ~held)
         rows.append({"split": split, "method": "bandnorm", **_flat(score(z, types, None, held))})
-        z, seconds, steps, lines = train_and_embed(data_dir, held, dict(template.get("model") or {}), _train_cfg(template, a), a.work / "runs" / f"gageseq-{split}")
+        z, seconds, steps, lines = train_and_embed(
+            data_dir, held, dict(template.get("model") or {}), _train_cfg(template, a), a.work / "runs" / f"gageseq-{split}"
+        )
         rows.append({"split": split, "method": "model", "seconds": seconds, "steps": steps, **_flat(score(z, types, None, held))})
         print(f"split {split}: held-out ARI {rows[-1]['heldout_ari']:.3f} (baseline {_base(rows, split, 'heldout_ari'):.3f}, shuffled p95 "
               f"{rows[-1]['heldout_shuffled_p95']:.3f}), all {rows[-1]['all_ari']:.3f} (baseline {_base(rows, split, 'all_ari'):.3f}, "
@@ -340,7 +342,9 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         c_all = kmeans(both, k)
         ari_batch = float(adjusted_rand_score(meta.loc[cells, "batch"].to_numpy(), c_all))
         ari_all_type = float(adjusted_rand_score(meta.loc[cells, "cell_type"].to_numpy(), c_all))
-        stop = next((ln.strip() for ln in (dest / "logs" / "lobo" / "train.1mb_s10.log").read_text().splitlines() if "stopped after" in ln or "ran all" in ln), "")
+        stop = next(
+            (ln.strip() for ln in (dest / "logs" / "lobo" / "train.1mb_s10.log").read_text().splitlines() if "stopped after" in ln or "ran all" in ln), ""
+        )
         rows.append({"dataset": "lobo", "batch": batch, "n_new": int(new.n_obs), "n_train": int(trained.n_obs), "ari": ari, "shuffled_p95": p95,
                      "bandnorm_on_batch": base_ari, "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, "seconds": seconds})  # fmt: skip
         print(f"  {batch}: {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "

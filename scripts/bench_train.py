@@ -135,6 +135,7 @@ from ampflow.model.paired import GraphSpec, PairedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_baselines import local_attention_per_offset  # noqa: E402
+
 from ampflow.parallel.parallelize import parallelize
 from ampflow.prepare.strata import candidate_index
 from ampflow.spec.config import ModelConfig, TrainConfig
@@ -473,9 +474,7 @@ class Variant:
         self.tag, self.fn, self.n_blocks = tag, attention_fn, shape.n_strata - 1
         self.device, self.sync = device, synchronizer(device)
         torch.manual_seed(seed)
-        model = PairedModel(
-            ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph
-        )
+        model = PairedModel(ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph)
         self.model = parallelize(model, plan).to(device)
         self.model.train()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=TrainConfig().pretrain.lr)
@@ -634,10 +633,7 @@ def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], ra
         )
     if "old" in res and "new" in res:
         old, new = res["old"], res["new"]
-        lines.append(
-            f"  new / old speed-up: {old.step / new.step:.1f}x wall, {old.cpu_s / new.cpu_s:.1f}x CPU seconds "
-            f"(plain steps, same run)"
-        )
+        lines.append(f"  new / old speed-up: {old.step / new.step:.1f}x wall, {old.cpu_s / new.cpu_s:.1f}x CPU seconds (plain steps, same run)")
     return lines
 
 

@@ -74,7 +74,9 @@ def held_out_ari(dest: Path, cfg: str) -> dict[str, float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--python", nargs="+", type=Path, default=[Path(sys.executable)], help="interpreters of environments with ampflow installed (one per torch build)")
+    ap.add_argument(
+        "--python", nargs="+", type=Path, default=[Path(sys.executable)], help="interpreters of environments with ampflow installed (one per torch build)"
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--work", type=Path, default=Path("/tmp/ampflow-demo-seeds"))
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
@@ -103,7 +105,11 @@ def main(argv=None) -> int:
                 margin = ari["joint"] - max(ari["rna_latent"], ari["hic_latent"])
                 row = {"torch": version, "seed": seed, "config": cfg, **ari, "margin": margin, "pass": margin >= MARGIN, "seconds": seconds}
                 rows.append(row)
-                print(f"{version:<16} {seed:>4} {cfg:<10} {ari['joint']:>6.3f} {ari['rna_latent']:>6.3f} {ari['hic_latent']:>6.3f} {margin:>+7.3f}  {'yes' if row['pass'] else 'NO'}", flush=True)
+                print(
+                    f"{version:<16} {seed:>4} {cfg:<10} {ari['joint']:>6.3f} {ari['rna_latent']:>6.3f} {ari['hic_latent']:>6.3f} "
+                    f"{margin:>+7.3f}  {'yes' if row['pass'] else 'NO'}",
+                    flush=True,
+                )
             done = len(rows) // len(CONFIGS)
             rate = (time.monotonic() - t_start) / done
             print(f"# {done}/{total} runs, {seconds:.0f} s this one, ETA {rate * (total - done) / 60:.1f} min", file=sys.stderr, flush=True)

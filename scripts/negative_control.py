@@ -136,14 +136,9 @@ class Result:
         """The acceptance conditions that failed, in words (empty when both hold)."""
         out = []
         if not self.foscttm_at_chance:
-            out.append(
-                f"held-out FOSCTTM {self.foscttm_heldout:.3f} outside the chance band 0.5 +- {self.tolerance:.3f} "
-                f"({self.n_heldout} cells)"
-            )
+            out.append(f"held-out FOSCTTM {self.foscttm_heldout:.3f} outside the chance band 0.5 +- {self.tolerance:.3f} ({self.n_heldout} cells)")
         if not self.joint_not_diluted:
-            out.append(
-                f"joint ARI {_fmt(self.ari.get('joint'))} < RNA latent ARI {_fmt(self.ari.get('rna_latent'))} - {ARI_SLACK}"
-            )
+            out.append(f"joint ARI {_fmt(self.ari.get('joint'))} < RNA latent ARI {_fmt(self.ari.get('rna_latent'))} - {ARI_SLACK}")
         return out
 
 
@@ -282,16 +277,12 @@ def run_workflow(work: Path, settings: Settings, log=print) -> None:
     # checkout's package for every job: PYTHONPATH is inherited by the rules' shells
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     src = str(REPO / "src")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]])
     log(f"  running: {' '.join(cmd)}")
     res = subprocess.run(cmd, check=False, cwd=work, env=env, capture_output=True, text=True)
     (work / "snakemake.log").write_text(res.stdout + res.stderr)
     if res.returncode != 0:
-        raise RuntimeError(
-            f"snakemake failed (exit {res.returncode}); log {work / 'snakemake.log'}:\n{res.stderr[-4000:]}"
-        )
+        raise RuntimeError(f"snakemake failed (exit {res.returncode}); log {work / 'snakemake.log'}:\n{res.stderr[-4000:]}")
 
 
 # ------------------------------------------------------------------ scores
@@ -350,10 +341,7 @@ def table(r: Result, settings: Settings) -> str:
             f"{settings.n_top_genes} HVGs, labels {settings.label_column}, seed {settings.seed}"
         ),
         f"  cells: {r.n_heldout} held-out, {r.n_train} training",
-        (
-            f"  FOSCTTM held-out        {r.foscttm_heldout:.3f}   chance band 0.5 +- {r.tolerance:.3f} "
-            f"= [{0.5 - r.tolerance:.3f}, {0.5 + r.tolerance:.3f}]"
-        ),
+        (f"  FOSCTTM held-out        {r.foscttm_heldout:.3f}   chance band 0.5 +- {r.tolerance:.3f} = [{0.5 - r.tolerance:.3f}, {0.5 + r.tolerance:.3f}]"),
         f"  FOSCTTM training        {r.foscttm_train:.3f}   (memorised pairs read low here)",
         f"  FOSCTTM shuffled (held-out, chance) {r.shuffled_heldout:.3f}",
         f"  Hi-C depth vs RNA UMIs  Spearman {r.depth_umi_spearman:+.3f}   (independent by construction)",
@@ -362,10 +350,7 @@ def table(r: Result, settings: Settings) -> str:
     lines += [f"    {m:<13}     {_fmt(r.ari[m]):>8}  {_fmt(r.ari_train.get(m)):>8}" for m in METHODS]
     lines += [
         f"  [{'PASS' if r.foscttm_at_chance else 'FAIL'}] held-out FOSCTTM within 0.5 +- 3/sqrt(12 n)",
-        (
-            f"  [{'PASS' if r.joint_not_diluted else 'FAIL'}] joint ARI {_fmt(r.ari['joint'])} >= RNA latent ARI "
-            f"{_fmt(r.ari['rna_latent'])} - {ARI_SLACK}"
-        ),
+        (f"  [{'PASS' if r.joint_not_diluted else 'FAIL'}] joint ARI {_fmt(r.ari['joint'])} >= RNA latent ARI {_fmt(r.ari['rna_latent'])} - {ARI_SLACK}"),
     ]
     if r.wall_s:
         lines.append("  wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in r.wall_s.items()))
@@ -378,9 +363,7 @@ def run_control(work: Path, data: Path, settings: Settings, log=print) -> Result
     t0 = time.perf_counter()
     built = build_dataset(work, data, settings)
     t1 = time.perf_counter()
-    log(
-        f"  dataset: {len(built['cells'])} cells, {sum(built['contacts']) / len(built['contacts']):,.0f} contacts each on average"
-    )
+    log(f"  dataset: {len(built['cells'])} cells, {sum(built['contacts']) / len(built['contacts']):,.0f} contacts each on average")
     run_workflow(work, settings, log=log)
     t2 = time.perf_counter()
     result = summarise(work, settings)
@@ -389,9 +372,7 @@ def run_control(work: Path, data: Path, settings: Settings, log=print) -> Result
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Settings()
     p.add_argument("--work", type=Path, help="folder for the dataset and results (default: a temporary one)")
     p.add_argument("--keep", action="store_true", help="keep the temporary folder")
@@ -406,12 +387,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=d.seed, help=f"subsampling, split and training seed (default {d.seed})")
     p.add_argument("--resolution", type=int, default=d.resolution, help=f"bin size in bp (default {d.resolution})")
     p.add_argument("--strata", type=int, default=d.strata, help=f"strata (default {d.strata})")
-    p.add_argument(
-        "--n-top-genes", type=int, default=d.n_top_genes, help=f"highly variable genes (default {d.n_top_genes})"
-    )
-    p.add_argument(
-        "--epochs", type=int, default=d.pretrain_epochs, help=f"pretraining epochs (default {d.pretrain_epochs})"
-    )
+    p.add_argument("--n-top-genes", type=int, default=d.n_top_genes, help=f"highly variable genes (default {d.n_top_genes})")
+    p.add_argument("--epochs", type=int, default=d.pretrain_epochs, help=f"pretraining epochs (default {d.pretrain_epochs})")
     p.add_argument(
         "--finetune-epochs",
         type=int,

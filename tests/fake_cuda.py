@@ -14,7 +14,7 @@ from pathlib import Path
 
 ENV = "AMPFLOW_FAKE_CUDA_GPUS"
 
-SITECUSTOMIZE = f'''\
+SITECUSTOMIZE = f"""\
 import os
 import sys
 
@@ -50,7 +50,7 @@ if _N is not None:
         _patch(sys.modules["torch"])
     else:
         sys.meta_path.insert(0, _FakeCudaFinder())
-'''
+"""
 
 
 def fake_cuda_env(folder: Path, gpus: int, env: dict | None = None) -> dict:

@@ -86,9 +86,7 @@ def _same_dir(a: str, b: Path) -> bool:
 
 def own_jobs(workdir: Path) -> list[dict]:
     """This user's queued or running jobs whose working directory is ``workdir``."""
-    out = subprocess.run(
-        ["squeue", "--me", "-h", "-o", "%i|%T|%k|%Z"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
+    out = subprocess.run(["squeue", "--me", "-h", "-o", "%i|%T|%k|%Z"], capture_output=True, text=True, check=True, timeout=30).stdout
     jobs = []
     for line in out.splitlines():
         job, state, comment, wd = line.split("|", 3)

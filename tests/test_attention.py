@@ -10,6 +10,9 @@ import random
 
 import pytest
 import torch
+from conftest import load_script
+from dist_helpers import run_world
+from largest_output import LargestOutput
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.model.attention import (
@@ -24,9 +27,6 @@ from ampflow.model.attention import (
 )
 from ampflow.parallel.collectives import group_sum
 from ampflow.train.memory import SavedTensorBytes, saved_activation_bytes
-from conftest import load_script
-from dist_helpers import run_world
-from largest_output import LargestOutput
 
 F64 = torch.float64
 
@@ -80,15 +80,11 @@ EXPLICIT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "n,window,chunk,heads,dk,dv", EXPLICIT_CASES + _random_cases(), ids=str
-)
+@pytest.mark.parametrize("n,window,chunk,heads,dk,dv", EXPLICIT_CASES + _random_cases(), ids=str)
 def test_chunked_equals_full_forward_and_gradients(n, window, chunk, heads, dk, dv):
     q, k, v, grad_out = _inputs(n, heads, dk, dv, seed=n * 1000 + window)
     full = _out_and_grads(lambda *a: local_attention_full(*a, window), q, k, v, grad_out)
-    chunked = _out_and_grads(
-        lambda *a: local_attention_chunked(*a, window, chunk), q, k, v, grad_out
-    )
+    chunked = _out_and_grads(lambda *a: local_attention_chunked(*a, window, chunk), q, k, v, grad_out)
     for name, a, b in zip(("out", "dq", "dk", "dv"), full, chunked):
         assert a.shape == b.shape, name
         torch.testing.assert_close(b, a, atol=1e-10, rtol=0, msg=name)
@@ -97,9 +93,7 @@ def test_chunked_equals_full_forward_and_gradients(n, window, chunk, heads, dk, 
 def test_chunked_gradcheck():
     # The chunked backward is written by hand: check it against finite differences too.
     q, k, v, _ = _inputs(11, 1, 3, 2, seed=11)
-    assert torch.autograd.gradcheck(
-        lambda a, b, c: local_attention_chunked(a, b, c, 2, 3), (q, k, v)
-    )
+    assert torch.autograd.gradcheck(lambda a, b, c: local_attention_chunked(a, b, c, 2, 3), (q, k, v))
 
 
 def test_chunked_broadcast_leading_dims_and_partial_grads():
@@ -156,13 +150,9 @@ def test_full_matches_naive_per_query_loop(window):
     q, k, v, _ = _inputs(23, 2, 5, 3, seed=7, requires_grad=False)
     ref = _naive_reference(q, k, v, window, 1 / math.sqrt(5))
     torch.testing.assert_close(local_attention_full(q, k, v, window), ref, atol=1e-12, rtol=0)
-    torch.testing.assert_close(
-        local_attention_chunked(q, k, v, window, 4), ref, atol=1e-12, rtol=0
-    )
+    torch.testing.assert_close(local_attention_chunked(q, k, v, window, 4), ref, atol=1e-12, rtol=0)
     for chunk in (None, 4):
-        torch.testing.assert_close(
-            local_attention_banded(q, k, v, window, chunk), ref, atol=1e-12, rtol=0
-        )
+        torch.testing.assert_close(local_attention_banded(q, k, v, window, chunk), ref, atol=1e-12, rtol=0)
 
 
 def test_window_zero_returns_values_and_huge_window_is_full_attention():
@@ -299,9 +289,7 @@ def test_saved_bytes_known_ops():
 def test_saved_bytes_sparse_tensor():
     n = 50
     idx = torch.tensor([[0, 1, 2], [1, 2, 3]])
-    adj = torch.sparse_coo_tensor(
-        idx, torch.ones(3, dtype=F64), (n, n), check_invariants=True
-    ).coalesce()
+    adj = torch.sparse_coo_tensor(idx, torch.ones(3, dtype=F64), (n, n), check_invariants=True).coalesce()
     h = torch.randn(n, 4, dtype=F64, requires_grad=True)
     with SavedTensorBytes() as s:
         torch.sparse.mm(adj, h * 1.0)
@@ -348,15 +336,11 @@ def test_banded_equals_full_forward_and_gradients(n, window, chunk, heads, dk, d
         torch.testing.assert_close(b, a, atol=1e-10, rtol=0, msg=name)
 
 
-@pytest.mark.parametrize(
-    "n,window,chunk", [(11, 2, 3), (11, 2, None), (7, 0, 2), (5, 9, 2), (8, 3, 1), (9, 8, 4)]
-)
+@pytest.mark.parametrize("n,window,chunk", [(11, 2, 3), (11, 2, None), (7, 0, 2), (5, 9, 2), (8, 3, 1), (9, 8, 4)])
 def test_banded_gradcheck(n, window, chunk):
     # Forward and backward are written by hand: check them against finite differences.
     q, k, v, _ = _inputs(n, 2, 3, 2, seed=n + window)
-    assert torch.autograd.gradcheck(
-        lambda a, b, c: local_attention_banded(a, b, c, window, chunk), (q, k, v)
-    )
+    assert torch.autograd.gradcheck(lambda a, b, c: local_attention_banded(a, b, c, window, chunk), (q, k, v))
 
 
 def test_banded_broadcast_leading_dims_and_partial_grads():
@@ -368,7 +352,7 @@ def test_banded_broadcast_leading_dims_and_partial_grads():
     grad_out = torch.randn(2, 3, n, 4, generator=g, dtype=F64)
     full = _out_and_grads(lambda *a: local_attention_full(*a, w), q, k, v, grad_out)
     for chunk in (None, c):
-        banded = _out_and_grads(lambda *a: local_attention_banded(*a, w, chunk), q, k, v, grad_out)
+        banded = _out_and_grads(lambda *a, chunk=chunk: local_attention_banded(*a, w, chunk), q, k, v, grad_out)
         for a, b in zip(full, banded):
             assert a.shape == b.shape
             torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
@@ -437,8 +421,8 @@ def test_the_per_offset_baseline_is_exact_and_covers_the_window():
         assert pairs == {(i, j) for i in range(n) for j in range(n) if abs(i - j) <= w}
     for n, w, c in [(53, 5, 7), (40, 61, None), (89, 2, 3)]:
         q, k, v, grad_out = _inputs(n, 2, 4, 3, seed=n)
-        full = _out_and_grads(lambda *a: local_attention_full(*a, w), q, k, v, grad_out)
-        old = _out_and_grads(lambda *a: baseline.local_attention_per_offset(*a, w, c), q, k, v, grad_out)
+        full = _out_and_grads(lambda *a, w=w: local_attention_full(*a, w), q, k, v, grad_out)
+        old = _out_and_grads(lambda *a, w=w, c=c: baseline.local_attention_per_offset(*a, w, c), q, k, v, grad_out)
         for a, b in zip(full, old):
             torch.testing.assert_close(b, a, atol=1e-10, rtol=0)
 

@@ -28,12 +28,7 @@ from ampflow.prepare.qc import QCThresholds, qc_table
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"chr1": 1_000_000, "chr2": 500_000}
-HEADER = (
-    "## pairs format v1.0\n"
-    "#chromosome: chr1 1000000\n"
-    "#chromosome: chr2 500000\n"
-    "#columns: readID chr1 pos1 chr2 pos2 strand1 strand2\n"
-)
+HEADER = "## pairs format v1.0\n#chromosome: chr1 1000000\n#chromosome: chr2 500000\n#columns: readID chr1 pos1 chr2 pos2 strand1 strand2\n"
 N_HEADER = HEADER.count("\n")
 
 

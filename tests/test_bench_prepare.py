@@ -25,10 +25,13 @@ def test_sampler_sees_a_grandchilds_allocation(tmp_path):
     # parent -> grandchild: the memory sits two levels below the process measured, as a
     # job's does below Snakemake; every page is written so that it is resident
     grandchild = f"b = bytearray(b'\\x01') * {HOLD}; import time; time.sleep(1.0)"
-    cmd = child_script(tmp_path, f"""
+    cmd = child_script(
+        tmp_path,
+        f"""
         import subprocess, sys
         subprocess.run([sys.executable, "-c", {grandchild!r}], check=True)
-    """)
+    """,
+    )
     m = bp.measure(cmd, cwd=tmp_path, watch=tmp_path / "none", log=tmp_path / "log", interval=0.1)
     assert m.samples >= 5
     assert m.rss_jobs >= HOLD, m  # the sum over descendants
@@ -45,13 +48,16 @@ def test_cpu_and_disk_of_a_stage(tmp_path):
     out.mkdir()
     # a child that burns ~0.6 s of CPU in a grandchild, then writes 5 MB of random bytes
     burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
-    cmd = child_script(tmp_path, f"""
+    cmd = child_script(
+        tmp_path,
+        f"""
         import os, subprocess, sys
         subprocess.run([sys.executable, "-c", {burn!r}], check=True)
         os.makedirs({str(out / "binned")!r}, exist_ok=True)
         with open({str(out / "binned" / "x.bin")!r}, "wb") as fh:
             fh.write(os.urandom(5 * 2**20))
-    """)
+    """,
+    )
     m = bp.measure(cmd, cwd=tmp_path, watch=out, log=tmp_path / "log", interval=0.1)
     assert m.cpu >= 0.6  # the grandchild's CPU counts (waited for by its parent)
     assert m.cpu < m.wall + 0.5  # one process at a time: not more CPU than wall

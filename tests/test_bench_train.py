@@ -12,7 +12,6 @@ import re
 import pytest
 from conftest import load_script
 
-
 bt = load_script("bench_train")
 STRATA = 4
 NUMBER = r"(\d+\.\d+)"

@@ -14,13 +14,13 @@ import cooler
 import pandas as pd
 import pytest
 import yaml
+from conftest import workflow_copy
+from test_binning import independent_count
 
 from ampflow.cli import main
 from ampflow.io.genome import read_chromsizes, resolution_label
 from ampflow.prepare.blocks import block_digest, block_names, block_rows, gather_scool, gather_stats
 from ampflow.prepare.cells import ParseOptions, bin_block
-from conftest import workflow_copy
-from test_binning import independent_count
 
 RESOLUTIONS = (1_000_000, 500_000, 100_000)
 BIN = Path(sys.executable).parent

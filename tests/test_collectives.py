@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dist_helpers import run_world
 
 from ampflow.parallel.collectives import all_reduce_sum, copy_to_group, reduce_from_group
 from ampflow.parallel.data_parallel import sum_gradients
 from ampflow.parallel.mesh import Mesh
-from dist_helpers import run_world
 
 pytestmark = pytest.mark.dist
 F64 = torch.float64

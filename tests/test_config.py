@@ -5,12 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import yaml
-
-from ampflow.spec.config import ModelConfig
-from ampflow.spec.config import LossWeights
-from ampflow.spec.config import TrainConfig
-from ampflow.spec.config import EvaluateConfig
 from conftest import REPO
+
+from ampflow.spec.config import EvaluateConfig, LossWeights, ModelConfig, TrainConfig
 
 
 def schema_defaults(node):

@@ -37,8 +37,16 @@ def mm10_profile(n: int = 2700, L: int = 10, window: int = 8) -> dict:
         "version": 1,
         "modalities": {
             "rna": {"prob_model": "NB", "n_features": 2000, "n_cells": 5000},
-            "hic": {"prob_model": "HiCZINB", "n_features": sum(fps), "n_cells": 5000, "n_strata": L, "n_anchors": n,
-                    "features_per_stratum": fps, "attention": True, "window": window},  # fmt: skip
+            "hic": {
+                "prob_model": "HiCZINB",
+                "n_features": sum(fps),
+                "n_cells": 5000,
+                "n_strata": L,
+                "n_anchors": n,
+                "features_per_stratum": fps,
+                "attention": True,
+                "window": window,
+            },  # fmt: skip
         },
         "graph": {"n_nodes": n + 2000, "n_edges": 60000},
         "model": {"window": window},

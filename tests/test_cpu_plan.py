@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_diagnose import Est
 
 from ampflow.amp.cpu import threads_per_process, trains_on_cpu
 from ampflow.amp.diagnose import diagnose, explain
@@ -16,7 +17,6 @@ from ampflow.devices import probe_devices
 from ampflow.io.errors import InputError
 from ampflow.spec.config import TrainConfig
 from ampflow.spec.plan import Plan
-from test_diagnose import Est
 
 GIB = 2**30
 RNA_FEATURES = 100  # float32: 400 bytes per cell of the data batch

@@ -7,15 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from dist_helpers import run_world
 
-from ampflow.spec.config import ModelConfig
 from ampflow.model.paired import PairedModel
-from ampflow.spec.config import LossWeights
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, contiguous_split, draw_noise, parallelize_data_parallel, work_ratio
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.sync_batchnorm import SyncBatchNorm1d, convert_sync_batchnorm
-from dist_helpers import run_world
+from ampflow.spec.config import LossWeights, ModelConfig
 
 F64 = torch.float64
 B = 12
@@ -273,7 +272,6 @@ def test_balanced_split_is_deterministic_complete_and_better_balanced():
     # contact-free cells are spread by count, never piled onto one rank
     assert [len(r) for r in balanced_split(torch.zeros(8), 4)] == [2, 2, 2, 2]
     assert [len(r) for r in contiguous_split(10, 4)] == [3, 3, 2, 2]
-
 
 
 STEPS = 20

@@ -4,9 +4,8 @@ signals/strategies by registration."""
 
 from __future__ import annotations
 
-import json
-
 import itertools
+import json
 from dataclasses import dataclass, field
 
 import pytest
@@ -176,7 +175,9 @@ def test_identical_inputs_identical_bytes():
 
 
 def test_registering_a_signal_and_strategy_needs_no_diagnose_change():
-    register_signal(Signal("MANY_CELLS", "more than 500 cells", lambda prof, s: (prof["modalities"]["rna"]["n_cells"] > 500, {"n": prof["modalities"]["rna"]["n_cells"]})))
+    register_signal(
+        Signal("MANY_CELLS", "more than 500 cells", lambda prof, s: (prof["modalities"]["rna"]["n_cells"] > 500, {"n": prof["modalities"]["rna"]["n_cells"]}))
+    )
     register_strategy(Strategy("S9", "dummy_offload", "a test strategy", 60, False, False, lambda ctx: "many cells" if ctx.raised("MANY_CELLS") else None))
     try:
         out = plan(make_profile(False, False, False), 1, 64)

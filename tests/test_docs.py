@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, workflow_copy
 
 BIN = Path(sys.executable).parent
@@ -92,7 +91,9 @@ def lint_dir(tmp_path_factory, demo_dir):
 @pytest.mark.slow
 def test_snakemake_lint_and_snakefmt_are_clean(lint_dir):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    r = subprocess.run([str(BIN / "snakemake"), "--lint", "--configfile", "config/demo.yaml"], cwd=lint_dir, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(BIN / "snakemake"), "--lint", "--configfile", "config/demo.yaml"], cwd=lint_dir, env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and "Congratulations" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     r = subprocess.run([str(BIN / "snakefmt"), "--check", "workflow/"], cwd=lint_dir, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -75,7 +75,7 @@ def test_stop_rule_on_a_known_sequence():
     rule = EarlyStopping(EarlyStoppingConfig(patience=2, min_delta=0.01))
     losses = [5.0, 4.0, 3.99, 3.0, 3.0, 2.98, 3.5]
     # 3.99 is within 1% of 4.0 (no improvement), 3.0 improves, 3.0 and 2.98 do not
-    stops = [rule.update(x, e, lambda: {"w": torch.tensor(float(e))}) for e, x in enumerate(losses[:6])]
+    stops = [rule.update(x, e, lambda e=e: {"w": torch.tensor(float(e))}) for e, x in enumerate(losses[:6])]
     assert stops == [False, False, False, False, False, True]
     assert (rule.best, rule.best_epoch, float(rule.best_state["w"])) == (3.0, 3, 3.0)
 

@@ -20,16 +20,16 @@ import anndata as ad
 import numpy as np
 import pytest
 import torch
+from extract_helpers import random_fasta, tiny_models_in
 
 from ampflow.extract.batching import fixed_batches, padding_fraction, token_budget_batches
+from ampflow.extract.cache import VectorCache
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.dnabert import DnabertModel, load_dnabert
-from ampflow.extract.cache import VectorCache
 from ampflow.extract.models import load_embedder, model_shape, resolve_layer
 from ampflow.extract.pool import InlinePool, choose_devices
 from ampflow.extract.run import extract_fasta
 from ampflow.io.errors import InputError
-from extract_helpers import random_fasta, tiny_models_in
 
 BIN = Path(sys.executable).parent
 
@@ -268,8 +268,8 @@ def test_device_auto_without_usable_cuda_falls_back_to_cpu(monkeypatch, caplog):
     auto runs the CPU workers after one warning; cuda is one InputError naming the key."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     for built, available in ((False, False), (True, False)):
-        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: built)
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(torch.backends.cuda, "is_built", lambda built=built: built)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda available=available: available)
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="ampflow.extract.pool"):
             assert choose_devices("auto", 2, 3) == ("cpu", [None, None, None])
@@ -400,10 +400,7 @@ def test_hub_name_from_the_local_cache(tiny_models, tmp_path):
     shutil.copytree(tiny_models["esm2"], repo / "snapshots" / commit)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
-    code = (
-        "from ampflow.extract.models import resolve_source, model_shape;"
-        "p = resolve_source('acme/esm2-tiny'); print(p.name, model_shape(p))"
-    )
+    code = "from ampflow.extract.models import resolve_source, model_shape;p = resolve_source('acme/esm2-tiny'); print(p.name, model_shape(p))"
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

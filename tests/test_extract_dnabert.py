@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from largest_output import LargestOutput
 
 from ampflow.extract.dnabert import DnabertConfig, DnabertModel
-from largest_output import LargestOutput
 
 
 def dense_bias(model: DnabertModel, attention_mask: torch.Tensor) -> torch.Tensor:

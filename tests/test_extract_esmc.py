@@ -30,23 +30,21 @@ import anndata as ad
 import numpy as np
 import pytest
 import torch
+from conftest import workflow_copy
+from extract_helpers import random_fasta
 
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.esmc import EsmcConfig, EsmcTokenizer, apply_rotary, load_esmc, read_config, rotary_tables, weights_file
 from ampflow.extract.models import load_embedder, model_shape, resolve_source
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
-from ampflow.extract.tiny import ESMC_WEIGHTS, esmc_model, randomise_norms_, write_esmc
+from ampflow.extract.tiny import ESMC_WEIGHTS, randomise_norms_, write_esmc
 from ampflow.io.errors import InputError
-from conftest import workflow_copy
-from extract_helpers import random_fasta
 
 BIN = Path(sys.executable).parent
 
 # esm/utils/constants/esm3.py SEQUENCE_VOCAB, as published (ids are the positions)
-REFERENCE_VOCAB = (
-    "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - | <mask>".split()
-)
+REFERENCE_VOCAB = "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - | <mask>".split()
 
 
 def reference_keys(n_layers: int) -> list[str]:
@@ -272,7 +270,9 @@ def test_loader_errors_name_the_file_and_key(tiny, tmp_path):
     bad = dict(state)
     bad["transformer.blocks.0.attn.out_proj.weight"] = torch.zeros(32, 31)
     wrong = folder_with("wrong", bad)
-    with pytest.raises(InputError, match=r"w\.pth: checkpoint tensor transformer\.blocks\.0\.attn\.out_proj\.weight has shape \(32, 31\), the network \(32, 32\)"):
+    with pytest.raises(
+        InputError, match=r"w\.pth: checkpoint tensor transformer\.blocks\.0\.attn\.out_proj\.weight has shape \(32, 31\), the network \(32, 32\)"
+    ):
         load_esmc(wrong)
     deeper = folder_with("deeper", state, {"n_heads": 4, "n_layers": 3})  # config and weights disagree
     with pytest.raises(InputError, match=r"missing \['transformer\.blocks\.2\."):

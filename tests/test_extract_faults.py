@@ -23,13 +23,13 @@ from functools import partial
 import anndata as ad
 import numpy as np
 import pytest
+from extract_doubles import hanging_worker, slow_loading_worker
+from extract_helpers import random_fasta, tiny_models_in
 
 from ampflow.extract import pool as pool_module
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
-from extract_doubles import hanging_worker, slow_loading_worker
-from extract_helpers import random_fasta, tiny_models_in
 
 N = 300  # sequences; 25 per chunk: 12 chunks
 

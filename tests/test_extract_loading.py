@@ -228,7 +228,7 @@ def test_mismatched_checkpoints_name_the_folder(esm_folder, dna_folder, tmp_path
 def test_load_lock_waits_for_the_holder_and_not_for_a_dead_one(tmp_path, caplog):
     """A second process waits while the first holds the lock; killing the holder frees it."""
     lock = tmp_path / "locks" / "load.lock"
-    code = "import sys, time\nfrom ampflow.extract.weights import load_lock\nwith load_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)\n"  # fmt: skip
+    code = "import sys, time\nfrom ampflow.extract.weights import load_lock\nwith load_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(600)\n"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     holder = subprocess.Popen([sys.executable, "-c", code, str(lock)], stdout=subprocess.PIPE, text=True, env=env)
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from extract_helpers import random_fasta
 
 from ampflow.extract.batching import pack_rows, packed_padded_tokens, plan_packed
 from ampflow.extract.config import ExtractSettings, ModelSpec
@@ -18,7 +19,6 @@ from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_model
 from ampflow.extract.tiny import write_tiny
 from ampflow.io.errors import InputError
-from extract_helpers import random_fasta
 
 PRODUCTS = dict(layer=[0, 1, 2], pooling=["mean", "mean_special", "bos"], per_token=True)
 

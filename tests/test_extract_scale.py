@@ -16,12 +16,12 @@ import anndata as ad
 import h5py
 import numpy as np
 import pytest
+from extract_helpers import random_fasta, tiny_models_in
 
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.models import load_embedder
 from ampflow.extract.pool import InlinePool, WorkerPool
 from ampflow.extract.run import extract_model
-from extract_helpers import random_fasta, tiny_models_in
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,13 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import workflow_copy
+from extract_helpers import random_fasta, tiny_models_in
 
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 from ampflow.io.errors import InputError
-from conftest import workflow_copy
-from extract_helpers import random_fasta, tiny_models_in
 
 pytestmark = pytest.mark.slow
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import gzip
 
 import pytest
+from test_bad_input import assert_names
 
 from ampflow.io.errors import InputError
 from ampflow.io.fasta import DNA, PROTEIN, FastaCleaner, FastaPolicy, read_fasta
-from test_bad_input import assert_names
 
 
 def write(tmp_path, text: str, name: str = "in.fa"):

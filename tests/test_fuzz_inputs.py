@@ -82,9 +82,7 @@ class Tally:
 TALLIES: dict[str, Tally] = {}
 
 
-def run_reader(
-    fmt: str, path: Path, read: Callable, check: Callable, named: Path | None = None
-) -> None:
+def run_reader(fmt: str, path: Path, read: Callable, check: Callable, named: Path | None = None) -> None:
     """Run ``read(path)``; record a one-line InputError naming ``named`` (default
     ``path``) as refused, a result that passes ``check`` as accepted, anything else as a
     failure."""
@@ -96,16 +94,12 @@ def run_reader(
     except InputError as e:
         msg = str(e)
         if "\n" in msg or str(named) not in msg:
-            t.failures.append(
-                f"{path.name}: InputError not one line naming {named}: {msg!r}"
-            )
+            t.failures.append(f"{path.name}: InputError not one line naming {named}: {msg!r}")
         else:
             t.refused += 1
         return
     except Exception as e:  # noqa: BLE001 - the point of the test: name what escaped
-        t.failures.append(
-            f"{path.name}: {type(e).__module__}.{type(e).__name__}: {str(e)[:200]!r}"
-        )
+        t.failures.append(f"{path.name}: {type(e).__module__}.{type(e).__name__}: {str(e)[:200]!r}")
         return
     try:
         check(result)
@@ -115,9 +109,7 @@ def run_reader(
     t.accepted += 1
 
 
-def damaged_copies(
-    fmt: str, sources: list[Path], out: Path, n: int, gz_text: bool = True
-):
+def damaged_copies(fmt: str, sources: list[Path], out: Path, n: int, gz_text: bool = True):
     """Yield ``(damaged path, source, flips)``, ``n`` in all, deterministic per format.
 
     For a gzipped source, every other copy is damaged in the text inside and
@@ -148,9 +140,7 @@ def summary_table():
     """After the module: one table of every format tried (shown with ``pytest -s``)."""
     yield
     if TALLIES:
-        print(
-            "\n\ndamaged inputs per format (every one refused in one line or accepted valid)"
-        )
+        print("\n\ndamaged inputs per format (every one refused in one line or accepted valid)")
         _print_table(list(TALLIES))
 
 
@@ -195,9 +185,7 @@ def rna_slice(data, work):
     with gzip.open(mtx / "matrix.mtx.gz", "wb") as fh:
         mmwrite(fh, sp.coo_matrix(counts))  # genes x cells, as 10x writes it
     with gzip.open(mtx / "features.tsv.gz", "wt") as fh:
-        fh.writelines(
-            f"ENSG{i:05d}\t{g}\tGene Expression\n" for i, g in enumerate(df.index)
-        )
+        fh.writelines(f"ENSG{i:05d}\t{g}\tGene Expression\n" for i, g in enumerate(df.index))
     with gzip.open(mtx / "barcodes.tsv.gz", "wt") as fh:
         fh.writelines(f"{c}\n" for c in df.columns)
     adata = ad.AnnData(X=sp.csr_matrix(df.to_numpy().T.astype(np.float32)))
@@ -227,9 +215,7 @@ def check_rna(shape, flips: int):
             adata.shape,
             shape,
         )
-        assert np.isfinite(X.data).all() and (X.data >= 0).all(), (
-            "non-finite or negative counts"
-        )
+        assert np.isfinite(X.data).all() and (X.data >= 0).all(), "non-finite or negative counts"
         assert not adata.obs_names.has_duplicates and not adata.var_names.has_duplicates
 
     return check
@@ -269,12 +255,8 @@ def check_contacts(sizes: dict, n_original: int, flips: int):
         assert 0 < n <= n_original + flips, (n, n_original)
         assert len(c.chrom1) == len(c.chrom2) == len(c.pos2) == n
         for ch, pos in ((c.chrom1, c.pos1), (c.chrom2, c.pos2)):
-            assert ((ch >= 0) & (ch < len(size))).all(), (
-                "chromosome code outside the genome"
-            )
-            assert ((pos >= 0) & (pos <= size[ch])).all(), (
-                "position outside its chromosome"
-            )
+            assert ((ch >= 0) & (ch < len(size))).all(), "chromosome code outside the genome"
+            assert ((pos >= 0) & (pos <= size[ch])).all(), "position outside its chromosome"
         s = c.stats
         assert s["cis"] + s["trans"] == n
         assert s["total"] == n + s["dropped_unknown_chrom"] + s["dropped_excluded"]
@@ -286,11 +268,7 @@ def test_fuzz_pairs(data, work):
     for src, sizes in _pairs_sources(data):
         n0 = len(_read_pairs_with(sizes, "pandas")(src))
         srcs = [src]
-        for j, (bad, _, flips) in enumerate(
-            damaged_copies(
-                f"pairs {src.name}", srcs, work / "pairs", N_DAMAGED // 3 + 4
-            )
-        ):
+        for j, (bad, _, flips) in enumerate(damaged_copies(f"pairs {src.name}", srcs, work / "pairs", N_DAMAGED // 3 + 4)):
             fmt = "pairs.gz" if src.name.endswith(".gz") else "pairs"
             engine = ("pandas", "compiled")[j % 2]
             run_reader(
@@ -319,9 +297,7 @@ def test_fuzz_rna_mtx(rna_slice, work):
 
     src = rna_slice["mtx"]
     files = sorted(src.iterdir())
-    for i, (bad, target, flips) in enumerate(
-        damaged_copies("10x MTX", files, work / "mtx-parts", N_DAMAGED)
-    ):
+    for i, (bad, target, flips) in enumerate(damaged_copies("10x MTX", files, work / "mtx-parts", N_DAMAGED)):
         folder = work / "mtx-bad" / f"{i:02d}"
         shutil.copytree(src, folder)
         shutil.move(bad, folder / target.name)
@@ -332,9 +308,7 @@ def test_fuzz_rna_mtx(rna_slice, work):
 def test_fuzz_rna_h5ad(rna_slice, work):
     from ampflow.io.rna import read_rna
 
-    for bad, _, flips in damaged_copies(
-        "h5ad", rna_slice["h5ad"], work / "h5ad-bad", N_DAMAGED
-    ):
+    for bad, _, flips in damaged_copies("h5ad", rna_slice["h5ad"], work / "h5ad-bad", N_DAMAGED):
         bad = bad.rename(bad.with_name(bad.name.replace(".gz.h5ad", "-gz.h5ad")))
         run_reader("h5ad", bad, read_rna, check_rna(rna_slice["shape"], flips))
     _assert_clean("h5ad")
@@ -359,12 +333,8 @@ def check_scool(n_cells: int):
         assert (bins["start"] >= 0).all() and (bins["end"] > bins["start"]).all()
         for px in pixels:
             b1, b2 = px["bin1_id"].to_numpy(), px["bin2_id"].to_numpy()
-            assert ((b1 >= 0) & (b1 <= b2) & (b2 < len(bins))).all(), (
-                "bin id out of range"
-            )
-            assert (
-                np.isfinite(px["count"].to_numpy()).all() and (px["count"] >= 0).all()
-            )
+            assert ((b1 >= 0) & (b1 <= b2) & (b2 < len(bins))).all(), "bin id out of range"
+            assert np.isfinite(px["count"].to_numpy()).all() and (px["count"] >= 0).all()
 
     return check
 
@@ -409,7 +379,7 @@ def test_fuzz_parquet(data, work):
     nodes.to_parquet(d / "nodes.parquet")
     edges.to_parquet(d / "edges.parquet")
     columns = {"nodes.parquet": {"name": "string"}, "edges.parquet": EDGE_COLUMNS}
-    for bad, src, flips in damaged_copies(
+    for bad, src, _ in damaged_copies(
         "parquet",
         [d / "nodes.parquet", d / "edges.parquet"],
         work / "parquet-bad",
@@ -422,10 +392,7 @@ def test_fuzz_parquet(data, work):
             assert set(cols) <= set(df.columns)
             for c in cols:
                 v = df[c].to_numpy()
-                assert (
-                    v.dtype
-                    == (nodes if cols is columns["nodes.parquet"] else edges)[c].dtype
-                ), (c, v.dtype)
+                assert v.dtype == (nodes if cols is columns["nodes.parquet"] else edges)[c].dtype, (c, v.dtype)
                 assert v.dtype.kind != "f" or np.isfinite(v).all()
 
         run_reader(
@@ -450,13 +417,8 @@ def test_fuzz_fasta(data, work):
     ]
     alphabet = {p.name: a for p, a in sources}
     POLICY = FastaPolicy(duplicate_ids="rename")  # Prodigal files repeat ids
-    n0 = {
-        p.name: sum(1 for _ in FastaCleaner(p, a, POLICY, 1022).records())
-        for p, a in sources
-    }
-    for bad, src, flips in damaged_copies(
-        "fasta", [p for p, _ in sources], work / "fasta-bad", N_DAMAGED
-    ):
+    n0 = {p.name: sum(1 for _ in FastaCleaner(p, a, POLICY, 1022).records()) for p, a in sources}
+    for bad, src, flips in damaged_copies("fasta", [p for p, _ in sources], work / "fasta-bad", N_DAMAGED):
         a = alphabet[src.name]
 
         def check(recs, n0=n0[src.name], a=a, flips=flips):
@@ -496,9 +458,7 @@ def test_fuzz_bed_and_chromsizes(data, work):
             assert df["chrom"].isin(list(sizes)).all()
 
         run_reader("gene BED.gz", bad, lambda p: read_genes(p, namer, sizes), check)
-    for bad, _, flips in damaged_copies(
-        "sizes", [sizes_src], work / "sizes-bad", N_DAMAGED
-    ):
+    for bad, _, flips in damaged_copies("sizes", [sizes_src], work / "sizes-bad", N_DAMAGED):
 
         def check(s, flips=flips):
             assert 0 < len(s) <= len(sizes) + flips
@@ -513,14 +473,9 @@ def test_fuzz_sheet(data, work):
 
     pairs = sorted((data / "schic" / "gageseq_chr1").glob("*.pairs.gz"))
     sheet = work / "cells.tsv"
-    sheet.write_text(
-        "cell_id\tpairs\tcell_type\n"
-        + "".join(f"{p.name.split('.')[0]}\t{p}\tneuron\n" for p in pairs)
-    )
+    sheet.write_text("cell_id\tpairs\tcell_type\n" + "".join(f"{p.name.split('.')[0]}\t{p}\tneuron\n" for p in pairs))
     n0 = len(read_sheet(sheet))
-    for bad, _, flips in damaged_copies(
-        "sheet", [sheet], work / "sheet-bad", N_DAMAGED
-    ):
+    for bad, _, flips in damaged_copies("sheet", [sheet], work / "sheet-bad", N_DAMAGED):
 
         def check(df, flips=flips):
             assert 0 < len(df) <= n0 + flips
@@ -551,21 +506,15 @@ def _cli(args: list[str]) -> subprocess.CompletedProcess:
     )
 
 
-def _assert_one_line(
-    proc: subprocess.CompletedProcess, command: str, named: Path, out: Path
-) -> None:
+def _assert_one_line(proc: subprocess.CompletedProcess, command: str, named: Path, out: Path) -> None:
     t = TALLIES.setdefault("CLI (subproc.)", Tally())
     t.tried += 1
     err = proc.stderr
     assert proc.returncode == 2, (proc.returncode, err[-2000:])
     assert "Traceback" not in err, err[-2000:]
-    other = [
-        line for line in err.splitlines() if line.strip() and not LOG_RECORD.match(line)
-    ]
+    other = [line for line in err.splitlines() if line.strip() and not LOG_RECORD.match(line)]
     assert len(other) == 1, other
-    assert (
-        other[0].startswith(f"ampflow {command}: error: ") and str(named) in other[0]
-    ), other[0]
+    assert other[0].startswith(f"ampflow {command}: error: ") and str(named) in other[0], other[0]
     assert not out.exists(), f"{out} written although the input was refused"
     t.refused += 1
 
@@ -609,9 +558,7 @@ def test_fuzz_cli(data, rna_slice, work):
     h5.write_bytes(raw[: len(raw) // 2])
     for p in (tsv, h5):
         out = d / f"{p.name}.out.h5ad"
-        proc = _cli(
-            ["load-rna", str(p), "--out", str(out), "--stats", str(d / "rna_stats.tsv")]
-        )
+        proc = _cli(["load-rna", str(p), "--out", str(out), "--stats", str(d / "rna_stats.tsv")])
         _assert_one_line(proc, "load-rna", p, out)
     # strata: a real .scool cut in half
     src = data / "schic" / "nagano2017_20cells_1mb.scool"
@@ -624,12 +571,7 @@ def test_fuzz_cli(data, rna_slice, work):
     from ampflow.io.cool import cell_bins
 
     bins, _ = cell_bins(src, scool_cells(src)[0])
-    chroms.write_text(
-        "".join(
-            f"{c}\t{int(g['end'].max())}\n"
-            for c, g in bins.groupby("chrom", observed=True)
-        )
-    )
+    chroms.write_text("".join(f"{c}\t{int(g['end'].max())}\n" for c, g in bins.groupby("chrom", observed=True)))
     out = d / "hic.h5ad"
     proc = _cli(
         [
@@ -653,14 +595,10 @@ def test_fuzz_cli(data, rna_slice, work):
 
 
 def _print_table(formats) -> None:
-    print(
-        f"{'format':<14} {'tried':>6} {'refused (one line)':>19} {'accepted (valid)':>17} {'failed':>7}"
-    )
+    print(f"{'format':<14} {'tried':>6} {'refused (one line)':>19} {'accepted (valid)':>17} {'failed':>7}")
     for f in formats:
         t = TALLIES[f]
-        print(
-            f"{f:<14} {t.tried:>6} {t.refused:>19} {t.accepted:>17} {len(t.failures):>7}"
-        )
+        print(f"{f:<14} {t.tried:>6} {t.refused:>19} {t.accepted:>17} {len(t.failures):>7}")
 
 
 def _assert_clean(*formats: str) -> None:

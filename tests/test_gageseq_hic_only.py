@@ -86,8 +86,7 @@ def test_gageseq_cortex_hic_only(shared_data, tmp_path):
     group = scores["groups"]["all"]
     methods = group["methods"]
     line = ", ".join(
-        f"{m}: ARI {methods[m]['ari']:.3f} NMI {methods[m]['nmi']:.3f} ({methods[m]['n_clusters']} clusters)"
-        for m in ("hic_latent", "hic_baseline")
+        f"{m}: ARI {methods[m]['ari']:.3f} NMI {methods[m]['nmi']:.3f} ({methods[m]['n_clusters']} clusters)" for m in ("hic_latent", "hic_baseline")
     )
     print(
         f"\nGAGE-seq cortex chr1, Hi-C only, {RESOLUTION // 1000} kb x {STRATA} strata, "

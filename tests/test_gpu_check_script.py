@@ -12,7 +12,6 @@ import time
 
 import pytest
 import torch
-
 from conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -46,7 +45,8 @@ case "$args" in
   *torch.__version__*) echo "2.13.0 12.4 True" ;;
   *is_bf16_supported*) exit 0 ;;
   *bench_memory_model*) echo "worst ratio 1.250 (mm10 1Mb L10, fp32)"; exit 1 ;;
-  *bench_train*) echo "  matrix-product rate 50000.0 GFLOP/s wall"; echo "  new: step 0.0500 s; floor 0.0100 s (1 GFLOP): floor ratio 0.200; its components sum to 1.10x its plain step (medians); 20.00 steps/s" ;;
+  *bench_train*) echo "  matrix-product rate 50000.0 GFLOP/s wall"
+    echo "  new: step 0.0500 s; floor 0.0100 s (1 GFLOP): floor ratio 0.200; its components sum to 1.10x its plain step (medians); 20.00 steps/s" ;;
   *pytest*) echo "5 passed in 3.00s" ;;
   *) cat >/dev/null; echo "fake $1 ok" ;;
 esac

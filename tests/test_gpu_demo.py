@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import workflow_copy
 from fake_cuda import fake_cuda_env
 

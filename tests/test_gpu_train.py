@@ -24,17 +24,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
 import torch.distributed as dist
-
 from conftest import load_script
 
 CUDA = torch.cuda.is_available()
@@ -239,16 +236,19 @@ def _references_on(device, T, monkeypatch):
     and CUDA's generator draws other numbers than the CPU's from the same seed."""
     problem = T._problem
     on_device = _problem_on(device, problem)
-    for name in ("_reference", "_truth"):
 
-        def computed_on_device(*a, _fn=getattr(T, name), **k):
+    def computed_on_device(fn):
+        def call(*a, **k):
             T._problem = on_device
             try:
-                return _to(_fn(*a, **k), "cpu")
+                return _to(fn(*a, **k), "cpu")
             finally:
                 T._problem = problem
 
-        monkeypatch.setattr(T, name, computed_on_device)
+        return call
+
+    for name in ("_reference", "_truth"):
+        monkeypatch.setattr(T, name, computed_on_device(getattr(T, name)))
 
 
 @pytest.mark.dist

@@ -21,6 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from dist_helpers import run_world
+from test_data_parallel import LR, WEIGHTS, _snapshot
+from test_tensor_parallel import CONFIGS, SETS, _plan, assert_rank_matches
 
 from ampflow.amp.diagnose import diagnose
 from ampflow.amp.memory_model import ShapeSpec, estimate_for_profile, predict
@@ -39,9 +42,6 @@ from ampflow.spec.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, KEY_FIRST_
 from ampflow.train.data import load_paired
 from ampflow.train.memory import measured_step
 from ampflow.train.trainer import Trainer
-from dist_helpers import run_world
-from test_data_parallel import LR, WEIGHTS, _snapshot
-from test_tensor_parallel import CONFIGS, SETS, _plan, assert_rank_matches
 
 HIC_TERMS = {"hic_nll", "hic_kl", "graph_nll", "graph_kl", "total"}
 MODEL = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2)

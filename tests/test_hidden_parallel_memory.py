@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dist_helpers import run_world
 
-from ampflow.spec.config import ModelConfig
 from ampflow.model.paired import PairedModel
-from ampflow.spec.config import LossWeights
-from ampflow.spec.plan import Plan
-from ampflow.spec.strategies import CHUNKED_ATTENTION, HIDDEN_PARALLEL
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize
+from ampflow.spec.config import LossWeights, ModelConfig
+from ampflow.spec.plan import Plan
+from ampflow.spec.strategies import CHUNKED_ATTENTION, HIDDEN_PARALLEL
 from ampflow.train.memory import SavedTensorBytes
-from dist_helpers import run_world
 
 B, N_ANCHORS, L, G = 16, 48, 5, 20
 PLAN = {"strategies": [{"name": CHUNKED_ATTENTION}, {"name": HIDDEN_PARALLEL}], "chunk_size": 16}

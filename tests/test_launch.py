@@ -179,10 +179,10 @@ def test_the_trainer_names_its_device_and_the_gpus_it_leaves(gpus, tmp_path, cap
     import logging
 
     import yaml
+    from test_batches import _data
 
     from ampflow.spec.config import ModelConfig, TrainConfig
     from ampflow.train.trainer import Trainer
-    from test_batches import _data
 
     gpus(1)
     settings = TrainConfig.from_dict({**yaml.safe_load(DEMO.read_text())["train"], "threads": 1})

@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import load_script
 
 from ampflow.evaluate.baselines import bandnorm_baseline
 from ampflow.evaluate.clusters import kmeans_scores
 from ampflow.io.h5ad import read_h5ad
-from conftest import load_script
 
 pytestmark = pytest.mark.slow
 

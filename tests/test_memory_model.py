@@ -10,7 +10,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ampflow.amp.memory_model import ShapeSpec, banded_score_elements, chunked_score_elements, estimate_for_profile, fit_linear, predict, profile_memory, spec_from_profile
+from ampflow.amp.memory_model import (
+    ShapeSpec,
+    banded_score_elements,
+    chunked_score_elements,
+    estimate_for_profile,
+    fit_linear,
+    predict,
+    profile_memory,
+    spec_from_profile,
+)
 from ampflow.amp.memory_terms import attention_transients
 from ampflow.model.attention import chunk_blocks, local_attention_banded
 from ampflow.model.paired import PairedModel
@@ -297,7 +306,6 @@ def test_attention_transients_match_the_allocator(n, window, chunk, heads, head_
     measured_bwd = trace.phase_peaks["backward"] - held
     assert measured_fwd == pytest.approx(forward, rel=0.1), (measured_fwd, forward)
     assert measured_bwd == pytest.approx(backward, rel=0.1), (measured_bwd, backward)
-
 
 
 def test_key_first_trades_the_saved_keys_and_removes_the_batch_by_anchor_product():

@@ -9,11 +9,8 @@ dilute the joint latent.
 
 from __future__ import annotations
 
-
 import pytest
-
 from conftest import load_script
-
 
 nc = load_script("negative_control")
 

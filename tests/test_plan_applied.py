@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer import MODEL, SETTINGS, prepare
 
 from ampflow.amp.diagnose import diagnose
 from ampflow.amp.memory_model import profile_memory
@@ -27,7 +28,6 @@ from ampflow.spec.plan import Plan, PlannedStrategy
 from ampflow.spec.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE
 from ampflow.train.data import load_paired
 from ampflow.train.trainer import Trainer
-from test_trainer import MODEL, SETTINGS, prepare
 
 SHORT = {**SETTINGS, "pretrain": {"epochs": 1}, "finetune": {"epochs": 0}}  # 3 steps
 S3_S4 = Plan(

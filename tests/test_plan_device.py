@@ -15,6 +15,8 @@ import subprocess
 import sys
 
 import pytest
+from fake_cuda import fake_cuda_env
+from test_cpu_plan import GIB, host, plan_for, profile
 
 from ampflow.amp.diagnose import explain, plan_device
 from ampflow.cli import main
@@ -23,8 +25,6 @@ from ampflow.spec.allocation import ClusterOffer, plan_on_gpus, train_allocation
 from ampflow.spec.config import TrainConfig, amp_devices, check_amp_devices, gpu_settings, require_gpus
 from ampflow.spec.plan import PLAN_VERSION, Plan
 from ampflow.train.launch import run_device
-from fake_cuda import fake_cuda_env
-from test_cpu_plan import GIB, host, plan_for, profile
 
 
 # ------------------------------------------------------------------ the plan's field
@@ -72,8 +72,9 @@ def test_the_device_is_decided_when_the_plan_is_made(setting, gpus, expected):
 
 def test_without_train_or_devices_record_nothing_is_decided():
     assert plan_device(None, None) == ("", "")
-    from ampflow.amp.diagnose import diagnose
     from test_cpu_plan import linear_estimate
+
+    from ampflow.amp.diagnose import diagnose
 
     pl = diagnose(profile(), 2, 80 * GIB, 1.0, estimate=linear_estimate)
     assert pl.device == "" and plan_on_gpus(pl)  # as before: no cpu section = a GPU plan
@@ -109,10 +110,10 @@ def test_run_device_is_the_plans_and_a_cuda_plan_without_a_gpu_is_refused(tmp_pa
 
 def test_the_trainer_refuses_a_cuda_plan_without_a_gpu(tmp_path, monkeypatch):
     import torch
+    from test_batches import _data
 
     from ampflow.spec.config import ModelConfig
     from ampflow.train.trainer import Trainer
-    from test_batches import _data
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(InputError, match="no CUDA GPU is visible"):
@@ -169,7 +170,6 @@ def test_cli_diagnose_with_devices_auto(tmp_path):
 
 def test_a_config_that_needs_a_gpu_names_its_key_where_there_is_none():
     import yaml
-
     from conftest import REPO
 
     gpu = yaml.safe_load((REPO / "config/demo-gpu.yaml").read_text())

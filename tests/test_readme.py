@@ -11,7 +11,6 @@ import math
 import re
 
 import pytest
-
 from conftest import REPO
 from readme_commands import SHELL, parse_blocks, split_output
 

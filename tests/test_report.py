@@ -142,8 +142,17 @@ PROFILE = {
     "version": 1,
     "modalities": {
         "rna": {"prob_model": "NB", "n_features": 200, "n_cells": 100},
-        "hic": {"prob_model": "HiCZINB", "n_features": 250, "n_cells": 100, "n_strata": 4, "n_anchors": 64,
-                "features_per_stratum": [64, 63, 62, 61], "attention": True, "window": 4, "heads": 2},  # fmt: skip
+        "hic": {
+            "prob_model": "HiCZINB",
+            "n_features": 250,
+            "n_cells": 100,
+            "n_strata": 4,
+            "n_anchors": 64,
+            "features_per_stratum": [64, 63, 62, 61],
+            "attention": True,
+            "window": 4,
+            "heads": 2,
+        },  # fmt: skip
     },
     "graph": {"n_nodes": 264, "n_edges": 2000},
     "model": {"latent_dim": 8, "hidden_dim": 16, "heads": 2, "window": 4},
@@ -157,7 +166,9 @@ def metrics_rows(n_steps=3, world=2, per_rank=False):
         marks = [100 + 10 * k + s for k in range(4)]
         if per_rank:
             for r in range(world):
-                rows.append({"step": s, "rank": r, "stage": "pretrain", "loss": {"total": 1.0}, "peak_bytes": 200 + r + s, "stratum_bytes": [m + r for m in marks]})
+                rows.append(
+                    {"step": s, "rank": r, "stage": "pretrain", "loss": {"total": 1.0}, "peak_bytes": 200 + r + s, "stratum_bytes": [m + r for m in marks]}
+                )
         else:
             rows.append({"step": s, "stage": "pretrain" if s < n_steps else "finetune", "epoch": 0, "seconds": 0.5, "cells_per_s": 64.0,
                          "loss": {"total": 3.0 / s, "rna_nll": 1.0 / s, "align": 0.1}, "peak_bytes": 300 + s,
@@ -522,7 +533,7 @@ def test_extraction_records(tmp_path):
     recs = ex.read_records(tsv)
     page = ex.records_page(recs, tmp_path / "r.html").read_text()
     assert "1 record(s) renamed, 2 record(s) skipped, 1 record(s) truncated." in page
-    assert "<td>empty sequence</td><td class=\"num\">2</td>" in page.replace("<td>skipped</td>", "")
+    assert '<td>empty sequence</td><td class="num">2</td>' in page.replace("<td>skipped</td>", "")
     assert "<td>kept the first 1022 residues</td>" in page and page.count('class="bad"') == 2
     jsl = write_jsonl(tmp_path / "r.jsonl", recs.to_dict("records"))
     assert ex.read_records(jsl).equals(recs)
@@ -541,7 +552,9 @@ def test_report_extraction_cli(tmp_path):
     recs = tmp_path / "r.tsv"
     recs.write_text(RECORDS)
     out = tmp_path / "out"
-    assert main(["report-extraction", "--progress", str(progress), "--telemetry", str(tel), "--records", str(recs), "--out-dir", str(out), "--name", "toy"]) == 0
+    assert (
+        main(["report-extraction", "--progress", str(progress), "--telemetry", str(tel), "--records", str(recs), "--out-dir", str(out), "--name", "toy"]) == 0
+    )
     assert sorted(p.name for p in out.iterdir()) == ["gpus.png", "records.html", "throughput.png"]
     assert main(["report-extraction", "--out-dir", str(out)]) == 2
 
@@ -577,7 +590,6 @@ def test_demo_report_screenshots(readme_run, tmp_path):
     """The report's main page and one figure page in headless Chromium. Screenshots go to
     $AMPFLOW_REPORT_SHOTS when set (to look at them), else to the test's temp folder."""
     from PIL import Image
-
     from report_shots import install_chromium, report_screenshots
 
     dest, proc, _ = readme_run

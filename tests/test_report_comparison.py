@@ -3,23 +3,19 @@ control, held-out and training cells side by side, in the TSV, the text, the pag
 
 from __future__ import annotations
 
-
 import pandas as pd
 import pytest
+from test_report import assert_labelled, summary_inputs
 
 from ampflow.report.comparison import comparison_columns
 from ampflow.report.summary import summary_report, text_table
-from test_report import assert_labelled, summary_inputs
 
 METHODS = ("joint", "rna_latent", "hic_latent", "rna_baseline", "hic_baseline")
 
 
 def method_scores(base: float) -> dict:
     """ARI base + 0.01 i and NMI base + 0.02 i for the i-th method, so every cell of the table is distinct."""
-    return {
-        m: {"ari": base + 0.01 * i, "nmi": base + 0.02 * i, "leiden_resolution": 0.5, "n_clusters": 4, "representation": m}
-        for i, m in enumerate(METHODS)
-    }
+    return {m: {"ari": base + 0.01 * i, "nmi": base + 0.02 * i, "leiden_resolution": 0.5, "n_clusters": 4, "representation": m} for i, m in enumerate(METHODS)}
 
 
 def scores_with_split() -> dict:

@@ -33,7 +33,6 @@ import pytest
 import scipy.sparse as sp
 import torch
 import yaml
-
 from conftest import workflow_copy
 from extract_helpers import random_fasta
 from slurm_cluster import accounted_jobs, cancel_own_jobs, fit_profile, own_jobs, sacct_steps, scontrol_job

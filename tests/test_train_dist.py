@@ -23,16 +23,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer import MODEL, SETTINGS, assert_same_model, metrics, prepare
 
 from ampflow.demo import write_demo
 from ampflow.parallel.data_parallel import draw_noise
 from ampflow.parallel.parallelize import parallelize
-from ampflow.train.data import load_paired
-from ampflow.train.trainer import MEASURED_STEPS, build_model, epoch_batches, seed_everything
 from ampflow.spec.config import TrainConfig
 from ampflow.spec.plan import Plan
 from ampflow.spec.strategies import BUILT_IN, DATA_PARALLEL
-from test_trainer import MODEL, SETTINGS, assert_same_model, metrics, prepare
+from ampflow.train.data import load_paired
+from ampflow.train.trainer import MEASURED_STEPS, build_model, epoch_batches, seed_everything
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 

@@ -32,14 +32,13 @@ import yaml
 
 from ampflow.cli import main
 from ampflow.demo import write_demo
-from ampflow.io.genome import read_chromsizes
-from ampflow.spec.config import ModelConfig
-from ampflow.train import checkpoint
-from ampflow.spec.config import TrainConfig
-from ampflow.spec.plan import Plan
-from ampflow.train.data import PairedData, load_paired
 from ampflow.io.errors import InputError
+from ampflow.io.genome import read_chromsizes
 from ampflow.prepare.split import read_split, write_split
+from ampflow.spec.config import ModelConfig, TrainConfig
+from ampflow.spec.plan import Plan
+from ampflow.train import checkpoint
+from ampflow.train.data import PairedData, load_paired
 from ampflow.train.trainer import MEASURED_STEPS, Trainer
 
 MODEL = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2)

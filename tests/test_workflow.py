@@ -13,9 +13,9 @@ import cooler
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import workflow_copy
 
 from ampflow.train.trainer import MEASURED_STEPS
-from conftest import workflow_copy
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +37,7 @@ QUICK = ["--configfile", "config/demo.yaml", "config/quick.yaml"]
 
 def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(
-        [str(BIN / "snakemake"), "--cores", "2", *QUICK, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
-    )
+    return subprocess.run([str(BIN / "snakemake"), "--cores", "2", *QUICK, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +92,7 @@ def test_every_output_written(run_dir):
     assert qc.loc["cell0001", "pass"] == False  # noqa: E712 - too few contacts
     assert "contacts" in qc.loc["cell0001", "reason"]
     assert not qc.loc["orphan0001", "in_pairs"] and qc.loc["orphan0001", "in_rna"]
-    assert set(cooler.fileops.list_coolers(str(res / "binned/pseudobulk.mcool"))) == {
-        f"/resolutions/{r}" for r in (250000, 500000, 1000000, 2000000, 5000000)
-    }
+    assert set(cooler.fileops.list_coolers(str(res / "binned/pseudobulk.mcool"))) == {f"/resolutions/{r}" for r in (250000, 500000, 1000000, 2000000, 5000000)}
 
 
 def test_demo_plans_light_and_heavy(run_dir):

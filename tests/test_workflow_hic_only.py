@@ -15,7 +15,6 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import workflow_copy
 
 pytestmark = pytest.mark.slow

@@ -83,7 +83,7 @@ class DemoGenome:
         base = {c: self._blocks(rng, s) for c, s in self.sizes.items()}
         for t in range(n_types):
             self.comp[t], self.tad[t] = {}, {}
-            for c, s in self.sizes.items():
+            for c in self.sizes:
                 comp = base[c].copy()
                 flip = rng.random(len(comp)) < 0.35  # type-specific compartment switches
                 comp[flip] *= -1
@@ -373,7 +373,9 @@ def _rna_profiles(rng, genome: DemoGenome, genes: pd.DataFrame) -> tuple[np.ndar
     return profile, program
 
 
-def write_rna_blocks(path: Path, rng, genome: DemoGenome, genes: pd.DataFrame, cells: list[str], types: np.ndarray, libsize: np.ndarray, state: np.ndarray) -> None:
+def write_rna_blocks(
+    path: Path, rng, genome: DemoGenome, genes: pd.DataFrame, cells: list[str], types: np.ndarray, libsize: np.ndarray, state: np.ndarray
+) -> None:
     """Write the genes x cells TSV of :func:`simulate_rna`'s model (same means, NB and
     fractional splits) block by block of genes: memory stays that of one block whatever
     the number of cells, and counts are formatted by table lookup (they are quarters)."""
@@ -476,7 +478,9 @@ def write_demo(
         if n_genes is not None and n_genes < len(genes):
             genes = genes.iloc[np.sort(rng.choice(len(genes), size=n_genes, replace=False))].reset_index(drop=True)
         elif n_genes is not None and n_genes > len(genes):
-            log.warning("demo: %s has %d genes of biotype %s on these chromosomes, fewer than the %d asked for: all taken", genes_bed, len(genes), biotype, n_genes)
+            log.warning(
+                "demo: %s has %d genes of biotype %s on these chromosomes, fewer than the %d asked for: all taken", genes_bed, len(genes), biotype, n_genes
+            )
         n_genes = len(genes)
     else:
         genes = simulate_genes(rng, genome, n_genes)
@@ -522,9 +526,7 @@ def write_demo(
 
     write_chromsizes(out / "chrom.sizes", genome.sizes)
     genes.to_csv(out / "genes.bed", sep="\t", header=False, index=False, columns=["chrom", "start", "end", "name", "gene_id", "strand"])
-    sheet = pd.DataFrame(
-        {"cell_id": ids, "pairs": [str(out / "pairs" / f"{c}.pairs.gz") for c in ids], "cell_type": [CELL_TYPES[t] for t in types]}
-    )
+    sheet = pd.DataFrame({"cell_id": ids, "pairs": [str(out / "pairs" / f"{c}.pairs.gz") for c in ids], "cell_type": [CELL_TYPES[t] for t in types]})
     sheet.to_csv(out / "cells.tsv", sep="\t", index=False)
     truth = pd.DataFrame(
         {

@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from ..spec.config import ModelConfig, TrainConfig
 from ..spec.attention_blocks import band_groups, band_width
+from ..spec.config import ModelConfig, TrainConfig
 from .cost_model import CALIBRATION_VERSION, attention_flops, solve_calibration
 
 log = logging.getLogger(__name__)
@@ -140,8 +140,18 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
         "version": CALIBRATION_VERSION,
         "device": name,
         "torch": torch.__version__,
-        "shape": {"anchors": anchors, "heads": H, "head_dim": Dh, "window": w, "band_width": width, "D": D, "ffn_mult": f,
-                  "chunk": chunk, "blocks": n_blocks, "reps": reps},  # fmt: skip
+        "shape": {
+            "anchors": anchors,
+            "heads": H,
+            "head_dim": Dh,
+            "window": w,
+            "band_width": width,
+            "D": D,
+            "ffn_mult": f,
+            "chunk": chunk,
+            "blocks": n_blocks,
+            "reps": reps,
+        },  # fmt: skip
         "measured": {"one_block_s": t_one, "chunked_s": t_many, "dense_s": t_mm, "attention_flops": flops, "dense_flops": dense_flops},
         "constants": constants.to_dict(),
     }

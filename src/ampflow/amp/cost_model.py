@@ -116,7 +116,7 @@ class CostConstants:
         if int(self.band_width) < 1:
             raise InputError("must be >= 1", key="band_width", value=self.band_width)
 
-    def rounded(self) -> "CostConstants":
+    def rounded(self) -> CostConstants:
         """The constants at :data:`CONSTANT_DIGITS` significant digits."""
         return CostConstants(
             sig(self.attention_flops_per_s), sig(self.dense_flops_per_s), sig(self.chunk_overhead_s),
@@ -228,7 +228,7 @@ class StepShape:
         return len(self.features_per_stratum)
 
     @classmethod
-    def from_profile(cls, profile: dict) -> "StepShape | None":
+    def from_profile(cls, profile: dict) -> StepShape | None:
         """From a profile (None without Hi-C). Strata without a feature count are taken
         as ``n_anchors`` features."""
         hic = profile.get("modalities", {}).get("hic")

@@ -50,9 +50,9 @@ from ..spec.config import TrainConfig
 from ..spec.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
 from ..spec.profile import model_config, profile_hash, train_settings
 from ..spec.strategies import HIDDEN_PARALLEL
+from .cost_model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
 from .cpu import cpu_plan, trains_on_cpu
 from .cuda_overheads import DEFAULT_CAPABILITY, cuda_overheads, plan_budget
-from .cost_model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
 from .memory_spec import DTYPE_BYTES
 from .signals import evaluate_signals
 from .strategies import Context, ordered

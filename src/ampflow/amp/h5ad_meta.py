@@ -232,8 +232,7 @@ def _hic_strata(f: h5py.File, path: Path, uns: dict, n_vars: int) -> dict:
             key = _index_key(f)
             if key is None:
                 raise InputError(
-                    "no strata recorded: uns/ampflow lacks n_strata/features_per_stratum, "
-                    "var has no 'stratum' column and no feature names",
+                    "no strata recorded: uns/ampflow lacks n_strata/features_per_stratum, var has no 'stratum' column and no feature names",
                     path=path,
                     key="var/stratum",
                 )
@@ -248,18 +247,14 @@ def _hic_strata(f: h5py.File, path: Path, uns: dict, n_vars: int) -> dict:
         if n_strata is None:
             n_strata = n_inferred
         elif int(n_strata) < n_inferred:
-            raise InputError(
-                f"is smaller than the strata found in var ({n_inferred})", path=path, key="uns/ampflow/n_strata", value=n_strata
-            )
+            raise InputError(f"is smaller than the strata found in var ({n_inferred})", path=path, key="uns/ampflow/n_strata", value=n_strata)
         fps = np.bincount(strata, minlength=int(n_strata)).tolist()
     fps = [int(x) for x in (fps if isinstance(fps, list) else [fps])]
     n_strata = int(n_strata)
     if len(fps) != n_strata:
         raise InputError(f"has {len(fps)} entries for {n_strata} strata", path=path, key="uns/ampflow/features_per_stratum")
     if sum(fps) != n_vars:
-        raise InputError(
-            f"sums to {sum(fps)} but X has {n_vars} features", path=path, key="uns/ampflow/features_per_stratum", value=fps
-        )
+        raise InputError(f"sums to {sum(fps)} but X has {n_vars} features", path=path, key="uns/ampflow/features_per_stratum", value=fps)
     if n_anchors is not None:
         sources["n_anchors"] = "uns"
     elif anchor_col is not None and len(anchor_col):

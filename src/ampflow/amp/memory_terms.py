@@ -24,11 +24,10 @@ while the part's saved tensors are still alive.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
-from ..spec.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
 from ..spec.attention_blocks import band_width, block_rows, largest_group_rows
+from ..spec.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
 from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .memory_spec import ShapeSpec
 

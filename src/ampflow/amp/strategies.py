@@ -97,7 +97,10 @@ def _feature_parallel(ctx: Context) -> str | None:
 
 def _chunked_attention(ctx: Context) -> str | None:
     if ctx.raised(ATTENTION_DECODER):
-        return "the Hi-C decoder uses local attention: evaluate its banded kernel in query chunks (transient scores O(C(2w+1)) per head instead of O(N(2w+1)); saved memory is O(N(2w+1)) either way)."
+        return (
+            "the Hi-C decoder uses local attention: evaluate its banded kernel in query chunks "
+            "(transient scores O(C(2w+1)) per head instead of O(N(2w+1)); saved memory is O(N(2w+1)) either way)."
+        )
     return None
 
 

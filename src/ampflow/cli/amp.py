@@ -53,13 +53,11 @@ def _device_memory(arg: str, devices_file: str | None = None) -> int:
 
 
 def cmd_diagnose(a):
-    from ..amp.diagnose import diagnose
-    from ..spec.profile import read_profile
-
     from ..amp.cost_model import read_calibration
-
+    from ..amp.diagnose import diagnose
     from ..devices import probe_devices
     from ..spec.config import TrainConfig, amp_devices
+    from ..spec.profile import read_profile
 
     settings = {"dimensionality_ratio": a.dimensionality_ratio}
     constants = read_calibration(a.calibration) if a.calibration else None

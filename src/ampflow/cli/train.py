@@ -44,7 +44,9 @@ def add_commands(sub) -> None:
     s.add_argument("--name", default="", help="configuration name recorded in the outputs")
     s.add_argument("--model", default="", help="model settings as JSON (config section 'model')")
     s.add_argument("--train", default="", help="training settings as JSON (config section 'train')")
-    s.add_argument("--plan", default=None, help="plan.json from `ampflow diagnose`: its chunk size and key-first decode apply in any world; its mesh under torchrun")
+    s.add_argument(
+        "--plan", default=None, help="plan.json from `ampflow diagnose`: its chunk size and key-first decode apply in any world; its mesh under torchrun"
+    )
     s.add_argument(
         "--launch", action="store_true",
         help="for a plan of more than one process (dp x tp > 1) start the plan's world of processes with torchrun; "

@@ -236,9 +236,7 @@ def bandnorm_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = BANDNOR
 def _aligned(data: ad.AnnData, cells: pd.Index, path) -> None:
     missing = cells.difference(data.obs_names)
     if len(missing):
-        raise InputError(
-            f"{len(missing)} embedded cells are missing from this data file", path=path, value=", ".join(map(str, missing[:5]))
-        )
+        raise InputError(f"{len(missing)} embedded cells are missing from this data file", path=path, value=", ".join(map(str, missing[:5])))
 
 
 def load_baselines(data_dir, cells, split: pd.Series | None = None, seed: int = 0, n_top_genes: int = N_TOP_GENES, n_comps: int = N_COMPS):

@@ -71,8 +71,7 @@ def check_embeddings(adata: ad.AnnData, keys=EMBEDDING_KEYS, path=None) -> None:
         raise InputError(f"need at least 3 cells to evaluate, got {adata.n_obs}", path=path)
     if "X_rna" in keys and "X_hic" in keys and adata.obsm["X_rna"].shape[1] != adata.obsm["X_hic"].shape[1]:
         raise InputError(
-            "X_rna and X_hic must share a latent space (same width) to compare them, got "
-            f"{adata.obsm['X_rna'].shape[1]} and {adata.obsm['X_hic'].shape[1]}",
+            f"X_rna and X_hic must share a latent space (same width) to compare them, got {adata.obsm['X_rna'].shape[1]} and {adata.obsm['X_hic'].shape[1]}",
             path=path,
             key="obsm/X_hic",
         )
@@ -243,9 +242,7 @@ def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0, batches: pd.Seri
     return out
 
 
-def cluster_scores(
-    adata: ad.AnnData, use_rep: str = "X_joint", label_key: str | None = "cell_type", seed: int = 0
-) -> dict:
+def cluster_scores(adata: ad.AnnData, use_rep: str = "X_joint", label_key: str | None = "cell_type", seed: int = 0) -> dict:
     """Leiden clustering scores of one latent and FOSCTTM between the modalities.
 
     The clustering is :func:`leiden_search` on ``obsm[use_rep]``; FOSCTTM is

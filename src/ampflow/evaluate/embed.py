@@ -310,7 +310,9 @@ def _embed_hic_only(trained: TrainedModel, model_path, rna_path, hic_path, out, 
         raise InputError("cell ids must be unique", path=hic_path, key="obs_names")
     fmap = map_columns(trained.features, hic.var_names, hic_path, "var_names")
     level = logging.WARNING if fmap.missing else logging.INFO
-    log.log(level, "features: %d of the model's %d kept; %d missing (zeros); %d extra in the file (dropped)", fmap.kept, fmap.n_trained, fmap.missing, fmap.extra)
+    log.log(
+        level, "features: %d of the model's %d kept; %d missing (zeros); %d extra in the file (dropped)", fmap.kept, fmap.n_trained, fmap.missing, fmap.extra
+    )
     x_hic, n = counts_matrix(hic), hic.n_obs
 
     def batches():
@@ -343,4 +345,3 @@ def embed_paths(data=None, rna=None, hic=None) -> tuple[Path | None, Path]:
         raise InputError("give a data folder (--data) or both --rna and --hic (--hic alone for a model trained without RNA)", key="--data")
     rna_path = Path(rna) if rna else (folder.rna if folder is not None else None)
     return rna_path, Path(hic) if hic else folder.hic
-

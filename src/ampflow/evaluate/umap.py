@@ -172,10 +172,7 @@ def plot_umap(adata: ad.AnnData, path, label_key: str | None = "cell_type", seed
         ax.set_yticks([])
 
     def legend(ax, names, colours, title):
-        handles = [
-            Line2D([], [], marker="o", linestyle="", markersize=7, color=c, label=k)
-            for k, c in zip(names, colours, strict=True)
-        ]
+        handles = [Line2D([], [], marker="o", linestyle="", markersize=7, color=c, label=k) for k, c in zip(names, colours, strict=True)]
         # below the panel, so the panels keep the width; long category lists go into
         # more columns and smaller type rather than off the page
         ncol = min(len(names), 3 if len(names) <= 12 else 4 if len(names) <= 40 else 6)

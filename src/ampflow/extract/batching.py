@@ -73,9 +73,7 @@ def token_budget_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return _sorted_batches(lengths, lambda s, b, _: s * b <= budget)
 
 
-def plan_batches(
-    lengths: list[int], device: str, tokens_per_batch: int, attention_per_batch: int | None = None, kind: str | None = None
-) -> list[list[int]]:
+def plan_batches(lengths: list[int], device: str, tokens_per_batch: int, attention_per_batch: int | None = None, kind: str | None = None) -> list[list[int]]:
     """Batches of indices into ``lengths`` (tokens per sequence), one model call each.
 
     GPU (any device but ``cpu``): longest first, ties in input order, every batch of more

@@ -115,7 +115,7 @@ class VectorCache:
                 pass  # its writer finished or another job removed it
         return gone
 
-    def reader(self, max_bytes: int = 1 << 29) -> "ShardReader":
+    def reader(self, max_bytes: int = 1 << 29) -> ShardReader:
         return ShardReader(self.shard_dir, max_bytes)
 
     # ---------------------------------------------------------------- writing

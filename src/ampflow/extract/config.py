@@ -133,7 +133,7 @@ class ModelSpec:
         return self.max_length if self.max_length is not None else DEFAULT_MAX_LENGTH[self.kind]
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelSpec":
+    def from_dict(cls, d: dict) -> ModelSpec:
         if "kind" not in (d or {}):
             raise InputError("missing", key="extract.models.kind")
         return _from_dict(cls, d, "extract.models")
@@ -187,7 +187,7 @@ class ExtractSettings:
             raise InputError("must be > 0", key="extract.telemetry_interval", value=self.telemetry_interval)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "ExtractSettings":
+    def from_dict(cls, d: dict | None) -> ExtractSettings:
         d = {k: v for k, v in (d or {}).items() if k not in ("inputs", "models")}
         return _from_dict(cls, d, "extract", fasta=FastaPolicy.from_dict)
 

@@ -54,7 +54,7 @@ class DnabertConfig:
             raise InputError("hidden_size must be a multiple of num_attention_heads", key="hidden_size", value=self.hidden_size)
 
     @classmethod
-    def from_json(cls, path) -> "DnabertConfig":
+    def from_json(cls, path) -> DnabertConfig:
         raw = json.loads(Path(path).read_text())
         return cls(**{f.name: raw[f.name] for f in fields(cls) if f.name in raw})
 
@@ -98,7 +98,7 @@ class BertSelfAttention(nn.Module):
         self.heads = cfg.num_attention_heads
         self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, bias: "AttentionBias") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: AttentionBias) -> torch.Tensor:
         """x: (B, S, D); bias: the batch's shared ALiBi and key padding. Returns (B, S, D).
 
         Without padding the (1, H, S, S) ALiBi goes to attention as is, broadcast over the
@@ -121,7 +121,9 @@ class BertSelfAttention(nn.Module):
             out = torch.cat(
                 [
                     F.scaled_dot_product_attention(
-                        q[:, h : h + step], k[:, h : h + step], v[:, h : h + step],
+                        q[:, h : h + step],
+                        k[:, h : h + step],
+                        v[:, h : h + step],
                         attn_mask=alibi[:, h : h + step].masked_fill(bias.key_pad, float("-inf")),
                     )  # fmt: skip
                     for h in range(0, self.heads, step)
@@ -147,7 +149,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg)
 
-    def forward(self, x: torch.Tensor, bias: "AttentionBias") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: AttentionBias) -> torch.Tensor:
         return self.output(self.self(x, bias), x)
 
 
@@ -171,7 +173,7 @@ class BertLayer(nn.Module):
         self.attention = BertAttention(cfg)
         self.mlp = BertGatedLinearUnitMLP(cfg)
 
-    def forward(self, x: torch.Tensor, bias: "AttentionBias") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: AttentionBias) -> torch.Tensor:
         return self.mlp(self.attention(x, bias))
 
 
@@ -186,7 +188,7 @@ class BertEncoder(nn.Module):
         # kernel launches, which matter for short sequences, and those fit whole.
         self.bias_elements = BIAS_ELEMENTS
 
-    def attention_bias(self, attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> "AttentionBias":
+    def attention_bias(self, attention_mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> AttentionBias:
         """(B, S) 1/0 mask -> the ALiBi ``-slope_h |i - j|`` as one (1, H, S, S) tensor in
         ``dtype`` shared by every sequence, and the padded keys as a (B, 1, 1, S) boolean
         (None when nothing is padded): B times smaller than the (B, H, S, S) float32 sum

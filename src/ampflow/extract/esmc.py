@@ -44,11 +44,7 @@ from ..io.errors import InputError
 
 # esm/utils/constants/esm3.py SEQUENCE_VOCAB (ESM3's sequence tokenizer, which ESM C uses):
 # one token per letter, <cls> first and <eos> last, unknown letters -> <unk>
-SEQUENCE_VOCAB = (
-    ["<cls>", "<pad>", "<eos>", "<unk>"]
-    + list("LAGVSERTIDPKQNFYMHWCXBUZO")
-    + [".", "-", "|", "<mask>"]
-)
+SEQUENCE_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>"] + list("LAGVSERTIDPKQNFYMHWCXBUZO") + [".", "-", "|", "<mask>"]
 EMBED_ROWS = 64  # nn.Embedding(64, d_model): rows past the vocabulary are never used
 ROTARY_BASE = 10000.0
 FFN_EXPANSION = 8 / 3  # TransformerStack's expansion_ratio for ESM C

@@ -194,7 +194,12 @@ def compute_model(
             "dtype": dtype,
             "max_length": spec.letters,
             "inputs": {
-                name: {"fasta": fastas[name].name, "policy": policies[name].to_dict(), "summary": manifests[name].summary, "n_distinct": manifests[name].n_distinct}
+                name: {
+                    "fasta": fastas[name].name,
+                    "policy": policies[name].to_dict(),
+                    "summary": manifests[name].summary,
+                    "n_distinct": manifests[name].n_distinct,
+                }
                 for name in inputs
             },  # fmt: skip
             "run": {"chunks": len(chunks), "computed": todo, "cached": n_cached, "workers": workers, "gpu": gpu},

@@ -76,7 +76,7 @@ class GpuSampler:
             for r in rows:
                 fh.write(json.dumps(r, sort_keys=True) + "\n")
 
-    def start(self) -> "GpuSampler":
+    def start(self) -> GpuSampler:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         drop_partial_tail(self.path)
         if not self.entries:

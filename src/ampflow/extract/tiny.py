@@ -17,15 +17,15 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..io.atomic import atomic_path
 
+if TYPE_CHECKING:
+    import torch
+
 # facebook/esm2_*: 4 specials, 25 amino-acid codes, '.', '-', one null to pad to 32, mask
-ESM_VOCAB = (
-    ["<cls>", "<pad>", "<eos>", "<unk>"]
-    + list("LAGVSERTIDPKQNFYMHWCXBUZO")
-    + [".", "-", "<null_1>", "<mask>"]
-)
+ESM_VOCAB = ["<cls>", "<pad>", "<eos>", "<unk>"] + list("LAGVSERTIDPKQNFYMHWCXBUZO") + [".", "-", "<null_1>", "<mask>"]
 DNA_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
 
 # esm2_t33_650M_UR50D and DNABERT-S (for the benchmark's full-size shapes)
@@ -87,17 +87,13 @@ def dna_tokenizer(seed: int = 0, vocab_size: int = 512):
     # enough text for merges up to ~5 bases a token, as DNABERT-S's 4096-token vocabulary gives
     corpus = ["".join(rng.choice("ACGT") for _ in range(rng.randint(200, 2000))) for _ in range(200)]
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=DNA_SPECIALS, initial_alphabet=list("ACGTN"), show_progress=False
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=DNA_SPECIALS, initial_alphabet=list("ACGTN"), show_progress=False)
     tok.train_from_iterator(corpus, trainer)
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]"
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]")
 
 
 def write_dnabert_s(folder, seed: int = 0, hidden: int = 32, layers: int = 2, heads: int = 4, intermediate: int = 64) -> Path:

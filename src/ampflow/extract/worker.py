@@ -52,15 +52,15 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..io.errors import InputError
+from .cache import VectorCache
 from .chunks import read_chunk
 from .config import ModelSpec
-from .cache import VectorCache
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class ProgressReporter:
         self._lock = threading.Lock()  # counters compared and sent in one order
         self._thread = threading.Thread(target=self._run, name="extract-progress", daemon=True)
 
-    def start(self) -> "ProgressReporter":
+    def start(self) -> ProgressReporter:
         self._thread.start()
         return self
 

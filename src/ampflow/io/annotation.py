@@ -38,8 +38,7 @@ def read_genes(path, namer: ChromNamer, chromsizes: dict[str, int]) -> pd.DataFr
     if not on_genome.any():
         seen = sorted(set(df["chrom"]))[:5]
         raise InputError(
-            f"no gene lies on the genome's chromosomes ({', '.join(list(chromsizes)[:5])}...); "
-            "check chromosome naming (strip_prefix / chr_prefix)",
+            f"no gene lies on the genome's chromosomes ({', '.join(list(chromsizes)[:5])}...); check chromosome naming (strip_prefix / chr_prefix)",
             path=path,
             value=seen,
         )
@@ -58,9 +57,7 @@ def _read_bed(path) -> list[tuple]:
             continue
         f = line.rstrip("\n").split("\t")
         if len(f) < 4:
-            raise InputError(
-                "BED gene annotation needs at least chrom, start, end, name", path=path, line=lineno, value=line.rstrip()
-            )
+            raise InputError("BED gene annotation needs at least chrom, start, end, name", path=path, line=lineno, value=line.rstrip())
         try:
             start, end = int(f[1]), int(f[2])
         except ValueError:

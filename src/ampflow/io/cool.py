@@ -38,9 +38,7 @@ def _cooler(path, cell: str | None):
     try:
         return cooler.Cooler(uri)
     except HDF5_ERRORS as e:
-        raise _damaged(
-            path, e, "cannot open" if cell is None else f"cannot open cell {cell!r}"
-        ) from None
+        raise _damaged(path, e, "cannot open" if cell is None else f"cannot open cell {cell!r}") from None
 
 
 def cell_bins(path, cell: str | None = None) -> tuple[pd.DataFrame, int]:
@@ -59,21 +57,14 @@ def cell_bins(path, cell: str | None = None) -> tuple[pd.DataFrame, int]:
     except HDF5_ERRORS as e:
         raise _damaged(path, e, "cannot read the bin table") from None
     starts, ends = bins["start"].to_numpy(), bins["end"].to_numpy()
-    if (
-        len(bins) == 0
-        or (starts < 0).any()
-        or (ends <= starts).any()
-        or bins["chrom"].isna().any()
-    ):
+    if len(bins) == 0 or (starts < 0).any() or (ends <= starts).any() or bins["chrom"].isna().any():
         raise InputError(
             "bin table is damaged (empty, negative or zero-length bins)",
             path=path,
             key=cell,
         )
     if not binsize or binsize <= 0:
-        raise InputError(
-            "not a fixed-bin-size cooler", path=path, key=cell, value=binsize
-        )
+        raise InputError("not a fixed-bin-size cooler", path=path, key=cell, value=binsize)
     return bins, int(binsize)
 
 
@@ -93,9 +84,7 @@ def cell_pixels(path, cell: str | None, n_bins: int) -> pd.DataFrame:
         raise _damaged(
             path,
             e,
-            "cannot read pixels"
-            if cell is None
-            else f"cannot read pixels of cell {cell!r}",
+            "cannot read pixels" if cell is None else f"cannot read pixels of cell {cell!r}",
         ) from None
     missing = [c for c in ("bin1_id", "bin2_id", "count") if c not in px.columns]
     if missing:

@@ -13,9 +13,9 @@ the file, the record's header line and the value.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 from .errors import InputError, reject_unknown_keys
 from .textfile import numbered_lines
@@ -94,7 +94,7 @@ class FastaPolicy:
             raise InputError(f"must be one of {', '.join(ID_MODES)}", key="extract.fasta.ids", value=self.ids)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "FastaPolicy":
+    def from_dict(cls, d: dict | None) -> FastaPolicy:
         d = dict(d or {})
         reject_unknown_keys(d, cls, "extract.fasta")
         return cls(**d)

@@ -25,9 +25,7 @@ def _anndata_errors() -> tuple[type[BaseException], ...]:
 def damaged(path, e: BaseException, what: str = "cannot read") -> InputError:
     """The InputError for a library error met while reading the damaged file ``path``."""
     detail = str(e).splitlines()[0] if str(e) else ""
-    return InputError(
-        f"{what} (damaged file?): {type(e).__name__}: {detail}", path=path
-    )
+    return InputError(f"{what} (damaged file?): {type(e).__name__}: {detail}", path=path)
 
 
 def read_h5ad(path, what: str = "h5ad file", backed=None):
@@ -53,7 +51,5 @@ def read_h5ad(path, what: str = "h5ad file", backed=None):
                 try:
                     m.check_format(full_check=True)
                 except ValueError as e:
-                    raise InputError(
-                        f"{name} is not a valid sparse matrix: {e}", path=path
-                    ) from None
+                    raise InputError(f"{name} is not a valid sparse matrix: {e}", path=path) from None
     return adata

@@ -86,9 +86,7 @@ def parse_columns_spec(spec) -> tuple[int, int, int, int] | None:
         return None
     parts = [p for p in str(spec).replace(" ", "").split(",") if p]
     if len(parts) != 4 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise InputError(
-            "expected four 1-based column numbers 'chrom1,pos1,chrom2,pos2'", key="pairs_columns", value=spec
-        )
+        raise InputError("expected four 1-based column numbers 'chrom1,pos1,chrom2,pos2'", key="pairs_columns", value=spec)
     c1, p1, c2, p2 = (int(p) - 1 for p in parts)
     return c1, p1, c2, p2
 
@@ -152,9 +150,7 @@ def _layout_from_names(names: list[str], path) -> tuple[int, int, int, int]:
                 return lower.index(o)
         raise InputError(f"'#columns:' header has no {what} column", path=path, value=" ".join(names))
 
-    return find(CHROM1_NAMES, "chr1/chrom1"), find(("pos1",), "pos1"), find(CHROM2_NAMES, "chr2/chrom2"), find(
-        ("pos2",), "pos2"
-    )
+    return find(CHROM1_NAMES, "chr1/chrom1"), find(("pos1",), "pos1"), find(CHROM2_NAMES, "chr2/chrom2"), find(("pos2",), "pos2")
 
 
 # Header-less layouts seen in the wild, tried in order: 4DN with readID; plain
@@ -170,18 +166,10 @@ def _infer_layout(rows: list[list[str]], namer: ChromNamer | None, path) -> tupl
         return not _is_int(s) or (namer is not None and namer(s) in known)
 
     for c1, p1, c2, p2 in _CANDIDATES:
-        if all(
-            len(f) > max(c1, p1, c2, p2)
-            and _is_int(f[p1])
-            and _is_int(f[p2])
-            and chrom_like(f[c1])
-            and chrom_like(f[c2])
-            for f in rows
-        ):
+        if all(len(f) > max(c1, p1, c2, p2) and _is_int(f[p1]) and _is_int(f[p2]) and chrom_like(f[c1]) and chrom_like(f[c2]) for f in rows):
             return c1, p1, c2, p2
     raise InputError(
-        "no '#columns:' header and the columns could not be inferred; set pairs_columns "
-        "(1-based 'chrom1,pos1,chrom2,pos2')",
+        "no '#columns:' header and the columns could not be inferred; set pairs_columns (1-based 'chrom1,pos1,chrom2,pos2')",
         path=path,
         value=rows[0] if rows else None,
     )
@@ -354,9 +342,7 @@ def _locate_error(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict
                     continue
                 f = _split(line.rstrip("\r\n"), layout.sep)
                 if len(f) < need:
-                    raise InputError(
-                        f"too few columns: {len(f)}, need at least {need}", path=path, line=lineno, value=line.rstrip("\n")
-                    )
+                    raise InputError(f"too few columns: {len(f)}, need at least {need}", path=path, line=lineno, value=line.rstrip("\n"))
                 for ci, pi, which in ((layout.chrom1, layout.pos1, "pos1"), (layout.chrom2, layout.pos2, "pos2")):
                     raw = f[pi]
                     if not _INT.fullmatch(raw):
@@ -371,9 +357,7 @@ def _locate_error(path, layout: PairsLayout, namer: ChromNamer, chromsizes: dict
                         name = cache[f[ci]] = namer(f[ci])
                     size = chromsizes.get(name)
                     if size is not None and pos > size:
-                        raise InputError(
-                            f"{which} is past the end of {name} (size {size})", path=path, line=lineno, value=raw
-                        )
+                        raise InputError(f"{which} is past the end of {name} (size {size})", path=path, line=lineno, value=raw)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise InputError(f"truncated or corrupt gzip: {e}", path=path) from None
     return skipped

@@ -136,9 +136,7 @@ def _read_matrix_market(path: Path, n_rows: int, n_cols: int) -> sp.coo_matrix:
             m = re.search(r"Expected (\d+) fields in line (\d+), saw (\d+)", str(e))
             if m is None:
                 raise InputError(f"malformed entry lines: {e}", path=path) from None
-            raise InputError(
-                f"entry line has {m[3]} fields, expected {m[1]}", path=path, line=lineno + int(m[2])
-            ) from None
+            raise InputError(f"entry line has {m[3]} fields, expected {m[1]}", path=path, line=lineno + int(m[2])) from None
     first = lineno + 1
     if df.shape[1] != ncol:
         raise InputError(f"entry lines need {ncol} fields, found {df.shape[1]}", path=path, line=first)

@@ -24,9 +24,7 @@ def _arrow_errors() -> tuple[type[BaseException], ...]:
     return (pa.ArrowException, OSError, ValueError, KeyError, TypeError)
 
 
-def read_parquet_table(
-    path, columns: dict[str, str], what: str = "table"
-) -> pd.DataFrame:
+def read_parquet_table(path, columns: dict[str, str], what: str = "table") -> pd.DataFrame:
     """Read a parquet file; ``columns`` maps each required column to ``int``, ``float``,
     ``number`` (either) or ``string``.
 
@@ -59,9 +57,7 @@ def read_parquet_table(
             )
         values = df[col].to_numpy()
         if values.dtype.kind not in KINDS[kind]:
-            raise InputError(
-                f"column is {values.dtype}, expected {kind}", path=path, key=col
-            )
+            raise InputError(f"column is {values.dtype}, expected {kind}", path=path, key=col)
         if values.dtype.kind == "f":
             bad = ~np.isfinite(values)
             if bad.any():

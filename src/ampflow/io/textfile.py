@@ -76,9 +76,7 @@ def open_text(path):
     """
     path = require_file(path)
     if is_gzip(path):
-        return io.TextIOWrapper(
-            _CheckedGzip(path), encoding="utf-8-sig", errors="replace"
-        )
+        return io.TextIOWrapper(_CheckedGzip(path), encoding="utf-8-sig", errors="replace")
     return open(path, encoding="utf-8-sig", errors="replace")
 
 

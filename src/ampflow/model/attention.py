@@ -66,9 +66,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, window: int) -> int:
         raise ValueError("q, k and v need at least 2 dims (..., N, D)")
     n = q.shape[-2]
     if k.shape[-2] != n or v.shape[-2] != n:
-        raise ValueError(
-            f"q, k, v must have the same length N, got {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]}"
-        )
+        raise ValueError(f"q, k, v must have the same length N, got {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k need the same last dim, got {q.shape[-1]} and {k.shape[-1]}")
     if int(window) != window or window < 0:
@@ -126,9 +124,7 @@ def _masked_block(q_s: Tensor, k_blk: Tensor, v_blk: Tensor, outside: Tensor) ->
     return scores @ v_blk
 
 
-def local_attention_full(
-    q: Tensor, k: Tensor, v: Tensor, window: int, scale: float | None = None
-) -> Tensor:
+def local_attention_full(q: Tensor, k: Tensor, v: Tensor, window: int, scale: float | None = None) -> Tensor:
     """Exact sliding-window attention through the full masked score matrix.
 
     ``out[..., i, :] = sum_j softmax_j(scale * q_i . k_j) v_j`` over ``|i - j| <= window``.
@@ -307,9 +303,7 @@ def _blocks(t: Tensor, start: int, nb: int, step: int, length: int) -> Tensor:
     ``[start + j * step, start + j * step + length)``, shape ``(..., nb, length, D)``.
     No copy; windows overlap when ``length > step`` (read-only then)."""
     *lead, rows, cols = t.stride()
-    return t.as_strided(
-        (*t.shape[:-2], nb, length, t.shape[-1]), (*lead, step * rows, rows, cols), t.storage_offset() + start * rows
-    )
+    return t.as_strided((*t.shape[:-2], nb, length, t.shape[-1]), (*lead, step * rows, rows, cols), t.storage_offset() + start * rows)
 
 
 def _add_windows_(padded: Tensor, s: int, r: int, win: Tensor) -> None:

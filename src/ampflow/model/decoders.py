@@ -19,7 +19,6 @@ from .attention import local_attention
 from .layers import layer_norm_from, linear_from, parameter_from
 from .prob import NB, ZINB
 
-
 #: Initial value of the key term's scale parameter (softplus(-5) = 0.0067): the keys
 #: start random, and at full scale their noise taught the encoder to ignore the cells.
 KEY_SCALE_INIT = -5.0
@@ -50,7 +49,9 @@ class NBDecoder(nn.Module):
         logits = F.softplus(self.scale_lin) * (u @ v_genes.T) + self.bias
         if self.batch_bias is not None:
             if cond is None or cond.shape != (u.shape[0], self.batch_bias.shape[1]):
-                raise ValueError(f"the decoder is conditioned on {self.batch_bias.shape[1]} batches: it needs their indicators, (B, {self.batch_bias.shape[1]})")
+                raise ValueError(
+                    f"the decoder is conditioned on {self.batch_bias.shape[1]} batches: it needs their indicators, (B, {self.batch_bias.shape[1]})"
+                )
             logits = logits + cond @ self.batch_bias.T
         mu = torch.softmax(logits, dim=1) * library.unsqueeze(1)
         return NB(mu, self.log_theta.exp())
@@ -140,9 +141,7 @@ class StratifiedZINBDecoder(nn.Module):
         self.key_first = key_first
         self.bounds = [0] + torch.cumsum(counts, 0).tolist()
         self.register_buffer("feature_anchor", feature_anchor.long(), persistent=False)
-        self.blocks = nn.ModuleList(
-            StratumBlock(latent, D, heads, window, ffn_mult, attention, chunk) for _ in range(1, n_strata)
-        )
+        self.blocks = nn.ModuleList(StratumBlock(latent, D, heads, window, ffn_mult, attention, chunk) for _ in range(1, n_strata))
         self.n_batches = n_batches
         p = hic_decoder_shared_params(latent, D, n_strata, int(counts.sum()), n_batches)
         self.u_proj = linear_from(p, "u_proj") if "u_proj.weight" in p else None
@@ -180,7 +179,11 @@ class StratifiedZINBDecoder(nn.Module):
         return F.softplus(self.scale_lin[lo:hi]) * raw + u_load @ self.loading[lo:hi].T + self.bias[lo:hi]
 
     def forward(
-        self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, on_stratum: Callable[[int], None] | None = None,
+        self,
+        u: torch.Tensor,
+        v_anchors: torch.Tensor,
+        band_totals: torch.Tensor,
+        on_stratum: Callable[[int], None] | None = None,
         cond: torch.Tensor | None = None,
     ) -> ZINB:
         """u: (B, latent), v_anchors: (n_anchors, latent), band_totals: (B, L), cond:
@@ -201,7 +204,12 @@ class StratifiedZINBDecoder(nn.Module):
         return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))
 
     def mean_nll(
-        self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum: Callable[[int], None] | None = None,
+        self,
+        u: torch.Tensor,
+        v_anchors: torch.Tensor,
+        band_totals: torch.Tensor,
+        x: torch.Tensor,
+        on_stratum: Callable[[int], None] | None = None,
         cond: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Negative log-likelihood of counts ``x`` (B, F), averaged over cells and features.

@@ -167,9 +167,8 @@ class PairedModel(nn.Module):
             s = self.cfg.shared_dim
             terms["align"] = (r_loc[:, :s].detach() - h_loc[:, :s]).square().sum(1).mean() / s
             if weights.cross:
-                terms["cross"] = (
-                    -self.rna_decoder(u_hic, v_genes, rna_lib, cond).log_prob(rna).mean()
-                    + self.hic_decoder.mean_nll(u_rna, v_anchors, totals, hic, cond=cond)
+                terms["cross"] = -self.rna_decoder(u_hic, v_genes, rna_lib, cond).log_prob(rna).mean() + self.hic_decoder.mean_nll(
+                    u_rna, v_anchors, totals, hic, cond=cond
                 )
         terms["total"] = self.weighted_total(terms, weights)
         return terms

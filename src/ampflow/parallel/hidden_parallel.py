@@ -118,25 +118,25 @@ class HiddenParallelStratumBlock(nn.Module):
         lo, hi = split_range(width, tp, rank)
         ffn = torch.arange(lo, hi)
         ffn2 = torch.cat([ffn, ffn + width])  # both GEGLU halves
-        I, F2, J = Shard(0, channels, D), Shard(0, ffn2, 2 * width), Shard(0, ffn, width)
-        cols_I, cols_J = Shard(1, channels, D), Shard(1, ffn, width)
+        rows_d, rows_ffn2 = Shard(0, channels, D), Shard(0, ffn2, 2 * width)
+        cols_d, cols_ffn = Shard(1, channels, D), Shard(1, ffn, width)
         self.heads, self.window, self.attention, self.chunk = plain.heads, plain.window, plain.attention, plain.chunk
         self.group, self.D = group, D
         device = plain.w_v.weight.device  # the indices are built on the CPU; the block may be on a GPU
         self.register_buffer("channels", channels.to(device, copy=True), persistent=False)
         self.register_buffer("ffn_cols", ffn2.to(device), persistent=False)
         self.norm_in = LocalNorm(plain.norm_in, None)
-        self.w_v = LocalLinear(plain.w_v, I, None)
-        self.w_k = LocalLinear(plain.w_k, I, None) if plain.w_k is not None else None
-        self.norm_ff = LocalNorm(plain.norm_ff, I)
-        self.w_ff = LocalLinear(plain.w_ff, cols_I, F2)
-        self.w_out = LocalLinear(plain.w_out, cols_J, I)
+        self.w_v = LocalLinear(plain.w_v, rows_d, None)
+        self.w_k = LocalLinear(plain.w_k, rows_d, None) if plain.w_k is not None else None
+        self.norm_ff = LocalNorm(plain.norm_ff, rows_d)
+        self.w_ff = LocalLinear(plain.w_ff, cols_d, rows_ffn2)
+        self.w_out = LocalLinear(plain.w_out, cols_ffn, rows_d)
         self.shards = {
-            "w_v.weight": I, "norm_ff.weight": I, "norm_ff.bias": I,
-            "w_ff.weight": cols_I, "w_ff.bias": F2, "w_out.weight": cols_J, "w_out.bias": I,
+            "w_v.weight": rows_d, "norm_ff.weight": rows_d, "norm_ff.bias": rows_d,
+            "w_ff.weight": cols_d, "w_ff.bias": rows_ffn2, "w_out.weight": cols_ffn, "w_out.bias": rows_d,
         }  # fmt: skip
         if self.w_k is not None:
-            self.shards["w_k.weight"] = I
+            self.shards["w_k.weight"] = rows_d
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         """v: (n_anchors, latent), replicated -> this rank's channels of the key: (n_anchors, D / tp)."""

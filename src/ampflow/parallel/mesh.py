@@ -49,7 +49,7 @@ class Mesh:
         return self.rank % self.tp
 
     @classmethod
-    def build(cls, dp: int, tp: int) -> "Mesh":
+    def build(cls, dp: int, tp: int) -> Mesh:
         """The mesh of this process in the initialised default group (or a 1 x 1 mesh
         when torch.distributed is not initialised)."""
         if not (dist.is_available() and dist.is_initialized()):
@@ -72,7 +72,6 @@ class Mesh:
             if rank in ranks:
                 mesh.dp_group = group
         return mesh
-
 
 
 def init_distributed(device: str = "auto") -> int:

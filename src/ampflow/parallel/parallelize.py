@@ -32,8 +32,9 @@ from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .data_parallel import parallelize_data_parallel
 from .feature_parallel import FeatureParallelLinear
 from .mesh import Mesh
-from .shards import Shard, gather_full
 from .sharded_decoder import ShardedStratifiedZINBDecoder
+from .shards import Shard, gather_full
+
 
 def parallelize(model: nn.Module, plan: Plan | None, mesh: Mesh | None = None) -> nn.Module:
     """The model of this rank under ``plan`` on ``mesh`` (modified in place and returned).
@@ -100,9 +101,7 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None = None)
     full_opt = {"param_groups": opt["param_groups"], "state": {}}
     for i, st in opt["state"].items():
         shard = shards.get(names[i])
-        full_opt["state"][i] = {
-            k: (gather_full(v, shard, group) if shard is not None and torch.is_tensor(v) and v.dim() > 0 else v) for k, v in st.items()
-        }
+        full_opt["state"][i] = {k: (gather_full(v, shard, group) if shard is not None and torch.is_tensor(v) and v.dim() > 0 else v) for k, v in st.items()}
     return state, full_opt
 
 

@@ -54,6 +54,4 @@ def write_cool(path, chromsizes: dict[str, int], resolution: int, pixels: pd.Dat
     import cooler
 
     bins = make_bins(chromsizes, resolution)
-    cooler.create_cooler(
-        str(path), bins, pixels, ordered=True, symmetric_upper=True, metadata=metadata or {}, dtypes={"count": np.int64}
-    )
+    cooler.create_cooler(str(path), bins, pixels, ordered=True, symmetric_upper=True, metadata=metadata or {}, dtypes={"count": np.int64})

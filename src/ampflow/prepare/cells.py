@@ -14,8 +14,8 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path

@@ -160,10 +160,7 @@ def build_graph(rna_var, hic_var, mcool, resolution, chromsizes, upstream=2000, 
         (np.stack([np.arange(n), np.arange(n)], axis=1), np.ones(n), "self"),
     ]
     edges = pd.concat(
-        [
-            pd.DataFrame({"source": e[:, 0], "target": e[:, 1], "weight": w.astype(np.float32), "sign": np.int8(1), "kind": kind})
-            for e, w, kind in parts
-        ],
+        [pd.DataFrame({"source": e[:, 0], "target": e[:, 1], "weight": w.astype(np.float32), "sign": np.int8(1), "kind": kind}) for e, w, kind in parts],
         ignore_index=True,
     )
     edges["kind"] = edges["kind"].astype("category")

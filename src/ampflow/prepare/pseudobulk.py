@@ -176,9 +176,7 @@ def plan_levels(scools: dict[int, str], extra=()) -> dict[int, int | None]:
     return plan
 
 
-def write_mcool(
-    path, scools: dict[int, str], cells: list[str], balance: bool = True, extra=(), map=map, block: int = BLOCK, chunksize: int = CHUNK
-) -> dict:
+def write_mcool(path, scools: dict[int, str], cells: list[str], balance: bool = True, extra=(), map=map, block: int = BLOCK, chunksize: int = CHUNK) -> dict:
     """Write ``path`` with one ``resolutions/{res}`` cooler per entry of ``scools``,
     plus coarser ``extra`` resolutions (multiples of the finest: zoom levels).
 

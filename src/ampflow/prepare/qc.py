@@ -75,7 +75,7 @@ def qc_table(contacts: pd.DataFrame, rna: pd.DataFrame | None, thresholds: QCThr
     kept = t["cis"].fillna(0) + t["trans"].fillna(0)
     t["cis_fraction"] = np.where(kept > 0, t["cis"].fillna(0) / kept.where(kept > 0, 1), 0.0)
     reasons = []
-    for cid, r in t.iterrows():
+    for _, r in t.iterrows():
         why = []
         if not r["in_pairs"]:
             why.append("not in cell sheet (no pairs)")

@@ -122,7 +122,7 @@ def html_page(title: str, parts: Iterable[str], lead: str = "") -> str:
     """A self-contained HTML page (inline CSS, no scripts): the report shows it in a frame."""
     lead_html = f'<p class="lead">{esc(lead)}</p>' if lead else ""
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{esc(title)}</title><style>{_CSS}</style></head>\n"
         f"<body><h1>{esc(title)}</h1>{lead_html}\n" + "\n".join(parts) + "\n</body></html>\n"
     )

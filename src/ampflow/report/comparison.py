@@ -116,6 +116,7 @@ def comparison_table(table: pd.DataFrame) -> pd.DataFrame:
     with_foscttm = [g for g in groups if f"{g}_foscttm" in table.columns and table[f"{g}_foscttm"].notna().any()]
     rows = []
     for _, r in table.iterrows():
+
         def line(method: str, cells: dict, config=r["configuration"]) -> dict:
             out = {"configuration": config, "method": method}
             for g in groups:

@@ -130,8 +130,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
         *(
             [
                 "<h2>Chunk candidates (cost model)</h2>",
-                f"<p>{esc((plan.cost_model or {}).get('counts', ''))}. Bytes needed: the predicted peak plus one query "
-                "block's transient attention scores.</p>",
+                f"<p>{esc((plan.cost_model or {}).get('counts', ''))}. Bytes needed: the predicted peak plus one query block's transient attention scores.</p>",
                 html_table(candidates, row_class=lambda r: "good" if r["choice"] == "chosen" else ""),
             ]
             if len(candidates)

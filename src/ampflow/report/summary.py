@@ -22,7 +22,7 @@ from ..io.errors import read_json
 from ..progress import human_bytes
 from ..spec.plan import Plan
 from .common import colour, esc, html_table, new_figure, read_jsonl, save_png, write_html
-from .comparison import cells_note, comparison_columns, headline_control, comparison_table, groups_in, plot_comparison
+from .comparison import cells_note, comparison_columns, comparison_table, groups_in, headline_control, plot_comparison
 from .plan import measured_memory, mesh_text, strategy_ids
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,7 @@ def summary_row(name: str, plan: Plan, scores: dict, metrics: list[dict]) -> dic
 
 def summary_table(configs: dict[str, dict]) -> pd.DataFrame:
     """``configs``: name -> ``{"plan": path, "scores": path, "metrics": path}``."""
-    rows = [
-        summary_row(name, Plan.read(p["plan"]), read_json(p["scores"], "scores"), read_jsonl(p["metrics"], "metrics file"))
-        for name, p in configs.items()
-    ]
+    rows = [summary_row(name, Plan.read(p["plan"]), read_json(p["scores"], "scores"), read_jsonl(p["metrics"], "metrics file")) for name, p in configs.items()]
     return pd.DataFrame(rows)
 
 

@@ -35,8 +35,17 @@ def metrics_frame(rows: list[dict], path=None) -> pd.DataFrame:
         if "step" not in r or not isinstance(r.get("loss"), dict):
             raise InputError("metrics row without 'step' or 'loss'", path=path, line=n)
     frame = pd.DataFrame(
-        [{"step": r["step"], "stage": r.get("stage", ""), "epoch": r.get("epoch"), "seconds": r.get("seconds"),
-          "cells_per_s": r.get("cells_per_s"), **r["loss"]} for r in keep]  # fmt: skip
+        [
+            {
+                "step": r["step"],
+                "stage": r.get("stage", ""),
+                "epoch": r.get("epoch"),
+                "seconds": r.get("seconds"),
+                "cells_per_s": r.get("cells_per_s"),
+                **r["loss"],
+            }
+            for r in keep
+        ]  # fmt: skip
     )
     return frame.sort_values("step", kind="stable").reset_index(drop=True)
 
@@ -87,7 +96,7 @@ def plot_training(frame: pd.DataFrame, path, name: str = "") -> Path:
         ax.grid(True, alpha=0.3)
         ax.set_xlabel("optimisation step (count)", fontsize=8.5)
         ax.xaxis.set_tick_params(labelbottom=True)
-    for ax in flat[len(panels):]:
+    for ax in flat[len(panels) :]:
         ax.set_visible(False)
     stages = ", ".join(f"{s} {int(g.size)} steps" for s, g in frame.groupby("stage", sort=False)["step"])
     fig.suptitle(f"{name + ': ' if name else ''}training, {len(frame)} steps ({stages}); light: per step, dark: rolling median")

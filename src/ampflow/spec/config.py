@@ -85,7 +85,7 @@ class ModelConfig:
         return self.latent_dim - self.private
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "ModelConfig":
+    def from_dict(cls, d: dict | None) -> ModelConfig:
         d = dict(d or {})
         reject_unknown_keys(d, cls, "model")
         return cls(**d)
@@ -113,7 +113,7 @@ class StageConfig:
     weights: LossWeights
 
     @classmethod
-    def from_dict(cls, d: dict, key: str) -> "StageConfig":
+    def from_dict(cls, d: dict, key: str) -> StageConfig:
         d = dict(d)
         w = d.pop("weights", {}) or {}
         unknown = sorted(set(d) - {"epochs", "lr"})
@@ -158,7 +158,7 @@ class EarlyStoppingConfig:
         return self.patience > 0
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "EarlyStoppingConfig":
+    def from_dict(cls, d: dict | None) -> EarlyStoppingConfig:
         d = dict(d or {})
         reject_unknown_keys(d, cls, "train.early_stopping")
         return cls(**d)
@@ -298,7 +298,7 @@ class TrainConfig:
         return any(stage.weights.cross > 0 for _, stage in self.stages)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "TrainConfig":
+    def from_dict(cls, d: dict | None) -> TrainConfig:
         d = dict(d or {})
         stages = {k: StageConfig.from_dict(d.pop(k), f"train.{k}") for k in ("pretrain", "finetune") if k in d}
         if "early_stopping" in d:
@@ -334,7 +334,7 @@ class EvaluateConfig:
             raise InputError("must be a column name", key="evaluate.label_key", value=self.label_key)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "EvaluateConfig":
+    def from_dict(cls, d: dict | None) -> EvaluateConfig:
         d = dict(d or {})
         reject_unknown_keys(d, cls, "evaluate")
         return cls(**d)

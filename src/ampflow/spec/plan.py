@@ -327,7 +327,7 @@ class Plan:
         }
 
     @classmethod
-    def from_dict(cls, d: dict, path=None) -> "Plan":
+    def from_dict(cls, d: dict, path=None) -> Plan:
         """A plan from its JSON object. Keys left out take their defaults (a hand-written
         plan may give only ``mesh`` and ``strategies``); a wrong type names the key."""
         if not isinstance(d, dict):
@@ -372,7 +372,7 @@ class Plan:
         return Path(path)
 
     @classmethod
-    def read(cls, path) -> "Plan":
+    def read(cls, path) -> Plan:
         """Read ``plan.json``; a missing file or bad JSON is an InputError naming it."""
         path = Path(path)
         return cls.from_dict(read_json(path, "plan"), path)

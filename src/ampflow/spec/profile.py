@@ -30,11 +30,11 @@ class ProfileTrain:
     cross_reconstruction: bool = False
 
     @classmethod
-    def from_config(cls, train: TrainConfig) -> "ProfileTrain":
+    def from_config(cls, train: TrainConfig) -> ProfileTrain:
         return cls(train.batch_size, train.dtype, "adam", train.cross_reconstruction)
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "ProfileTrain":
+    def from_dict(cls, d: dict | None) -> ProfileTrain:
         """From a profile's ``train`` section; keys left out take their defaults."""
         d = dict(d or {})
         unknown = sorted(set(d) - {f.name for f in fields(cls)})

@@ -34,7 +34,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-
 #: Rows of every encoder forward pass that writes embeddings (training's and ``ampflow
 #: embed``'s): a batch of fewer cells is padded with empty cells to this many.
 EMBED_ROWS = 1024

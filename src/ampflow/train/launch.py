@@ -50,7 +50,9 @@ def _scontrol(args: list[str]) -> str:
     try:
         res = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60, check=False)
     except FileNotFoundError:
-        raise InputError("scontrol not found on PATH, so the job's allocation cannot be read", key="SLURM_JOB_ID", value=os.environ.get("SLURM_JOB_ID")) from None
+        raise InputError(
+            "scontrol not found on PATH, so the job's allocation cannot be read", key="SLURM_JOB_ID", value=os.environ.get("SLURM_JOB_ID")
+        ) from None
     if res.returncode != 0:
         raise InputError(f"scontrol {' '.join(args)} failed: {(res.stderr or res.stdout).strip()}", key="SLURM_JOB_ID", value=args[-1])
     return res.stdout
@@ -222,7 +224,9 @@ def launch(n: int, argv: list[str], device: str = "auto") -> int:
     log.info("launching %d processes: %s", n, " ".join(cmd))
     res = subprocess.run(cmd, check=False)
     if res.returncode != 0:
-        log.error("torchrun exited with status %d (a rank failed or was killed); running the same command again resumes from the last checkpoint", res.returncode)
+        log.error(
+            "torchrun exited with status %d (a rank failed or was killed); running the same command again resumes from the last checkpoint", res.returncode
+        )
     return res.returncode
 
 

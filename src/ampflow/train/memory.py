@@ -23,12 +23,12 @@ saved bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
-
 
 # ----------------------------------------------------------------------------------------
 # Measuring saved activations
@@ -146,7 +146,7 @@ class SavedTensorBytes:
     def n_storages(self) -> int:
         return sum(1 for key in self._seen if key not in self._excluded)
 
-    def __enter__(self) -> "SavedTensorBytes":
+    def __enter__(self) -> SavedTensorBytes:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         return self
@@ -176,9 +176,7 @@ def saved_activation_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) ->
     int
         Bytes of unique storages the graph saved.
     """
-    inputs = [
-        a for a in (*args, *kwargs.values()) if isinstance(a, Tensor) and _is_input(a)
-    ]
+    inputs = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor) and _is_input(a)]
     if isinstance(fn, torch.nn.Module):
         inputs += [p for p in fn.parameters() if p.requires_grad]
     with SavedTensorBytes(exclude=inputs) as saved:
@@ -270,7 +268,7 @@ class AllocatorTrace:
         """Live bytes at every mark named ``label``, in order."""
         return [b for name, b in self.marks if name == label]
 
-    def __enter__(self) -> "AllocatorTrace":
+    def __enter__(self) -> AllocatorTrace:
         activity = torch.profiler.ProfilerActivity.CPU
         self._prof = torch.profiler.profile(activities=[activity], profile_memory=True, record_shapes=False, with_stack=False)
         self._prof.__enter__()

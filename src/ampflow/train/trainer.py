@@ -53,8 +53,8 @@ from ..spec.plan import Plan
 from . import checkpoint
 from .data import PairedData
 from .early_stopping import EarlyStopping, validation_loss, validation_split
-from .launch import run_device
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
+from .launch import run_device
 from .memory import measured_dp_step
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,7 @@ MEASURED_STEPS = 3
 
 
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
-    return PairedModel(
-        cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches
-    )
+    return PairedModel(cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches)
 
 
 def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) -> list[np.ndarray]:
