@@ -51,6 +51,8 @@ lint: $(STAMP)
 	$(BIN)/snakefmt --check workflow/
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/lint-imports
+	$(BIN)/python scripts/import_layers.py --check
 
 bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_prepare.py

@@ -57,9 +57,9 @@ from pathlib import Path
 import torch
 
 from ampflow.amp.memory_model import Estimate, ShapeSpec, fit_linear, predict
+from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
-from ampflow.spec.config import LossWeights, ModelConfig
 from ampflow.train.memory import StepMemory, measured_step
 
 MIB = 2**20

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from ampflow.spec.plan import MeshShape, Plan
-from ampflow.spec.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE
+from ampflow.contract.plan import MeshShape, Plan
+from ampflow.contract.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -60,8 +60,8 @@ def hic_var(n_anchors: int, n_strata: int):
     """Features of ``n_anchors`` bins on ``N_CHROMS`` equal chromosomes, via the pipeline's own code."""
     import pandas as pd
 
+    from ampflow.contract.layout import feature_names
     from ampflow.prepare.strata import candidate_index
-    from ampflow.spec.layout import feature_names
 
     per = -(-n_anchors // N_CHROMS)
     rows = []

@@ -71,12 +71,12 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from ampflow.cli import main as cli
+from ampflow.contract.config import ModelConfig, TrainConfig
+from ampflow.contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN
 from ampflow.evaluate.baselines import bandnorm_baseline, hic_baseline
 from ampflow.io.h5ad import read_h5ad
 from ampflow.model import decoders, paired
 from ampflow.model.prob import ZINB
-from ampflow.spec.config import ModelConfig, TrainConfig
-from ampflow.spec.layout import HELDOUT, SPLIT_COLUMN, TRAIN
 from ampflow.train.data import load_paired
 from ampflow.train.trainer import Trainer
 

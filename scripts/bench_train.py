@@ -136,10 +136,10 @@ from ampflow.model.paired import GraphSpec, PairedModel
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_baselines import local_attention_per_offset  # noqa: E402
 
+from ampflow.contract.config import ModelConfig, TrainConfig
+from ampflow.contract.profile import ProfileTrain
 from ampflow.parallel.parallelize import parallelize
 from ampflow.prepare.strata import candidate_index
-from ampflow.spec.config import ModelConfig, TrainConfig
-from ampflow.spec.profile import ProfileTrain
 
 log = logging.getLogger("bench_train")
 

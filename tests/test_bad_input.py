@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.io.annotation import read_genes
-from ampflow.io.errors import InputError
 from ampflow.io.genome import ChromNamer, read_chromsizes
 from ampflow.io.pairs import read_pairs
 from ampflow.io.rna import read_rna

@@ -15,6 +15,7 @@ import scipy.sparse as sp
 
 pytest.importorskip("igraph")
 
+from ampflow.base.errors import InputError  # noqa: E402
 from ampflow.evaluate.baselines import bandnorm_baseline, hic_baseline, load_baselines, rna_baseline  # noqa: E402
 from ampflow.evaluate.clusters import leiden_search  # noqa: E402
 from ampflow.evaluate.controls import chance_tolerance, derangement, shuffled_foscttm  # noqa: E402
@@ -22,7 +23,6 @@ from ampflow.evaluate.foscttm import foscttm  # noqa: E402
 from ampflow.evaluate.groups import cell_groups, fit_mask, split_labels  # noqa: E402
 from ampflow.evaluate.run import main_evaluate  # noqa: E402
 from ampflow.evaluate.scores import METHODS, group_scores, headline_scores, score_group  # noqa: E402
-from ampflow.io.errors import InputError  # noqa: E402
 
 
 def planted(n=240, k=4, n_genes=300, n_anchors=40, n_strata=4, seed=0, heldout=0.0):

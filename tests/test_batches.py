@@ -16,11 +16,11 @@ import torch
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
+from ampflow.contract.config import LossWeights, ModelConfig, TrainConfig
 from ampflow.io.h5ad import read_h5ad
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
-from ampflow.spec.config import LossWeights, ModelConfig, TrainConfig
 from ampflow.train.data import PairedData
 from ampflow.train.trainer import Trainer
 

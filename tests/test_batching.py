@@ -13,6 +13,7 @@ import pytest
 import torch
 from extract_helpers import tiny_models_in
 
+from ampflow.base.errors import InputError
 from ampflow.extract.batching import (
     CPU_MIN_SHARE,
     CPU_SHORT_TOKENS,
@@ -24,7 +25,6 @@ from ampflow.extract.batching import (
 )
 from ampflow.extract.config import ModelSpec
 from ampflow.extract.models import load_embedder
-from ampflow.io.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ import dataclasses
 import yaml
 from conftest import REPO
 
-from ampflow.spec.config import EvaluateConfig, LossWeights, ModelConfig, TrainConfig
+from ampflow.contract.config import EvaluateConfig, LossWeights, ModelConfig, TrainConfig
 
 
 def schema_defaults(node):
@@ -46,7 +46,7 @@ def test_extract_schema_defaults_equal_dataclass_defaults():
 
 
 def test_cluster_schema_defaults_equal_dataclass_defaults():
-    from ampflow.spec.allocation import ClusterOffer
+    from ampflow.contract.allocation import ClusterOffer
 
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
     cluster = schema_defaults(schema["properties"]["cluster"])

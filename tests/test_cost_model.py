@@ -19,12 +19,12 @@ from ampflow.amp import cost_model as cm
 from ampflow.amp.calibrate import calibrate
 from ampflow.amp.diagnose import _chunk_candidates, diagnose
 from ampflow.amp.memory_model import estimate_for_profile
+from ampflow.base.errors import InputError
 from ampflow.cli import main
-from ampflow.io.errors import InputError
+from ampflow.contract.config import ModelConfig, TrainConfig
+from ampflow.contract.plan import Plan
+from ampflow.contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from ampflow.model.attention import local_attention_banded
-from ampflow.spec.config import ModelConfig, TrainConfig
-from ampflow.spec.plan import Plan
-from ampflow.spec.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 
 GIB = 2**30
 

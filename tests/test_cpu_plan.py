@@ -12,11 +12,11 @@ from test_diagnose import Est
 
 from ampflow.amp.cpu import threads_per_process, trains_on_cpu
 from ampflow.amp.diagnose import diagnose, explain
+from ampflow.base.errors import InputError
 from ampflow.cli import main
+from ampflow.contract.config import TrainConfig
+from ampflow.contract.plan import Plan
 from ampflow.devices import probe_devices
-from ampflow.io.errors import InputError
-from ampflow.spec.config import TrainConfig
-from ampflow.spec.plan import Plan
 
 GIB = 2**30
 RNA_FEATURES = 100  # float32: 400 bytes per cell of the data batch

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ampflow.amp import cuda_overheads as co
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
 from ampflow.train import memory as mem
 from ampflow.train.memory import StepMemory
 from ampflow.train.trainer import Trainer
@@ -223,7 +223,7 @@ def test_a_plan_for_cuda_budgets_the_context_workspaces_and_fragmentation():
     from test_cost_model import mm10_profile
 
     from ampflow.amp.diagnose import diagnose
-    from ampflow.spec.config import TrainConfig
+    from ampflow.contract.config import TrainConfig
 
     prof, memory = mm10_profile(), 80 * 2**30
     gpu = diagnose(prof, 1, memory, train=TrainConfig(device="cuda"))

@@ -9,12 +9,12 @@ import torch
 import torch.nn as nn
 from dist_helpers import run_world
 
+from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, contiguous_split, draw_noise, parallelize_data_parallel, work_ratio
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.sync_batchnorm import SyncBatchNorm1d, convert_sync_batchnorm
-from ampflow.spec.config import LossWeights, ModelConfig
 
 F64 = torch.float64
 B = 12

@@ -236,8 +236,8 @@ def test_gene_bed_rules(tmp_path):
 
 
 def test_genome_files_missing_names_the_path(tmp_path):
+    from ampflow.base.errors import InputError
     from ampflow.demo import genome_files
-    from ampflow.io.errors import InputError
 
     with pytest.raises(InputError, match=str(tmp_path / "mm10.chrom.sizes")):
         genome_files("mm10", root=tmp_path)

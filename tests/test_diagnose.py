@@ -14,8 +14,8 @@ from ampflow.amp import diagnose as dg
 from ampflow.amp.cost_model import cost_for_profile
 from ampflow.amp.signals import Signal, register_signal, unregister_signal
 from ampflow.amp.strategies import Strategy, register_strategy, unregister_strategy
-from ampflow.io.errors import InputError
-from ampflow.spec.plan import Plan
+from ampflow.base.errors import InputError
+from ampflow.contract.plan import Plan
 
 GIB = 2**30
 

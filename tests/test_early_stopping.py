@@ -17,9 +17,9 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
+from ampflow.contract.config import EarlyStoppingConfig, ModelConfig, TrainConfig
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
-from ampflow.spec.config import EarlyStoppingConfig, ModelConfig, TrainConfig
 from ampflow.train.data import PairedData
 from ampflow.train.early_stopping import EarlyStopping, validation_loss, validation_split
 from ampflow.train.trainer import Trainer, build_model

@@ -17,11 +17,11 @@ import scipy.sparse as sp
 import torch
 from test_trainer import MODEL, SETTINGS, prepare
 
+from ampflow.base.errors import InputError
 from ampflow.cli import main
+from ampflow.contract.config import TrainConfig
 from ampflow.demo import write_demo
 from ampflow.evaluate.embed import embed_cells, map_columns
-from ampflow.io.errors import InputError
-from ampflow.spec.config import TrainConfig
 from ampflow.train.data import counts_matrix, load_paired
 from ampflow.train.trainer import Trainer
 

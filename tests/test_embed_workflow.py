@@ -70,7 +70,7 @@ def write_embed_config(root, **sets) -> list[str]:
 def test_heldout_cells_through_the_raw_path_give_training_vectors(run_dir):
     """The held-out cells' rows of the cell sheet, with the full RNA matrix, go through
     the embed-side QC, binning, strata and RNA: their vectors equal training's rows."""
-    from ampflow.prepare.split import read_split
+    from ampflow.io.split import read_split
 
     res = run_dir / "results/demo"
     split = read_split(res / "qc/split.tsv")

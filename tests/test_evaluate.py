@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("igraph")
 
+from ampflow.base.errors import InputError  # noqa: E402
 from ampflow.evaluate.clusters import check_embeddings, cluster_scores  # noqa: E402
 from ampflow.evaluate.foscttm import foscttm, foscttm_directions  # noqa: E402
 from ampflow.evaluate.run import main_evaluate  # noqa: E402
 from ampflow.evaluate.umap import _config_name  # noqa: E402
-from ampflow.io.errors import InputError  # noqa: E402
 
 SCORE_KEYS = {
     "ari",

@@ -22,14 +22,15 @@ import pytest
 import torch
 from extract_helpers import random_fasta, tiny_models_in
 
+from ampflow.base.errors import InputError
 from ampflow.extract.batching import fixed_batches, padding_fraction, token_budget_batches
 from ampflow.extract.cache import VectorCache
 from ampflow.extract.config import ExtractSettings, ModelSpec
-from ampflow.extract.dnabert import DnabertModel, load_dnabert
+from ampflow.extract.dnabert import DnabertModel
 from ampflow.extract.models import load_embedder, model_shape, resolve_layer
 from ampflow.extract.pool import InlinePool, choose_devices
 from ampflow.extract.run import extract_fasta
-from ampflow.io.errors import InputError
+from ampflow.extract.weights import load_model
 
 BIN = Path(sys.executable).parent
 
@@ -129,7 +130,7 @@ def test_dnabert_default_pooling_is_the_model_cards(tiny_models):
 def test_dnabert_loads_hub_style_checkpoints(tiny_models, tmp_path):
     """A pytorch_model.bin with 'bert.' names and a masked-LM head loads like safetensors."""
     folder = tiny_models["dnabert_s"]
-    model = load_dnabert(folder)
+    model = load_model("dnabert_s", folder)
     alt = tmp_path / "bin"
     alt.mkdir()
     for f in folder.iterdir():
@@ -138,19 +139,19 @@ def test_dnabert_loads_hub_style_checkpoints(tiny_models, tmp_path):
     sd = {f"bert.{k}": v for k, v in model.state_dict().items()}
     sd["cls.predictions.decoder.bias"] = torch.zeros(3)
     torch.save(sd, alt / "pytorch_model.bin")
-    again = load_dnabert(alt)
+    again = load_model("dnabert_s", alt)
     ids, mask = torch.tensor([[1, 7, 9, 2]]), torch.ones(1, 4, dtype=torch.long)
     with torch.no_grad():
         assert torch.equal(model(ids, mask), again(ids, mask))
     sd.pop("bert.encoder.layer.0.mlp.wo.weight")
     torch.save(sd, alt / "pytorch_model.bin")
     with pytest.raises(InputError, match="missing"):
-        load_dnabert(alt)
+        load_model("dnabert_s", alt)
 
 
 def test_dnabert_attention_ignores_padding(tiny_models):
     """Right padding changes nothing for the real tokens (ALiBi is position-relative)."""
-    model: DnabertModel = load_dnabert(tiny_models["dnabert_s"])
+    model: DnabertModel = load_model("dnabert_s", tiny_models["dnabert_s"])
     ids = torch.tensor([[1, 7, 9, 11, 2, 3, 3]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
     with torch.no_grad():

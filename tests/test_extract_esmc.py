@@ -33,13 +33,14 @@ import torch
 from conftest import workflow_copy
 from extract_helpers import random_fasta
 
+from ampflow.base.errors import InputError
 from ampflow.extract.config import ExtractSettings, ModelSpec
-from ampflow.extract.esmc import EsmcConfig, EsmcTokenizer, apply_rotary, load_esmc, read_config, rotary_tables, weights_file
+from ampflow.extract.esmc import EsmcConfig, EsmcTokenizer, apply_rotary, read_config, rotary_tables, weights_file
 from ampflow.extract.models import load_embedder, model_shape, resolve_source
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 from ampflow.extract.tiny import ESMC_WEIGHTS, randomise_norms_, write_esmc
-from ampflow.io.errors import InputError
+from ampflow.extract.weights import load_model
 
 BIN = Path(sys.executable).parent
 
@@ -168,7 +169,7 @@ def test_network_equals_the_reference(reference, tmp_path):
     # not a published width: the heads in config.json, the rest from the weights
     (tmp_path / "config.json").write_text('{"n_heads": 3}')
     assert read_config(tmp_path) == EsmcConfig(48, 3, 3)
-    ours = load_esmc(tmp_path)
+    ours = load_model("esmc", tmp_path)
 
     ids = padded(reference.tokenizer.encode, SEQS)
     real = ids != reference.tokenizer.pad_token_id
@@ -211,7 +212,7 @@ def test_tiny_checkpoint_loads_into_the_reference(reference, tiny):
     ids = padded(reference.tokenizer.encode, SEQS)
     with torch.inference_mode():
         want = ref(sequence_tokens=ids).embeddings
-        got = load_esmc(tiny).hidden_states(ids, (ids != 1).long(), [cfg.n_layers])[cfg.n_layers]
+        got = load_model("esmc", tiny).hidden_states(ids, (ids != 1).long(), [cfg.n_layers])[cfg.n_layers]
     real = ids != 1
     assert (got - want)[real].abs().max() <= 1e-5
 
@@ -263,20 +264,20 @@ def test_loader_errors_name_the_file_and_key(tiny, tmp_path):
 
     missing = folder_with("missing", {k: v for k, v in state.items() if k != "transformer.blocks.1.attn.q_ln.weight"})
     with pytest.raises(InputError, match=r"w\.pth: checkpoint does not match the esmc network: missing \['transformer\.blocks\.1\.attn\.q_ln\.weight'\]"):
-        load_esmc(missing)
+        load_model("esmc", missing)
     extra = folder_with("extra", {**state, "transformer.blocks.0.attn.rotary.inv_freq": torch.ones(4)})
     with pytest.raises(InputError, match=r"unexpected \['transformer\.blocks\.0\.attn\.rotary\.inv_freq'\]"):
-        load_esmc(extra)
+        load_model("esmc", extra)
     bad = dict(state)
     bad["transformer.blocks.0.attn.out_proj.weight"] = torch.zeros(32, 31)
     wrong = folder_with("wrong", bad)
     with pytest.raises(
         InputError, match=r"w\.pth: checkpoint tensor transformer\.blocks\.0\.attn\.out_proj\.weight has shape \(32, 31\), the network \(32, 32\)"
     ):
-        load_esmc(wrong)
+        load_model("esmc", wrong)
     deeper = folder_with("deeper", state, {"n_heads": 4, "n_layers": 3})  # config and weights disagree
     with pytest.raises(InputError, match=r"missing \['transformer\.blocks\.2\."):
-        load_esmc(deeper)
+        load_model("esmc", deeper)
     odd = folder_with("odd", state, {})  # width 32 is not published: the heads must be said
     with pytest.raises(InputError, match=r"w\.pth: an ESM C of width 32 is not a published one .*n_heads"):
         read_config(odd)
@@ -284,23 +285,23 @@ def test_loader_errors_name_the_file_and_key(tiny, tmp_path):
     with pytest.raises(InputError, match=r"several weight files in the folder \(data/weights/other\.pth, data/weights/w\.pth\)"):
         weights_file(odd)
     with pytest.raises(InputError, match=r"other\.pth: cannot read the weights"):
-        load_esmc(odd / "data/weights/other.pth")
+        load_model("esmc", odd / "data/weights/other.pth")
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no ESM C weights in the folder"):
-        load_esmc(tmp_path / "empty")
+        load_model("esmc", tmp_path / "empty")
 
 
 def test_padding_batch_and_cut_invariance(tiny):
     """A sequence's states do not depend on its batch (padding, order) and a network cut
     after block k gives the whole network's state k."""
-    model = load_esmc(tiny)
+    model = load_model("esmc", tiny)
     tok = EsmcTokenizer()
     ids = padded(tok.encode, SEQS)
     with torch.inference_mode():
         batch = model.hidden_states(ids, (ids != 1).long(), [0, 1, 2])
         perm = [3, 0, 4, 2, 1]
         shuffled = model.hidden_states(ids[perm], (ids[perm] != 1).long(), [2])[2]
-        cut = load_esmc(tiny, n_blocks=1)
+        cut = load_model("esmc", tiny, n_blocks=1)
         assert cut.transformer.norm is None and len(cut.transformer.blocks) == 1
         cut1 = cut.hidden_states(ids, (ids != 1).long(), [1])[1]
         for i, s in enumerate(SEQS):

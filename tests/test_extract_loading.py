@@ -22,10 +22,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ampflow.extract.dnabert import DnabertConfig, DnabertModel, load_dnabert
+from ampflow.base.errors import InputError
+from ampflow.extract.dnabert import DnabertConfig, DnabertModel
 from ampflow.extract.tiny import ESM2_650M, esm2_model, write_dnabert_s, write_esm2
 from ampflow.extract.weights import load_lock, load_model
-from ampflow.io.errors import InputError
 
 ESM_IDS = torch.tensor([[0, 20, 15, 11, 5, 23, 12, 5, 15, 16, 2, 1, 1], [0, 8, 9, 10, 2, 1, 1, 1, 1, 1, 1, 1, 1]])
 ESM_MASK = (ESM_IDS != 1).long()
@@ -171,7 +171,7 @@ def test_dnabert_equals_whole_model_load(dna_folder, tmp_path, n_blocks):
         with torch.no_grad():
             assert torch.equal(model(DNA_IDS, DNA_MASK), want)
     with torch.no_grad():
-        assert torch.equal(load_dnabert(dna_folder)(DNA_IDS, DNA_MASK), ref(DNA_IDS, DNA_MASK))
+        assert torch.equal(load_model("dnabert_s", dna_folder)(DNA_IDS, DNA_MASK), ref(DNA_IDS, DNA_MASK))
 
 
 # ------------------------------------------------------------------ precision

@@ -12,13 +12,13 @@ import pytest
 import torch
 from extract_helpers import random_fasta
 
+from ampflow.base.errors import InputError
 from ampflow.extract.batching import pack_rows, packed_padded_tokens, plan_packed
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.models import load_embedder
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_model
 from ampflow.extract.tiny import write_tiny
-from ampflow.io.errors import InputError
 
 PRODUCTS = dict(layer=[0, 1, 2], pooling=["mean", "mean_special", "bos"], per_token=True)
 

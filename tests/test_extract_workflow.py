@@ -19,10 +19,10 @@ import pytest
 from conftest import workflow_copy
 from extract_helpers import random_fasta, tiny_models_in
 
+from ampflow.base.errors import InputError
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
-from ampflow.io.errors import InputError
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import gzip
 import pytest
 from test_bad_input import assert_names
 
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
 from ampflow.io.fasta import DNA, PROTEIN, FastaCleaner, FastaPolicy, read_fasta
 
 

@@ -4,7 +4,7 @@ Real files from ``../shared/data`` (or small slices of them that the test writes
 formats users bring) are cut at random offsets, have random bytes flipped, or both;
 gzipped files are damaged both in their compressed bytes and in the text inside
 (re-compressed). Every reader runs on every damaged copy and must either refuse it with
-an :class:`~ampflow.io.errors.InputError` whose message is one line naming the file, or
+an :class:`~ampflow.base.errors.InputError` whose message is one line naming the file, or
 accept it and return a result that is still valid (checked here against the undamaged
 original: a flipped letter in a read id harms nothing). Any other exception fails.
 
@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 N_DAMAGED = 30  # damaged copies per format (split over its source files)

@@ -26,8 +26,8 @@ import pandas as pd
 import pytest
 
 from ampflow.cli import main
+from ampflow.contract.config import ModelConfig, TrainConfig
 from ampflow.evaluate.run import main_evaluate
-from ampflow.spec.config import ModelConfig, TrainConfig
 from ampflow.train.data import load_paired
 from ampflow.train.trainer import Trainer
 

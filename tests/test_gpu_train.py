@@ -81,7 +81,7 @@ def _rows(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_trainer_trains_is_killed_and_resumes(device, tmp_path):
-    from ampflow.spec.config import LossWeights, ModelConfig, StageConfig, TrainConfig
+    from ampflow.contract.config import LossWeights, ModelConfig, StageConfig, TrainConfig
     from ampflow.train.trainer import MEASURED_STEPS, Trainer
 
     data = _paired_data(tmp_path, 32)
@@ -153,12 +153,12 @@ def test_every_collective_on_a_one_rank_group(device, tmp_path):
     import test_tensor_parallel as T
     from test_data_parallel import _snapshot
 
+    from ampflow.contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
     from ampflow.parallel.data_parallel import DataParallelStep, parallelize_data_parallel
     from ampflow.parallel.feature_parallel import FeatureParallelLinear
     from ampflow.parallel.mesh import Mesh
     from ampflow.parallel.parallelize import apply_single_device_strategies
     from ampflow.parallel.sharded_decoder import ShardedStratifiedZINBDecoder
-    from ampflow.spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":

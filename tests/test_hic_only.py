@@ -29,6 +29,9 @@ from ampflow.amp.diagnose import diagnose
 from ampflow.amp.memory_model import ShapeSpec, estimate_for_profile, predict
 from ampflow.amp.profile import main_profile
 from ampflow.cli import main
+from ampflow.contract.config import LossWeights, ModelConfig, TrainConfig
+from ampflow.contract.model_shapes import paired_model_params
+from ampflow.contract.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, KEY_FIRST_DECODE
 from ampflow.demo import write_demo
 from ampflow.evaluate.run import main_evaluate
 from ampflow.model.paired import PairedModel
@@ -36,9 +39,6 @@ from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, draw_noise
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize
-from ampflow.spec.config import LossWeights, ModelConfig, TrainConfig
-from ampflow.spec.model_shapes import paired_model_params
-from ampflow.spec.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, KEY_FIRST_DECODE
 from ampflow.train.data import load_paired
 from ampflow.train.memory import measured_step
 from ampflow.train.trainer import Trainer

@@ -14,13 +14,13 @@ import pytest
 import torch
 from dist_helpers import run_world
 
+from ampflow.contract.config import LossWeights, ModelConfig
+from ampflow.contract.plan import Plan
+from ampflow.contract.strategies import CHUNKED_ATTENTION, HIDDEN_PARALLEL
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize
-from ampflow.spec.config import LossWeights, ModelConfig
-from ampflow.spec.plan import Plan
-from ampflow.spec.strategies import CHUNKED_ATTENTION, HIDDEN_PARALLEL
 from ampflow.train.memory import SavedTensorBytes
 
 B, N_ANCHORS, L, G = 16, 48, 5, 20

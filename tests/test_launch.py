@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampflow.io.errors import InputError
-from ampflow.spec.allocation import ClusterOffer, train_allocation
-from ampflow.spec.plan import Plan
+from ampflow.base.errors import InputError
+from ampflow.contract.allocation import ClusterOffer, train_allocation
+from ampflow.contract.plan import Plan
 from ampflow.train import launch as L
 
 ARGV = ["train", "--data", "d", "--out", "o"]
@@ -181,7 +181,7 @@ def test_the_trainer_names_its_device_and_the_gpus_it_leaves(gpus, tmp_path, cap
     import yaml
     from test_batches import _data
 
-    from ampflow.spec.config import ModelConfig, TrainConfig
+    from ampflow.contract.config import ModelConfig, TrainConfig
     from ampflow.train.trainer import Trainer
 
     gpus(1)

@@ -21,12 +21,12 @@ from ampflow.amp.memory_model import (
     spec_from_profile,
 )
 from ampflow.amp.memory_terms import attention_transients
+from ampflow.contract.config import LossWeights, ModelConfig
+from ampflow.contract.model_shapes import paired_model_params, stratum_block_params
+from ampflow.contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from ampflow.model.attention import chunk_blocks, local_attention_banded
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
-from ampflow.spec.config import LossWeights, ModelConfig
-from ampflow.spec.model_shapes import paired_model_params, stratum_block_params
-from ampflow.spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from ampflow.train.memory import AllocatorTrace, measured_step
 
 #: The largest relative distance allowed between the prediction and the allocator.
@@ -188,7 +188,7 @@ def test_float64_run_doubles_the_float_terms_and_matches_a_measured_step(L, chun
     [(1, True, None), (1, True, 32), (3, True, 32), (3, False, None), (4, False, 24), (4, True, None)],
 )
 def test_the_shape_description_is_the_models(L, attention, decoder_dim):
-    """The modules are built from :mod:`ampflow.spec.model_shapes`, and the memory
+    """The modules are built from :mod:`ampflow.contract.model_shapes`, and the memory
     model counts the state from it: names, order and shapes of the real parameters
     are the description's, and the predicted parameter bytes are theirs."""
     cfg = ModelConfig(latent_dim=16, hidden_dim=32, decoder_dim=decoder_dim, heads=4, window=3, attention=attention)

@@ -7,7 +7,7 @@ import gzip
 import numpy as np
 import pytest
 
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
 from ampflow.io.genome import ChromNamer, read_chromsizes
 from ampflow.io.pairs import read_pairs, sniff_layout
 

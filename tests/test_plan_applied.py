@@ -22,10 +22,10 @@ from ampflow.amp.diagnose import diagnose
 from ampflow.amp.memory_model import profile_memory
 from ampflow.amp.profile import profile_data
 from ampflow.amp.signals import evaluate_signals
+from ampflow.contract.config import TrainConfig
+from ampflow.contract.plan import Plan, PlannedStrategy
+from ampflow.contract.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE
 from ampflow.demo import write_demo
-from ampflow.spec.config import TrainConfig
-from ampflow.spec.plan import Plan, PlannedStrategy
-from ampflow.spec.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE
 from ampflow.train.data import load_paired
 from ampflow.train.trainer import Trainer
 

@@ -19,12 +19,12 @@ from fake_cuda import fake_cuda_env
 from test_cpu_plan import GIB, host, plan_for, profile
 
 from ampflow.amp.diagnose import explain, plan_device
+from ampflow.base.errors import InputError
 from ampflow.cli import main
-from ampflow.io.errors import InputError
-from ampflow.spec.allocation import ClusterOffer, plan_on_gpus, train_allocation
-from ampflow.spec.config import TrainConfig, amp_devices, check_amp_devices, gpu_settings, require_gpus
-from ampflow.spec.plan import PLAN_VERSION, Plan
-from ampflow.train.launch import run_device
+from ampflow.contract.allocation import ClusterOffer, plan_on_gpus, train_allocation
+from ampflow.contract.config import TrainConfig, amp_devices, check_amp_devices, gpu_settings, require_gpus
+from ampflow.contract.plan import PLAN_VERSION, Plan
+from ampflow.train.device import run_device
 
 
 # ------------------------------------------------------------------ the plan's field
@@ -112,7 +112,7 @@ def test_the_trainer_refuses_a_cuda_plan_without_a_gpu(tmp_path, monkeypatch):
     import torch
     from test_batches import _data
 
-    from ampflow.spec.config import ModelConfig
+    from ampflow.contract.config import ModelConfig
     from ampflow.train.trainer import Trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -18,13 +18,13 @@ import pytest
 import scipy.sparse as sp
 
 from ampflow.amp import profile as prof
-from ampflow.amp.h5ad_meta import read_h5ad_meta
 from ampflow.amp.profile import main_profile, profile_data
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
+from ampflow.contract import layout
+from ampflow.contract.layout import feature_names
+from ampflow.contract.profile import profile_hash
+from ampflow.io.h5ad_meta import read_h5ad_meta
 from ampflow.prepare.strata import candidate_index
-from ampflow.spec import layout
-from ampflow.spec.layout import feature_names
-from ampflow.spec.profile import profile_hash
 
 N_CELLS = 12
 N_STRATA = 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 
-from ampflow.progress import Progress
+from ampflow.base.progress import Progress
 
 
 class Clock:

@@ -18,8 +18,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from ampflow.amp.diagnose import diagnose
+from ampflow.base.errors import InputError
 from ampflow.cli import main
-from ampflow.io.errors import InputError
 from ampflow.prepare.qc import QCThresholds
 from ampflow.report import extraction as ex
 from ampflow.report.plan import measured_memory, plan_page, plot_memory, predictions

@@ -17,12 +17,13 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
+from ampflow.base.errors import InputError
 from ampflow.cli import main
+from ampflow.contract.config import EvaluateConfig
+from ampflow.contract.layout import training_rows
 from ampflow.demo import write_demo
-from ampflow.io.errors import InputError
-from ampflow.prepare.split import heldout_count, read_split, split_cells, split_of
-from ampflow.spec.config import EvaluateConfig
-from ampflow.spec.layout import training_rows
+from ampflow.io.split import read_split, split_of
+from ampflow.prepare.split import heldout_count, split_cells
 
 SIZES = {"a": 1, "b": 2, "c": 3, "d": 7, "e": 10, "f": 25, "g": 40}
 

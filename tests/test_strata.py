@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ampflow.amp.h5ad_meta import read_h5ad_meta
+from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.evaluate.baselines import counts_matrix as baseline_counts
-from ampflow.io.errors import InputError
+from ampflow.io.h5ad_meta import read_h5ad_meta
 from ampflow.prepare.strata import build_strata, write_strata
 from ampflow.train.data import counts_matrix as train_counts
 

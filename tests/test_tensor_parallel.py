@@ -13,15 +13,15 @@ import torch
 from dist_helpers import run_world
 from test_data_parallel import LR, WEIGHTS, _adam_tolerance, _snapshot
 
+from ampflow.contract.config import ModelConfig
+from ampflow.contract.plan import Plan
+from ampflow.contract.strategies import BUILT_IN
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, draw_noise
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import full_state, load_full_state, parallelize
 from ampflow.parallel.shards import feature_shards, head_channels, split_range
-from ampflow.spec.config import ModelConfig
-from ampflow.spec.plan import Plan
-from ampflow.spec.strategies import BUILT_IN
 
 F64 = torch.float64
 B = 12

@@ -25,12 +25,12 @@ import pytest
 import torch
 from test_trainer import MODEL, SETTINGS, assert_same_model, metrics, prepare
 
+from ampflow.contract.config import TrainConfig
+from ampflow.contract.plan import Plan
+from ampflow.contract.strategies import BUILT_IN, DATA_PARALLEL
 from ampflow.demo import write_demo
 from ampflow.parallel.data_parallel import draw_noise
 from ampflow.parallel.parallelize import parallelize
-from ampflow.spec.config import TrainConfig
-from ampflow.spec.plan import Plan
-from ampflow.spec.strategies import BUILT_IN, DATA_PARALLEL
 from ampflow.train.data import load_paired
 from ampflow.train.trainer import MEASURED_STEPS, build_model, epoch_batches, seed_everything
 

@@ -30,13 +30,13 @@ import scipy.sparse as sp
 import torch
 import yaml
 
+from ampflow.base.errors import InputError
 from ampflow.cli import main
+from ampflow.contract.config import ModelConfig, TrainConfig
+from ampflow.contract.plan import Plan
 from ampflow.demo import write_demo
-from ampflow.io.errors import InputError
 from ampflow.io.genome import read_chromsizes
-from ampflow.prepare.split import read_split, write_split
-from ampflow.spec.config import ModelConfig, TrainConfig
-from ampflow.spec.plan import Plan
+from ampflow.io.split import read_split, write_split
 from ampflow.train import checkpoint
 from ampflow.train.data import PairedData, load_paired
 from ampflow.train.trainer import MEASURED_STEPS, Trainer
@@ -675,7 +675,7 @@ def test_deterministic_cuda_turns_on_torchs_switch_and_keeps_a_users_cublas_sett
     """``train.deterministic`` on CUDA: torch's deterministic algorithms (warn-only) and
     the cuBLAS workspace its documentation requires, unless the user set one; off, it
     changes nothing and says why runs may differ. Referee: torch's own switches."""
-    from ampflow.train.trainer import DETERMINISTIC_CUBLAS, use_deterministic_cuda
+    from ampflow.train.device import DETERMINISTIC_CUBLAS, use_deterministic_cuda
 
     was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:

@@ -146,7 +146,7 @@ def test_heavy_plan_trains_sharded_like_one_process(run_dir, tmp_path):
 def test_pseudobulk_levels_equal_summed_cells(run_dir):
     """Aggregated zoom levels equal the training cells' own binning at that resolution
     (held-out cells stay out of the pool the graph's contact edges come from)."""
-    from ampflow.prepare.split import read_split
+    from ampflow.io.split import read_split
 
     res = run_dir / "results" / "demo"
     split = read_split(res / "qc/split.tsv")
@@ -219,8 +219,9 @@ def test_paired_files_share_cells(run_dir):
 def test_heldout_cells_in_the_dag(run_dir):
     """split_cells feeds rna_data, strata and train: a fifth of each cell type's passing
     cells is held out, marked in every data file and embedding, and in no training step."""
+    from ampflow.io.split import read_split
     from ampflow.prepare.qc import passing_cells, read_qc
-    from ampflow.prepare.split import heldout_count, read_split
+    from ampflow.prepare.split import heldout_count
     from ampflow.train.trainer import epoch_batches
 
     res = run_dir / "results/demo"

@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .io.atomic import atomic_path
-from .io.errors import InputError, require_file
+from .base.atomic import atomic_path
+from .base.errors import InputError, require_file
+from .base.progress import Progress
 from .io.genome import read_chromsizes, write_chromsizes
 from .io.textfile import is_gzip, open_text
-from .progress import Progress
 
 log = logging.getLogger(__name__)
 

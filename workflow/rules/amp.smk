@@ -63,7 +63,7 @@ rule train:
         "../../envs/prepare.yaml"
     # the cores the plan divides among its processes (devices.json records them)
     threads: train_cores()
-    # the allocation is the plan's (spec/allocation.py): GPUs, nodes, tasks, CPUs and
+    # the allocation is the plan's (contract/allocation.py): GPUs, nodes, tasks, CPUs and
     # memory from plan.json and config "cluster"; <TBD> in a dry run before the plan exists
     resources:
         # a GPU plan's partition; none for a CPU plan (the profile's default applies)

@@ -15,15 +15,15 @@ from ampflow.extract.config import (
     input_policy,
     output_files,
 )
-from ampflow.io.errors import InputError
+from ampflow.base.errors import InputError
 from ampflow.io.genome import resolution_label
 from ampflow.io.sheet import read_sheet
 from ampflow.prepare.blocks import block_digest, block_names, block_rows
 from ampflow.prepare.resources import NEEDS, bin_block_mem_mb
 from ampflow.devices import probe_devices
-from ampflow.spec.allocation import ClusterOffer, train_allocation
-from ampflow.spec.config import AUTO_DEVICES, check_amp_devices, require_gpus
-from ampflow.spec.plan import Plan
+from ampflow.contract.allocation import ClusterOffer, train_allocation
+from ampflow.contract.config import AUTO_DEVICES, check_amp_devices, require_gpus
+from ampflow.contract.plan import Plan
 
 validate(config, "../schemas/config.schema.yaml")
 
@@ -461,7 +461,7 @@ def devices_gpus():
 
 def train_resource(name, default=None):
     """A resource of the train job read from its plan (input.plan) and the cluster offer
-    (spec/allocation.py); ``default`` where the allocation does not set it. Before the
+    (contract/allocation.py); ``default`` where the allocation does not set it. Before the
     plan exists (a dry run) the FileNotFoundError makes Snakemake show it as <TBD>."""
 
     def value(wildcards, input):

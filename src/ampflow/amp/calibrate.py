@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from ..spec.attention_blocks import band_groups, band_width
-from ..spec.config import ModelConfig, TrainConfig
+from ..contract.attention_blocks import band_groups, band_width
+from ..contract.config import ModelConfig, TrainConfig
 from .cost_model import CALIBRATION_VERSION, attention_flops, solve_calibration
 
 log = logging.getLogger(__name__)

@@ -13,13 +13,13 @@ and decode, forward and backward), on one device:
   block products over the ``R + 2w`` keys a block of ``R`` queries sees, softmax work
   on the ``W = 2w + 1`` band scores; ``D_h`` the head width on this rank: S5 divides it
   by tp). They depend on the chunk only where it caps ``R``
-  (:func:`ampflow.spec.attention_blocks.block_rows`).
+  (:func:`ampflow.contract.attention_blocks.block_rows`).
 * **dense FLOPs**: each stratum block's projections and feed-forward
   (``2 n D (d (1 or 2) + 3 f D)`` forward, over tp under S5) and every stratum's decode
   (``2 B D n``, or ``2 B D |F_k|`` key-first, S4), three times the forward for forward and
   backward.
 * **per-chunk overhead**: each query chunk of each attention call is one more group of
-  blocks (:func:`ampflow.spec.attention_blocks.band_groups`), a fixed number of kernel
+  blocks (:func:`ampflow.contract.attention_blocks.band_groups`), a fixed number of kernel
   launches per head whatever ``W``: the calibrated ``chunk_overhead_s`` per group. One
   block (no chunk) is one group (two when ``R`` does not divide ``n``).
 * **collectives** (tp >= 2): S5 all-reduces each attention chunk's scores (forward) and
@@ -45,11 +45,11 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..io.atomic import write_text_atomic
-from ..io.errors import InputError, read_json
-from ..spec.attention_blocks import band_groups, band_width, block_rows
-from ..spec.profile import model_config, train_settings
-from ..spec.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
+from ..base.atomic import write_text_atomic
+from ..base.errors import InputError, read_json
+from ..contract.attention_blocks import band_groups, band_width, block_rows
+from ..contract.profile import model_config, train_settings
+from ..contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 
 CALIBRATION_VERSION = 2
 #: Significant digits of the constants (as written and as read) and of predicted seconds.

@@ -47,7 +47,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 log = logging.getLogger(__name__)
 

@@ -44,12 +44,12 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ..io.errors import InputError
-from ..progress import human_bytes
-from ..spec.config import TrainConfig
-from ..spec.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
-from ..spec.profile import model_config, profile_hash, train_settings
-from ..spec.strategies import HIDDEN_PARALLEL
+from ..base.errors import InputError
+from ..base.progress import human_bytes
+from ..contract.config import TrainConfig
+from ..contract.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
+from ..contract.profile import model_config, profile_hash, train_settings
+from ..contract.strategies import HIDDEN_PARALLEL
 from .cost_model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
 from .cpu import cpu_plan, trains_on_cpu
 from .cuda_overheads import DEFAULT_CAPABILITY, cuda_overheads, plan_budget
@@ -268,7 +268,7 @@ def peak_scope(profile: dict, dp: int, est) -> dict:
     peak leaves out (JSON, integers only).
 
     ``leaves_out`` names what no profile can tell
-    (:data:`~ampflow.spec.plan.PEAK_NOT_MODELLED`); the data batch is counted, and its
+    (:data:`~ampflow.contract.plan.PEAK_NOT_MODELLED`); the data batch is counted, and its
     bytes are given as ``data_batch_bytes``.
     """
     return {

@@ -32,7 +32,7 @@ by one); ``index_add_``: indices and source; ``masked_fill``/``where``: the bool
 banded-attention Function: ``q_s``, ``k``, ``v`` and the ``(H, n, 2w + 1)``
 probabilities). The formulas are closed-form in the shapes and in the dtype's bytes
 (:mod:`ampflow.amp.memory_terms`); the state is counted from the model's own shape
-description (:mod:`ampflow.spec.model_shapes`), the one its modules are built from.
+description (:mod:`ampflow.contract.model_shapes`), the one its modules are built from.
 ``scripts/bench_memory_model.py`` checks the prediction against the allocator.
 
 Structure: ``M(L) = M_base + (L - 1) * M_stratum`` within one phase. Stratum 0 has no
@@ -63,8 +63,8 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..spec.profile import model_config, train_settings
-from ..spec.strategies import BUILT_IN, CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
+from ..contract.profile import model_config, train_settings
+from ..contract.strategies import BUILT_IN, CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .memory_spec import DTYPE_BYTES, OPTIMIZERS, PHASES, Estimate, ShapeSpec
 from .memory_terms import (
     INDEX_BYTES,
@@ -124,7 +124,7 @@ def predict(
         projection, per-feature parameters, feature indices). A term proportional to
         both (key-first gathered keys) is divided once. Which parameter dimension
         each strategy splits is part of the model's shape description
-        (:class:`ampflow.spec.model_shapes.ParamShape`). Attention scores and
+        (:class:`ampflow.contract.model_shapes.ParamShape`). Attention scores and
         LayerNorm statistics are not divided (S5 all-reduces partial dot products and
         sums, so every rank holds them whole).
     dp : int

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..spec.config import DTYPE_BYTES as TRAIN_DTYPE_BYTES
-from ..spec.config import ModelConfig
+from ..contract.config import DTYPE_BYTES as TRAIN_DTYPE_BYTES
+from ..contract.config import ModelConfig
 
 #: Bytes per element of the dtypes the model may be measured in; the trainer's own
-#: ``train.dtype`` choices (:data:`ampflow.spec.config.DTYPE_BYTES`) plus the half types.
+#: ``train.dtype`` choices (:data:`ampflow.contract.config.DTYPE_BYTES`) plus the half types.
 DTYPE_BYTES = {**TRAIN_DTYPE_BYTES, "bfloat16": 2, "float16": 2}
 #: Optimizers whose state the model counts (Adam and AdamW keep the same state).
 OPTIMIZERS = ("adam", "adamw")

@@ -5,7 +5,7 @@ training step of the paired model (see :mod:`ampflow.amp.memory_model` for the
 phases and how they are combined):
 
 * **state**, held throughout: parameters, buffers, optimizer state and the data batch,
-  counted from the model's own shape description (:mod:`ampflow.spec.model_shapes`);
+  counted from the model's own shape description (:mod:`ampflow.contract.model_shapes`);
 * **saved activations**: what autograd keeps for backward, closed-form in the shapes
   from what PyTorch saves for each operation the model runs;
 * **backward steps**: one per part of the forward pass, in forward order. The backward
@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..spec.attention_blocks import band_width, block_rows, largest_group_rows
-from ..spec.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
-from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
+from ..contract.attention_blocks import band_width, block_rows, largest_group_rows
+from ..contract.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
+from ..contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .memory_spec import ShapeSpec
 
 #: Index tensors (gathers, edge lists) are int64.
@@ -160,7 +160,7 @@ def attention_transients(n: int, window: int, chunk: int | None, heads: int, hp_
 
     ``hp_nD`` is ``n x D`` on this rank (``H`` heads of ``D_h = hp_nD / (n H)``), ``g``
     the rows of the largest group of blocks
-    (:func:`ampflow.spec.attention_blocks.largest_group_rows`), ``R`` its block rows,
+    (:func:`ampflow.contract.attention_blocks.largest_group_rows`), ``R`` its block rows,
     ``S = R + 2w`` the keys a block sees and ``W = 2w + 1`` the band. Forward: the keys
     and values padded by ``w`` rows (``2 H (n + 2w) D_h``) and the largest of three
     moments of a group: the block product (a copy of the queries' blocks, ``H g D_h``,

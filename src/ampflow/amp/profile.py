@@ -1,10 +1,10 @@
 """Profile a data folder from metadata alone: shapes, strata, graph sizes, configs.
 
 The profile is the first step of AMP (profile -> diagnose -> execute). The AnnData files
-are read by :func:`~.h5ad_meta.read_h5ad_meta` (attributes and dataset shapes, never the
+are read by :func:`~ampflow.io.h5ad_meta.read_h5ad_meta` (attributes and dataset shapes, never the
 count matrix) and the graph tables by their parquet footers, so its cost does not grow
 with the number of contacts. The ``model`` and ``train`` sections are validated by the
-same dataclasses the trainer uses (:mod:`ampflow.spec.config`); the profile keeps what the
+same dataclasses the trainer uses (:mod:`ampflow.contract.config`); the profile keeps what the
 memory model needs of ``train``: batch size, dtype, optimizer and whether any stage trains
 the cross-reconstruction term.
 
@@ -19,11 +19,11 @@ import hashlib
 import logging
 from pathlib import Path
 
-from ..io.errors import InputError
-from ..spec.config import ModelConfig, TrainConfig, batch_names
-from ..spec.layout import GRAPH_FILES, GRAPH_META, MODALITY_FILES
-from ..spec.profile import PROFILE_VERSION, ProfileTrain, profile_hash, write_profile
-from .h5ad_meta import read_h5ad_meta
+from ..base.errors import InputError
+from ..contract.config import ModelConfig, TrainConfig, batch_names
+from ..contract.layout import GRAPH_FILES, GRAPH_META, MODALITY_FILES
+from ..contract.profile import PROFILE_VERSION, ProfileTrain, profile_hash, write_profile
+from ..io.h5ad_meta import read_h5ad_meta
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def profile_data(data_dir, model_config: dict | None, train_config: dict | None)
         The config's ``model`` section (validated through :class:`ModelConfig`).
     train_config
         The config's ``train`` section (validated through :class:`TrainConfig`); the
-        profile keeps a :class:`~ampflow.spec.profile.ProfileTrain` of it.
+        profile keeps a :class:`~ampflow.contract.profile.ProfileTrain` of it.
 
     Returns
     -------

@@ -1,6 +1,6 @@
 """Parallel strategies (S-numbers in docs and plans, names in code) and when they apply.
 
-Strategy names are spelled only in :mod:`ampflow.spec.strategies`; this registry
+Strategy names are spelled only in :mod:`ampflow.contract.strategies`; this registry
 attaches to each its S-number, summary and diagnosis rule. A strategy is added by registering it (:func:`register_strategy`) with a rule that,
 given the diagnosis so far, returns the sentence saying why it applies (or None).
 :mod:`.diagnose` walks the registry in ``order`` and never names strategies itself.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..progress import human_bytes
-from ..spec.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
+from ..base.progress import human_bytes
+from ..contract.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIONALITY
 
 

@@ -2,7 +2,7 @@
 
 One module per stage holds that stage's subcommands (:mod:`.prepare`, :mod:`.amp`,
 :mod:`.train`, :mod:`.extract`, :mod:`.report`). Bad input
-(:class:`~ampflow.io.errors.InputError`) is printed as one line without a traceback and
+(:class:`~ampflow.base.errors.InputError`) is printed as one line without a traceback and
 exits with status 2; programming errors keep their tracebacks.
 """
 
@@ -13,7 +13,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 from . import amp, extract, prepare, report, train
 
 log = logging.getLogger("ampflow")

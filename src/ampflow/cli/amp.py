@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 log = logging.getLogger("ampflow")
 
@@ -55,9 +55,9 @@ def _device_memory(arg: str, devices_file: str | None = None) -> int:
 def cmd_diagnose(a):
     from ..amp.cost_model import read_calibration
     from ..amp.diagnose import diagnose
+    from ..contract.config import TrainConfig, amp_devices
+    from ..contract.profile import read_profile
     from ..devices import probe_devices
-    from ..spec.config import TrainConfig, amp_devices
-    from ..spec.profile import read_profile
 
     settings = {"dimensionality_ratio": a.dimensionality_ratio}
     constants = read_calibration(a.calibration) if a.calibration else None
@@ -87,14 +87,14 @@ def cmd_diagnose(a):
 
 def cmd_plan_explain(a):
     from ..amp.diagnose import explain
-    from ..spec.plan import Plan
+    from ..contract.plan import Plan
 
     sys.stdout.write(explain(Plan.read(a.plan)))
 
 
 def cmd_devices(a):
+    from ..base.atomic import write_text_atomic
     from ..devices import probe_devices
-    from ..io.atomic import write_text_atomic
 
     info = probe_devices(a.cores)
     write_text_atomic(a.out, json.dumps(info, indent=2, sort_keys=True) + "\n")
@@ -104,14 +104,14 @@ def cmd_devices(a):
 def cmd_calibrate(a):
     from ..amp.calibrate import calibrate
     from ..amp.cost_model import write_calibration
-    from ..spec.config import ModelConfig, TrainConfig
+    from ..contract.config import ModelConfig, TrainConfig
 
     model = ModelConfig.from_dict(_settings(a.model, a.model_config, "model"))
     train = TrainConfig.from_dict(_settings(a.train, a.model_config, "train"))
     threads = train.explicit_threads
     if threads is None and a.devices_file:
         from ..amp.cpu import threads_per_process
-        from ..spec.config import amp_devices
+        from ..contract.config import amp_devices
 
         # time with the threads the plan will give each of its processes (amp.devices
         # auto: the GPUs the record lists, as the diagnosis counts them)

@@ -14,9 +14,9 @@ def cmd_extract(a):
     import os
     import signal
 
+    from ..base.errors import InputError
     from ..extract.config import ExtractSettings, ModelSpec
     from ..extract.run import compute_model
-    from ..io.errors import InputError
 
     # SIGTERM (Snakemake, SLURM) unwinds like an exception: the workers are stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -37,8 +37,8 @@ def cmd_extract(a):
 
 
 def cmd_extract_outputs(a):
+    from ..base.errors import InputError, read_json
     from ..extract.run import write_outputs
-    from ..io.errors import InputError, read_json
 
     given = {"h5ad": a.out, "report": a.report, "telemetry": a.telemetry, "progress": a.progress, "windows": a.windows, "tokens": a.tokens}
     files = {k: v for k, v in given.items() if v}

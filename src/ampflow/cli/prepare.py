@@ -6,7 +6,7 @@ import argparse
 import json
 import logging
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 log = logging.getLogger("ampflow")
 
@@ -55,7 +55,7 @@ def cmd_demo_data(a):
 
 
 def cmd_bin_pairs(a):
-    from ..io.atomic import atomic_path
+    from ..base.atomic import atomic_path
     from ..io.genome import ChromNamer, read_chromsizes
     from ..io.pairs import read_pairs
     from ..prepare.binning import bin_contacts, write_cool
@@ -91,7 +91,7 @@ def _parse_options(a):
 
 
 def cmd_bin_cells(a):
-    from ..io.atomic import atomic_path
+    from ..base.atomic import atomic_path
     from ..io.sheet import read_sheet
     from ..prepare.cells import bin_cells, write_scool
 
@@ -141,7 +141,7 @@ def cmd_gather_blocks(a):
 
 
 def cmd_load_rna(a):
-    from ..io.atomic import atomic_path
+    from ..base.atomic import atomic_path
     from ..io.rna import read_rna, round_counts
     from ..prepare.qc import rna_stats
 
@@ -168,7 +168,7 @@ def cmd_load_rna(a):
 def cmd_qc_cells(a):
     import pandas as pd
 
-    from ..io.atomic import atomic_path
+    from ..base.atomic import atomic_path
     from ..io.sheet import read_sheet
     from ..prepare.qc import QCThresholds, qc_table
 
@@ -185,9 +185,9 @@ def cmd_qc_cells(a):
 
 
 def cmd_pseudobulk(a):
+    from ..contract.layout import TRAIN
     from ..prepare.pseudobulk import write_mcool
     from ..prepare.qc import passing_cells, read_qc
-    from ..spec.layout import TRAIN
 
     cells = passing_cells(read_qc(a.qc))
     if not cells:
@@ -215,16 +215,17 @@ def cmd_pseudobulk(a):
 
 
 def cmd_split_cells(a):
+    from ..io.split import write_split
     from ..prepare.qc import read_qc
-    from ..prepare.split import split_cells, write_split
+    from ..prepare.split import split_cells
 
     split = split_cells(read_qc(a.qc), a.holdout, seed=a.seed, label_key=a.label_key, path=a.qc)
     write_split(a.out, split)
 
 
 def _qc_obs(qc_path, cells):
+    from ..contract.layout import SPLIT_COLUMN
     from ..prepare.qc import read_qc
-    from ..spec.layout import SPLIT_COLUMN
 
     qc = read_qc(qc_path)
     if SPLIT_COLUMN in qc.columns:
@@ -236,13 +237,13 @@ def _qc_obs(qc_path, cells):
 
 def _split(split_path, cells):
     """``train`` / ``heldout`` per cell from ``--split`` (None without one)."""
-    from ..prepare.split import read_split, split_of
+    from ..io.split import read_split, split_of
 
     return None if split_path is None else split_of(cells, read_split(split_path), path=split_path)
 
 
 def cmd_strata(a):
-    from ..io.atomic import atomic_path
+    from ..base.atomic import atomic_path
     from ..io.genome import read_chromsizes
     from ..prepare.qc import passing_cells, read_qc
     from ..prepare.strata import write_strata
@@ -257,8 +258,8 @@ def cmd_strata(a):
 def cmd_rna_data(a):
     import anndata as ad
 
+    from ..base.atomic import atomic_path
     from ..io.annotation import read_genes
-    from ..io.atomic import atomic_path
     from ..io.genome import ChromNamer, read_chromsizes
     from ..prepare.qc import passing_cells, read_qc
     from ..prepare.rna import all_genes_rna, build_rna

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 log = logging.getLogger("ampflow")
 

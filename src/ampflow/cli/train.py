@@ -10,8 +10,8 @@ log = logging.getLogger("ampflow")
 
 
 def cmd_train(a):
-    from ..spec.config import ModelConfig, TrainConfig
-    from ..spec.plan import Plan
+    from ..contract.config import ModelConfig, TrainConfig
+    from ..contract.plan import Plan
     from ..train.launch import run_training
 
     model_cfg = ModelConfig.from_dict(json.loads(a.model) if a.model else {})

@@ -12,7 +12,7 @@ training cells only, as the model does, so that held-out cells are new to them t
 * :func:`bandnorm_baseline`: BandNorm-style PCA of the same features: each band
   divided by the cell's band mean and multiplied by the population's, ``log1p``, PCA 20.
 
-:func:`load_baselines` reads the data folder (:class:`~ampflow.spec.layout.DataFolder`)
+:func:`load_baselines` reads the data folder (:class:`~ampflow.contract.layout.DataFolder`)
 and returns both embeddings row-aligned with the embeddings file's cells; they are
 then clustered and scored exactly like the model's latents.
 """
@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from ..io.errors import InputError, require_file
-from ..spec.layout import DataFolder, strata_from_names
+from ..base.errors import InputError, require_file
+from ..contract.layout import DataFolder, strata_from_names
 from .groups import SPLIT_KEY, fit_mask, split_labels
 
 log = logging.getLogger(__name__)

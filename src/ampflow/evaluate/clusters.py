@@ -19,7 +19,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 from .controls import shuffled_labels
 from .foscttm import foscttm_directions
 

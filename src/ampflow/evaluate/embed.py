@@ -22,11 +22,11 @@ import scipy.sparse as sp
 import torch
 import torch.nn as nn
 
-from ..io.atomic import atomic_path
-from ..io.errors import InputError, require_file
+from ..base.atomic import atomic_path
+from ..base.errors import InputError, require_file
+from ..contract.config import ModelConfig
+from ..contract.layout import DataFolder
 from ..model.encoders import Encoder, hic_input, rna_input
-from ..spec.config import ModelConfig
-from ..spec.layout import DataFolder
 from ..train.data import counts_matrix
 from ..train.embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 

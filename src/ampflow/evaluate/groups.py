@@ -13,8 +13,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ..io.errors import InputError
-from ..spec.layout import HELDOUT, SPLIT_COLUMN, TRAIN
+from ..base.errors import InputError
+from ..contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN
 
 #: ``obs`` column naming each cell's part of the split (the data folder's contract).
 SPLIT_KEY = SPLIT_COLUMN

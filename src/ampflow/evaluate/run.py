@@ -38,8 +38,8 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 
-from ..io.atomic import write_text_atomic
-from ..io.errors import InputError, require_file
+from ..base.atomic import write_text_atomic
+from ..base.errors import InputError, require_file
 from .clusters import EMBEDDING_KEYS, check_embeddings
 from .groups import split_labels
 from .scores import group_scores, headline_scores

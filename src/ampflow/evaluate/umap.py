@@ -18,7 +18,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ..io.atomic import atomic_path
+from ..base.atomic import atomic_path
 from .clusters import _labels, _neighbors_adata, aligned_latents, check_embeddings
 
 log = logging.getLogger(__name__)

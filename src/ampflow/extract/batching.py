@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 # ESM-2's longest input in tokens (1022 residues + <cls> + <eos>). The default attention
 # budget is tokens_per_batch x this: a batch of ESM-2 sequences (S <= 1024) has

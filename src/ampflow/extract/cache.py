@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.atomic import atomic_path, write_text_atomic
+from ..base.atomic import atomic_path, write_text_atomic
 from .markers import sha256_file
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..io.atomic import atomic_path, write_text_atomic
+from ..base.atomic import atomic_path, write_text_atomic
 from ..io.fasta import FastaCleaner, FastaPolicy, Problem, windows
 from .config import ModelSpec
 

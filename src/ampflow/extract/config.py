@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..io.errors import InputError, reject_unknown_keys
+from ..base.errors import InputError, reject_unknown_keys
 from ..io.fasta import DNA, PROTEIN, Alphabet, FastaPolicy
 
 KINDS = ("esm2", "dnabert_s", "esmc")

@@ -14,12 +14,13 @@ loads as is:
   time: see :meth:`BertSelfAttention.forward`), output projection + residual +
   LayerNorm, gated GELU MLP (``gated_layers`` without bias, ``wo``) + residual +
   LayerNorm (post-LN throughout);
-* a CLS pooler, as the checkpoint has one (never run: :func:`load_dnabert` neither
+* a CLS pooler, as the checkpoint has one (never run: :class:`DnabertAdapter` neither
   builds nor reads it).
 
 Building from ``config.json`` and then loading the state dict is the path NOTES.md
-recommends; nothing runs remote code. :func:`load_dnabert` builds on the meta device and
-streams the tensors in (:mod:`ampflow.extract.weights`).
+recommends; nothing runs remote code. ``load_model("dnabert_s", folder)``
+(:mod:`ampflow.extract.weights`) builds it on the meta device through :class:`DnabertAdapter`
+and streams the tensors in.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..io.errors import InputError
+from ..base.errors import InputError
+from .checkpoint import SKIP, Checkpoint, kept_blocks, past_cut, require_config_json
 
 
 @dataclass(frozen=True)
@@ -252,9 +254,40 @@ class DnabertModel(nn.Module):
         return out
 
 
-def load_dnabert(folder, dtype: str = "float32", device: str = "cpu", n_blocks: int | None = None) -> DnabertModel:
-    """Build from ``config.json`` and stream the checkpoint in, tensor by tensor (see
-    :func:`ampflow.extract.weights.load_model`); the pooler is neither built nor read."""
-    from .weights import load_model
+class DnabertAdapter:
+    """How :func:`~ampflow.extract.weights.load_model` builds and fills :class:`DnabertModel`,
+    from the hub's parameter names (the masked-LM head and the CLS pooler neither built nor read)."""
 
-    return load_model("dnabert_s", folder, dtype, device, n_blocks)
+    OPTIONAL = ()
+
+    def __init__(self, folder: Path, n_blocks: int | None):
+        require_config_json(folder)
+        self.folder = folder
+        self.config = DnabertConfig.from_json(folder / "config.json")
+        self.total = self.config.num_hidden_layers
+        self.blocks = kept_blocks(self.total, n_blocks)
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.folder)
+
+    def skeleton(self) -> nn.Module:
+        with torch.device("meta"):
+            model = DnabertModel(self.config)
+        # the CLS pooler is never run for embeddings
+        model.pooler = None
+        model.encoder.layer = model.encoder.layer[: self.blocks]
+        return model
+
+    def name(self, key: str, prefixed: bool) -> str | None:
+        if key.startswith("cls."):  # the masked-LM head
+            return SKIP
+        key = key.removeprefix("bert.")
+        if key.startswith("pooler.") or past_cut(key, self.blocks, self.total):
+            return SKIP
+        return key
+
+    def is_prefixed(self, keys: list[str]) -> bool:
+        return False
+
+    def computed(self, model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+        return {"encoder.slopes": torch.tensor(alibi_slopes(self.config.num_attention_heads), device=device)}

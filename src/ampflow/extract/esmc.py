@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..io.errors import InputError
+from ..base.errors import InputError
+from .checkpoint import Checkpoint, kept_blocks
 
 # esm/utils/constants/esm3.py SEQUENCE_VOCAB (ESM3's sequence tokenizer, which ESM C uses):
 # one token per letter, <cls> first and <eos> last, unknown letters -> <unk>
@@ -291,8 +292,6 @@ def read_config(source, checkpoint=None) -> EsmcConfig:
     writes; the hub's holds ``{}``), the rest from the checkpoint: the width from
     ``embed.weight``, the depth from the blocks, the heads from the published models
     (:data:`PUBLISHED`; another width needs ``n_heads`` in ``config.json``)."""
-    from .weights import Checkpoint
-
     weights = weights_file(source)
     given: dict = {}
     config = config_file(source)
@@ -336,8 +335,6 @@ class EsmcAdapter:
     OPTIONAL = ()
 
     def __init__(self, source, n_blocks: int | None):
-        from .weights import Checkpoint, _blocks
-
         self.weights = weights_file(source)
         self._ckpt = Checkpoint(self.weights.parent, files=[self.weights.name])
         try:
@@ -346,7 +343,7 @@ class EsmcAdapter:
             self._ckpt.close()
             raise
         self.total = self.config.n_layers
-        self.blocks = _blocks(self.total, n_blocks)
+        self.blocks = kept_blocks(self.total, n_blocks)
 
     def checkpoint(self):
         return self._ckpt
@@ -370,11 +367,3 @@ class EsmcAdapter:
 
     def computed(self, model: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
         return {}  # the rotary tables are computed per pass
-
-
-def load_esmc(source, dtype: str = "float32", device: str = "cpu", n_blocks: int | None = None) -> EsmcModel:
-    """Build on the meta device and stream the checkpoint in, tensor by tensor (see
-    :func:`ampflow.extract.weights.load_model`); the masked-LM head is neither built nor read."""
-    from .weights import load_model
-
-    return load_model("esmc", source, dtype, device, n_blocks)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io.atomic import atomic_path
+from ..base.atomic import atomic_path
 from .cache import ShardReader
 
 BLOCK = 8192  # records per block

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.atomic import write_text_atomic
-from ..io.errors import InputError
+from ..base.atomic import write_text_atomic
+from ..base.errors import InputError
 from .config import ModelSpec
 
 log = logging.getLogger(__name__)

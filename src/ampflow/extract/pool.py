@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
-from ..io.errors import InputError
-from ..progress import Progress
+from ..base.errors import InputError
+from ..base.progress import Progress
 from .worker import Job, compute_chunk, worker_main
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..io.atomic import atomic_path, remove_stale_temps, write_text_atomic
-from ..io.errors import InputError, require_file
-from ..progress import Progress
+from ..base.atomic import atomic_path, remove_stale_temps, write_text_atomic
+from ..base.errors import InputError, require_file
+from ..base.progress import Progress
 from .cache import VectorCache
 from .chunks import split_fasta, write_queue
 from .config import ExtractSettings, ModelSpec, input_policy, output_files

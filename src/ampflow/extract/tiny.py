@@ -19,7 +19,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..io.atomic import atomic_path
+from ..base.atomic import atomic_path
 
 if TYPE_CHECKING:
     import torch

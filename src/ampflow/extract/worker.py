@@ -57,7 +57,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 from .cache import VectorCache
 from .chunks import read_chunk
 from .config import ModelSpec

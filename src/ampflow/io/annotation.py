@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 from .genome import ChromNamer
 from .textfile import numbered_lines
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 from .h5ad import HDF5_ERRORS
 from .h5ad import damaged as _damaged
 

@@ -6,7 +6,7 @@ a terminal ``*`` after Prodigal proteins, ambiguity codes (protein ``X B Z J U O
 of a contig after the contig's first word), descriptions after the id, CRLF line ends.
 :func:`clean_records` turns raw records into the sequences a model sees and says, per
 record, what it found and what it did (kept, replaced, truncated, renamed, skipped);
-problems whose policy is ``fail`` raise an :class:`~ampflow.io.errors.InputError` with
+problems whose policy is ``fail`` raise an :class:`~ampflow.base.errors.InputError` with
 the file, the record's header line and the value.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import InputError, reject_unknown_keys
+from ..base.errors import InputError, reject_unknown_keys
 from .textfile import numbered_lines
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 from .textfile import numbered_lines
 
 CHR_PREFIX_MODES = ("auto", "keep", "add", "drop")

@@ -11,7 +11,7 @@ only the library calls, so these types mean the file, not this code.
 
 from __future__ import annotations
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 
 HDF5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 from .genome import ChromNamer
 from .pairs_scan import scan_pairs, worth_compiling
 from .textfile import is_gzip, open_text

@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-from ..jit import LazyJit
+from ..base.jit import LazyJit
 from .genome import ChromNamer
 
 BLOCK = 1 << 22  # compressed bytes per read

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from .errors import InputError
+from ..base.errors import InputError
 from .h5ad import read_h5ad
 from .textfile import is_gzip, open_binary, open_text
 

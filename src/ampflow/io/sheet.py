@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 from .textfile import open_text
 
 REQUIRED = ("cell_id", "pairs")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 
 KINDS = {"int": "iu", "float": "f", "number": "iuf", "string": "OSU"}
 

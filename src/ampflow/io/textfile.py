@@ -7,7 +7,7 @@ import io
 import zlib
 from pathlib import Path
 
-from .errors import InputError, require_file
+from ..base.errors import InputError, require_file
 
 GZIP_MAGIC = b"\x1f\x8b"
 # what Python's gzip raises on a damaged stream: a cut file (EOFError), a bad header or

@@ -8,7 +8,7 @@ sides). Three evaluations of the same math are provided:
   ``O(N * (2w + 1))`` per head (plus the ``O(N * D)`` inputs), whatever ``N``. The
   scores are computed by blocks of ``R`` queries against the ``R + 2w`` keys around
   them, one batched matrix product per group of blocks and head
-  (:mod:`ampflow.spec.attention_blocks`), so the kernel count does not grow with ``w``
+  (:mod:`ampflow.contract.attention_blocks`), so the kernel count does not grow with ``w``
   or ``N`` (the per-offset kernel it replaced, one band column at a time, is kept as a
   benchmark baseline in ``scripts/attention_baselines.py``). Optional query chunks
   (strategy S3) bound its transient block scores to ``O(chunk * (R + 2w))``. Forward
@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from ..spec.attention_blocks import band_groups, band_width, block_rows
+from ..contract.attention_blocks import band_groups, band_width, block_rows
 
 __all__ = [
     "chunk_blocks",

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..spec.model_shapes import hic_decoder_shared_params, nb_decoder_params, stratum_block_params
+from ..contract.model_shapes import hic_decoder_shared_params, nb_decoder_params, stratum_block_params
 from .attention import local_attention
 from .layers import layer_norm_from, linear_from, parameter_from
 from .prob import NB, ZINB
@@ -122,7 +122,7 @@ class StratifiedZINBDecoder(nn.Module):
     Parameters
     ----------
     latent, D, heads, window, ffn_mult, attention, chunk
-        See :class:`~ampflow.spec.config.ModelConfig`.
+        See :class:`~ampflow.contract.config.ModelConfig`.
     feature_anchor : (F,) long
         Anchor index a_f of every feature, features in stratum-major order.
     feature_stratum : (F,) long

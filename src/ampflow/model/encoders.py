@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..spec.model_shapes import ENCODER_LAYERS, encoder_params
+from ..contract.model_shapes import ENCODER_LAYERS, encoder_params
 from .layers import batch_norm_from, linear_from
 
 STD_EPS = 1e-4

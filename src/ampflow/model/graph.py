@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..spec.model_shapes import graph_encoder_params
+from ..contract.model_shapes import graph_encoder_params
 from .encoders import STD_EPS
 from .layers import linear_from
 

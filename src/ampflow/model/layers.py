@@ -1,4 +1,4 @@
-"""Layers built from the shape description in :mod:`ampflow.spec.model_shapes`.
+"""Layers built from the shape description in :mod:`ampflow.contract.model_shapes`.
 
 The model's sizes are read from the description rather than restated, so the memory model
 (which counts the same description) cannot drift from what is built. A name missing from
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..spec.model_shapes import ParamShape
+from ..contract.model_shapes import ParamShape
 
 
 def linear_from(params: dict[str, ParamShape], name: str) -> nn.Linear:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..spec.config import LossWeights, ModelConfig
+from ..contract.config import LossWeights, ModelConfig
 from .decoders import NBDecoder, StratifiedZINBDecoder
 from .encoders import Encoder, hic_input, rna_input, stratum_totals
 from .graph import GraphEncoder, graph_nll
@@ -51,7 +51,7 @@ class PairedModel(nn.Module):
     graph : GraphSpec
     n_batches : int
         Batches the decoders are conditioned on (0: none; see
-        :attr:`~ampflow.spec.config.ModelConfig.batch_key`). The encoders never see
+        :attr:`~ampflow.contract.config.ModelConfig.batch_key`). The encoders never see
         them, so a cell of any batch, one training never saw included, is embedded.
     """
 

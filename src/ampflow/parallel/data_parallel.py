@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..contract.config import LossWeights
 from ..model.paired import PairedModel
-from ..spec.config import LossWeights
 from .mesh import Mesh
 from .sync_batchnorm import convert_sync_batchnorm
 

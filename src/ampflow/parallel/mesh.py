@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Apply a plan's strategies to a plain :class:`~ampflow.model.paired.PairedModel`: the one
-place a :class:`~ampflow.spec.plan.Plan` meets a model, for any world size (one included).
+place a :class:`~ampflow.contract.plan.Plan` meets a model, for any world size (one included).
 
 :func:`parallelize` swaps modules of the built model for their sharded counterparts
 (the model's code is not edited, and the sharded modules keep the plain parameter names
@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..io.errors import InputError
-from ..spec.plan import Plan
-from ..spec.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
+from ..base.errors import InputError
+from ..contract.plan import Plan
+from ..contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .data_parallel import parallelize_data_parallel
 from .feature_parallel import FeatureParallelLinear
 from .mesh import Mesh

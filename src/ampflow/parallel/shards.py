@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 
 @dataclass(frozen=True)

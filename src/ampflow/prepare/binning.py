@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..base.jit import LazyJit
 from ..io.genome import bin_offsets, make_bins
 from ..io.pairs import Contacts
-from ..jit import LazyJit
 
 
 def _pixel_keys(chrom1, pos1, chrom2, pos2, offsets, resolution, n):

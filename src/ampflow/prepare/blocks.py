@@ -14,9 +14,9 @@ import logging
 import numpy as np
 import pandas as pd
 
-from ..io.atomic import atomic_path
-from ..io.errors import InputError
-from ..progress import Progress
+from ..base.atomic import atomic_path
+from ..base.errors import InputError
+from ..base.progress import Progress
 
 log = logging.getLogger(__name__)
 

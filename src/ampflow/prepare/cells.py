@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io.atomic import atomic_path
+from ..base.atomic import atomic_path
+from ..base.progress import Progress
 from ..io.genome import ChromNamer, bin_offsets, make_bins
 from ..io.pairs import read_pairs
-from ..progress import Progress
 from .binning import bin_contacts
 
 log = logging.getLogger(__name__)

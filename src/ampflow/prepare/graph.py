@@ -17,9 +17,10 @@ import logging
 import numpy as np
 import pandas as pd
 
+from ..base.atomic import atomic_path
+from ..base.errors import InputError
+from ..contract.layout import GRAPH_NAMES
 from ..io.annotation import promoters
-from ..io.atomic import atomic_path
-from ..io.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,6 @@ def write_graph(path, nodes: pd.DataFrame, edges: pd.DataFrame, meta: dict) -> N
     """Write the graph folder atomically (nodes.parquet, edges.parquet, graph.json)."""
     with atomic_path(path) as tmp:
         tmp.mkdir()
-        nodes.reset_index().to_parquet(tmp / "nodes.parquet", index=False)
-        edges.to_parquet(tmp / "edges.parquet", index=False)
-        (tmp / "graph.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        nodes.reset_index().to_parquet(tmp / GRAPH_NAMES["nodes"], index=False)
+        edges.to_parquet(tmp / GRAPH_NAMES["edges"], index=False)
+        (tmp / GRAPH_NAMES["meta"]).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.atomic import atomic_path
-from ..io.errors import InputError
-from ..progress import Progress
+from ..base.atomic import atomic_path
+from ..base.errors import InputError
+from ..base.progress import Progress
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 log = logging.getLogger(__name__)
 

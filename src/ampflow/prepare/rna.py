@@ -9,8 +9,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from ..io.errors import InputError
-from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, TRAIN
+from ..base.errors import InputError
+from ..contract.layout import SPLIT_COLUMN, SPLIT_VALUES, TRAIN
 
 log = logging.getLogger(__name__)
 

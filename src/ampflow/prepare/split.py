@@ -1,9 +1,8 @@
 """Held-out cells: which QC-passing cells nothing is fitted on, so scores can be taken on them.
 
 :func:`split_cells` draws the split from the QC table (stratified by a label column when
-there is one), :func:`write_split` / :func:`read_split` keep it as ``qc/split.tsv``
-(``cell_id<TAB>split``, split in ``train`` / ``heldout``), and :func:`split_of` lines it up
-with the cells of a data file. The prepare steps that fit something on the cells (the HVG
+there is one); :mod:`ampflow.io.split` keeps it as ``qc/split.tsv`` and lines it up with the
+cells of a data file. The prepare steps that fit something on the cells (the HVG
 choice, the strata feature filter) and the trainer use the training cells only.
 """
 
@@ -15,10 +14,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..io.atomic import atomic_path
-from ..io.errors import InputError
-from ..spec.config import EvaluateConfig
-from ..spec.layout import HELDOUT, SPLIT_COLUMN, SPLIT_VALUES, TRAIN
+from ..base.errors import InputError
+from ..contract.config import EvaluateConfig
+from ..contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN
 from .qc import passing_cells
 
 log = logging.getLogger(__name__)
@@ -82,47 +80,3 @@ def split_cells(qc: pd.DataFrame, fraction: float, seed: int = 0, label_key: str
     how = f"stratified by {label_key!r} over {labels.nunique()} label(s)" if label_key is not None else "random"
     log.info("split: %d training, %d held-out of %d passing cells (%s, seed %d)", n_train, len(heldout), len(cells), how, seed)
     return split
-
-
-def write_split(path, split: pd.Series) -> None:
-    """Write ``split`` as ``cell_id<TAB>split`` lines with a header, atomically."""
-    with atomic_path(path) as tmp:
-        split.rename(SPLIT_COLUMN).rename_axis("cell_id").to_frame().to_csv(tmp, sep="\t")
-
-
-def read_split(path) -> pd.Series:
-    """The split written by :func:`write_split`: ``split`` per ``cell_id``.
-
-    Raises InputError for a missing column, a duplicate cell id or a value other than
-    ``train`` / ``heldout`` (with its line).
-    """
-    df = pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False)
-    for col in ("cell_id", SPLIT_COLUMN):
-        if col not in df.columns:
-            raise InputError(f"missing column {col!r} (columns: {', '.join(df.columns)})", path=path, line=1)
-    bad = ~df[SPLIT_COLUMN].isin(SPLIT_VALUES)
-    if bad.any():
-        i = int(np.argmax(bad.to_numpy()))
-        raise InputError(f"split must be one of {', '.join(SPLIT_VALUES)}", path=path, line=i + 2, value=df[SPLIT_COLUMN].iloc[i])
-    dup = df["cell_id"].duplicated()
-    if dup.any():
-        i = int(np.argmax(dup.to_numpy()))
-        raise InputError("cell id listed twice", path=path, line=i + 2, value=df["cell_id"].iloc[i])
-    return pd.Series(df[SPLIT_COLUMN].to_numpy(), index=pd.Index(df["cell_id"], name="cell_id"), name=SPLIT_COLUMN)
-
-
-def split_of(cells: list[str], split: pd.Series, path=None) -> np.ndarray:
-    """``split`` of each of ``cells`` (the rows of a data file), in their order.
-
-    Raises InputError when the split does not list exactly these cells (it was drawn
-    from another QC table).
-    """
-    missing = [c for c in cells if c not in split.index]
-    extra = sorted(set(split.index) - set(cells))
-    if missing or extra:
-        raise InputError(
-            f"the split lists other cells than the passing cells of the QC table ({len(missing)} missing, {len(extra)} extra); draw it again from this table",
-            path=path,
-            value=(missing or extra)[:5],
-        )
-    return split.loc[cells].to_numpy().astype(str)

@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from ..base.errors import InputError
+from ..base.progress import Progress
+from ..contract.layout import SPLIT_COLUMN, SPLIT_VALUES, TRAIN, feature_names
 from ..io.cool import cell_bins
-from ..io.errors import InputError
 from ..io.h5ad import HDF5_ERRORS, damaged
-from ..progress import Progress
-from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, TRAIN, feature_names
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class StrataFeatures:
         (n_strata, n_bins) int64: the column of ``X`` for (stratum k, anchor bin b), -1
         where that candidate is not a feature (off the chromosomes, or filtered out).
     var
-        The kept features (n_features rows), named by :func:`~ampflow.spec.layout.feature_names`.
+        The kept features (n_features rows), named by :func:`~ampflow.contract.layout.feature_names`.
     n_candidates
         Candidate features before the filter.
     nnz
@@ -380,7 +380,7 @@ def write_strata(
     or int64 from 2**31 non-zeros on), so ``anndata.read_h5ad`` reads it back. Peak
     memory is one cell, one chunk and the feature index; only ``indptr`` (8 bytes a cell)
     grows with the cells. ``out`` is written in place: for an atomic file pass a
-    temporary path (:func:`ampflow.io.atomic.atomic_path`).
+    temporary path (:func:`ampflow.base.atomic.atomic_path`).
 
     Parameters
     ----------

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..io.atomic import atomic_path, write_text_atomic
-from ..io.errors import InputError, require_file
+from ..base.atomic import atomic_path, write_text_atomic
+from ..base.errors import InputError, require_file
 
 log = logging.getLogger(__name__)
 

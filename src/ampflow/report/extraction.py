@@ -46,8 +46,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..base.errors import InputError, require_file
 from ..extract.telemetry import CPU_NOTE
-from ..io.errors import InputError, require_file
 from .common import GIB, colour, html_table, new_figure, note, read_jsonl, save_png, write_html
 
 log = logging.getLogger(__name__)

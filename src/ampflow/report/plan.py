@@ -27,10 +27,10 @@ import numpy as np
 import pandas as pd
 
 from ..amp.strategies import STRATEGIES
-from ..progress import human_bytes
-from ..spec.plan import Plan
-from ..spec.profile import read_profile
-from ..spec.strategies import DATA_PARALLEL
+from ..base.progress import human_bytes
+from ..contract.plan import Plan
+from ..contract.profile import read_profile
+from ..contract.strategies import DATA_PARALLEL
 from .common import GIB, LIMIT_COLOUR, MIB, colour, esc, html_table, new_figure, note, read_jsonl, save_png, write_html
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from ..io.errors import InputError, require_file
+from ..base.errors import InputError, require_file
 from ..prepare.qc import QCThresholds, read_qc
 from .common import FAIL_COLOUR, LIMIT_COLOUR, PASS_COLOUR, colour, esc, html_table, new_figure, note, save_png, write_html
 

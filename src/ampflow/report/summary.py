@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io.atomic import atomic_path, write_text_atomic
-from ..io.errors import read_json
-from ..progress import human_bytes
-from ..spec.plan import Plan
+from ..base.atomic import atomic_path, write_text_atomic
+from ..base.errors import read_json
+from ..base.progress import human_bytes
+from ..contract.plan import Plan
 from .common import colour, esc, html_table, new_figure, read_jsonl, save_png, write_html
 from .comparison import cells_note, comparison_columns, comparison_table, groups_in, headline_control, plot_comparison
 from .plan import measured_memory, mesh_text, strategy_ids

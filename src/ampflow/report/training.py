@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 from .common import colour, new_figure, read_jsonl, save_png
 
 #: Loss terms in the order drawn, with what one unit of each is (the model's normalisation).

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io.atomic import atomic_path, write_text_atomic
+from ..base.atomic import atomic_path, write_text_atomic
 
 log = logging.getLogger(__name__)
 NAME = re.compile(r"^step-(\d{8})\.pt$")

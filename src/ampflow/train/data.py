@@ -11,12 +11,13 @@ import pandas as pd
 import scipy.sparse as sp
 import torch
 
-from ..io.errors import InputError
+from ..base.errors import InputError
+from ..contract.config import batch_names
+from ..contract.layout import SPLIT_COLUMN, SPLIT_VALUES, DataFolder, training_rows
 from ..io.h5ad import read_h5ad
+from ..io.split import read_split, split_of
 from ..io.tables import read_parquet_table
 from ..model.paired import GraphSpec
-from ..spec.config import batch_names
-from ..spec.layout import SPLIT_COLUMN, SPLIT_VALUES, DataFolder, training_rows
 
 log = logging.getLogger(__name__)
 EDGE_COLUMNS = {"source": "int", "target": "int", "weight": "number", "sign": "number"}
@@ -108,8 +109,6 @@ def counts_matrix(adata: ad.AnnData) -> sp.csr_matrix:
 def apply_split(obs: pd.DataFrame, split_path, data_root) -> pd.DataFrame:
     """``obs`` with the split of ``split_path`` (``qc/split.tsv``): it must equal the split
     the data files were built with; a folder built without one takes it as it is."""
-    from ..prepare.split import read_split, split_of
-
     given = split_of(list(obs.index), read_split(split_path), path=split_path)
     if SPLIT_COLUMN in obs.columns:
         built = np.asarray(obs[SPLIT_COLUMN]).astype(str)

@@ -23,9 +23,9 @@ import logging
 import numpy as np
 import torch
 
-from ..io.errors import InputError
+from ..base.errors import InputError
+from ..contract.config import EarlyStoppingConfig
 from ..model.paired import PairedModel
-from ..spec.config import EarlyStoppingConfig
 
 log = logging.getLogger(__name__)
 

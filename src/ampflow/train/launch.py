@@ -17,14 +17,14 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch.distributed as dist
 
-from ..io.errors import InputError
+from ..base.errors import InputError
+from ..contract.config import ModelConfig, TrainConfig
+from ..contract.plan import Plan
 from ..parallel.mesh import init_distributed, launched_world
-from ..spec.config import ModelConfig, TrainConfig
-from ..spec.plan import Plan
+from .device import local_device_count, run_device, uses_cuda
 
 log = logging.getLogger(__name__)
 
@@ -90,59 +90,11 @@ def slurm_job(job_id: str) -> SlurmJob:
     return SlurmJob(str(job_id), hosts, int(tasks.group()) if tasks else len(hosts), gpus)
 
 
-def visible_devices(cuda: bool) -> int:
-    """Devices this node gives the run's processes: the GPUs CUDA sees (honouring
-    CUDA_VISIBLE_DEVICES), or the CPU cores this process may run on."""
-    if cuda:
-        import torch
-
-        return torch.cuda.device_count()
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def uses_cuda(device: str) -> bool:
-    """Whether ``train.device`` = ``device`` trains on CUDA here."""
-    if device == "auto":
-        import torch
-
-        return torch.cuda.is_available()
-    return device == "cuda"
-
-
-def run_device(train: TrainConfig, plan: Plan | None) -> tuple[str, str]:
-    """The device this run trains on (``"cpu"`` or ``"cuda"``) and what decided it.
-
-    A plan that records its device (version 4 on) decides: its budget, its CPU threads
-    and the job's allocation were made for that device. A plan for ``cuda`` where no GPU
-    is visible is refused (an InputError naming the plan's file, the device and the
-    fixes) instead of training on CPU cores what was planned for GPUs. Without a plan,
-    or with one that records no device, ``train.device`` decides as it always did
-    (``auto``: CUDA when a GPU is visible).
-    """
-    if plan is not None and plan.device:
-        if plan.device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise InputError(
-                    f"the plan trains on cuda (one process per GPU) but no CUDA GPU is visible here "
-                    f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!s}, torch CUDA build "
-                    f"{torch.version.cuda or 'none'}); run it where the GPUs it was planned for are, or plan again for CPU "
-                    f"cores with train.device: cpu (Snakemake re-runs the diagnose rule when the config changes)",
-                    path=plan.source, key="device", value=plan.device,
-                )  # fmt: skip
-        return plan.device, f"{Path(plan.source).name}'s device"
-    return ("cuda" if uses_cuda(train.device) else "cpu"), f"train.device {train.device}"
-
-
 def check_fits(processes: int, cuda: bool, what: str = "this node") -> None:
     """Refuse ``processes`` processes on ``what`` when it has fewer devices: one process
     per GPU (two NCCL ranks never share a GPU), or per CPU core. On CUDA the message
     names both ways out: plan for the GPUs there are, or train on CPU cores."""
-    have = visible_devices(cuda)
+    have = local_device_count(cuda)
     if processes <= have:
         return
     kind = "GPU" if cuda else "CPU core"
@@ -235,7 +187,7 @@ def run_training(data_dir, out_dir, model_cfg: ModelConfig, train_cfg: TrainConf
     """Train one configuration; an exit status.
 
     The device is the plan's when it records one, else ``train.device``'s
-    (:func:`run_device`).
+    (:func:`~ampflow.train.device.run_device`).
 
     With ``relaunch_argv`` (``ampflow train --launch``), a plan of more than one process
     and no torchrun around this process, the plan's world is started under torchrun

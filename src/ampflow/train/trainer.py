@@ -41,20 +41,20 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from ..io.atomic import atomic_path
-from ..io.errors import InputError
+from ..base.atomic import atomic_path
+from ..base.errors import InputError
+from ..base.progress import Progress
+from ..contract.config import ModelConfig, TrainConfig
+from ..contract.plan import Plan
 from ..model.paired import PairedModel
 from ..parallel.data_parallel import DataParallelStep, balanced_split, work_ratio
 from ..parallel.mesh import Mesh
 from ..parallel.parallelize import full_state, load_full_state, parallelize
-from ..progress import Progress
-from ..spec.config import ModelConfig, TrainConfig
-from ..spec.plan import Plan
 from . import checkpoint
 from .data import PairedData
+from .device import run_device, use_deterministic_cuda
 from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
-from .launch import run_device
 from .memory import measured_dp_step
 
 log = logging.getLogger(__name__)
@@ -109,27 +109,6 @@ def run_threads(cfg: TrainConfig, plan: Plan | None, device: torch.device) -> tu
     if device.type == "cpu" and plan is not None and plan.threads:
         return plan.threads, "the plan's, train.threads auto"
     return 1, "train.threads auto and no planned figure" + (" for a CPU run" if device.type == "cpu" else " on a GPU")
-
-
-#: The cuBLAS workspace setting under which PyTorch's cuBLAS calls are deterministic
-#: (its documentation's ``:4096:8``; 32 MiB per handle, what plans budget on any GPU).
-DETERMINISTIC_CUBLAS = ":4096:8"
-
-
-def use_deterministic_cuda(on: bool, env=None) -> str:
-    """Switch a CUDA run to deterministic kernels (``train.deterministic``) and say how.
-
-    Sets ``CUBLAS_WORKSPACE_CONFIG`` in ``env`` (default ``os.environ``) where unset, before
-    the run's first cuBLAS call, and turns on ``torch.use_deterministic_algorithms`` with
-    ``warn_only``: an operation with no deterministic CUDA kernel warns (once) instead of
-    stopping a training run. Process-wide, as torch's switch is: the trainer's process
-    trains one model."""
-    if not on:
-        return "train.deterministic is false: CUDA's atomic index_add_/scatter sums may differ from run to run"
-    env = os.environ if env is None else env
-    env.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    return f"deterministic algorithms on, CUBLAS_WORKSPACE_CONFIG={env['CUBLAS_WORKSPACE_CONFIG']} (train.deterministic)"
 
 
 def seed_everything(seed: int) -> torch.Generator:

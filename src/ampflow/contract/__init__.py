@@ -8,6 +8,6 @@
 * :mod:`.layout`: the data folder's files, the held-out split column and the Hi-C
   feature naming rule.
 
-Nothing here imports torch or another ampflow stage, so the profile and the diagnosis stay
+Nothing here imports torch, or anything of ampflow but the foundation (:mod:`ampflow.base`), so the profile and the diagnosis stay
 cheap, and every stage can import from here without a circle.
 """

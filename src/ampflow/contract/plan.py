@@ -21,9 +21,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..io.atomic import write_text_atomic
-from ..io.errors import InputError, read_json
-from ..progress import human_bytes
+from ..base.atomic import write_text_atomic
+from ..base.errors import InputError, read_json
+from ..base.progress import human_bytes
 from .strategies import KEY_FIRST_DECODE
 
 PLAN_VERSION = 4

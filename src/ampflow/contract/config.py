@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from ..io.errors import InputError, reject_unknown_keys
+from ..base.errors import InputError, reject_unknown_keys
 
 
 def batch_names(values) -> list[str]:
@@ -168,7 +168,7 @@ class EarlyStoppingConfig:
 DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
-#: ``train.threads`` that takes the plan's figure (:attr:`ampflow.spec.plan.Plan.threads`).
+#: ``train.threads`` that takes the plan's figure (:attr:`ampflow.contract.plan.Plan.threads`).
 AUTO_THREADS = "auto"
 #: ``amp.devices`` that plans for the GPUs the devices record lists (:func:`amp_devices`).
 AUTO_DEVICES = "auto"

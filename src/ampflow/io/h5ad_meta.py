@@ -4,7 +4,7 @@ Opens the file with h5py and reads only attributes, dataset *shapes* and small g
 (``uns/ampflow``). It never reads the count matrix (``X``'s ``data``/``indices``/
 ``indptr``, nor ``layers``), so its cost does not grow with the number of contacts. Only
 when ``uns["ampflow"]`` lacks the strata summary does it read one or two ``var`` columns
-(or, failing those, the feature names, parsed by :func:`ampflow.spec.layout.strata_from_names`),
+(or, failing those, the feature names, parsed by :func:`ampflow.contract.layout.strata_from_names`),
 which grows with the number of features but never with the number of non-zeros.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ..io.errors import InputError
-from ..spec.layout import DEFAULT_PROB_MODEL, strata_from_names
-from ..spec.layout import max_width as widest_bin
+from ..base.errors import InputError
+from ..contract.layout import DEFAULT_PROB_MODEL, strata_from_names
+from ..contract.layout import max_width as widest_bin
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 #: Files of a data folder, by role. Paths are relative to the folder.
 MODALITY_FILES = {"rna": "rna.h5ad", "hic": "hic.h5ad"}
-GRAPH_FILES = {"nodes": "graph/nodes.parquet", "edges": "graph/edges.parquet"}
-GRAPH_META = "graph/graph.json"
+#: The graph folder and its files (names inside the folder): the writer
+#: (:func:`ampflow.prepare.graph.write_graph`) and every reader take them from here.
+GRAPH_DIR = "graph"
+GRAPH_NAMES = {"nodes": "nodes.parquet", "edges": "edges.parquet", "meta": "graph.json"}
+GRAPH_FILES = {k: f"{GRAPH_DIR}/{GRAPH_NAMES[k]}" for k in ("nodes", "edges")}
+GRAPH_META = f"{GRAPH_DIR}/{GRAPH_NAMES['meta']}"
 
 #: Probability model assumed when a file does not record one.
 DEFAULT_PROB_MODEL = {"hic": "HiCZINB", "rna": "NB"}

@@ -13,8 +13,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-from ..io.atomic import write_text_atomic
-from ..io.errors import InputError, read_json
+from ..base.atomic import write_text_atomic
+from ..base.errors import InputError, read_json
 from .config import ModelConfig, TrainConfig
 
 PROFILE_VERSION = 1

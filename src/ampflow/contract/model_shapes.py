@@ -37,8 +37,8 @@ class ParamShape:
     shape : tuple of int
     shard : str or None
         The strategy that gives each rank of the tp group a slice of this parameter:
-        :data:`~ampflow.spec.strategies.HIDDEN_PARALLEL` (S5; the dimension is
-        proportional to the decoder width D), :data:`~ampflow.spec.strategies.FEATURE_PARALLEL`
+        :data:`~ampflow.contract.strategies.HIDDEN_PARALLEL` (S5; the dimension is
+        proportional to the decoder width D), :data:`~ampflow.contract.strategies.FEATURE_PARALLEL`
         (S2; the dimension has one entry per Hi-C feature), or None (replicated).
     dim : int
         The dimension ``shard`` splits (ignored when ``shard`` is None).
@@ -95,7 +95,7 @@ def encoder_params(n_in: int, hidden: int, latent: int, input_shard: str | None 
         Input features, hidden width, latent size.
     input_shard : str or None
         Strategy that splits the input features (the Hi-C encoder's input columns under
-        S2, :data:`~ampflow.spec.strategies.FEATURE_PARALLEL`).
+        S2, :data:`~ampflow.contract.strategies.FEATURE_PARALLEL`).
     """
     p: dict[str, ParamShape] = {}
     width, shard = n_in, input_shard  # only the first layer reads the input features
@@ -199,7 +199,7 @@ def hic_decoder_params(latent: int, D: int, ffn_mult: int, attention: bool, n_st
 # ------------------------------------------------------------------ the paired model
 def paired_model_params(cfg, n_genes: int, n_strata: int, n_features: int, n_nodes: int, n_batches: int = 0) -> dict[str, ParamShape]:
     """All parameters of a :class:`~ampflow.model.paired.PairedModel` built with the
-    :class:`~ampflow.spec.config.ModelConfig` ``cfg``, by full name (``n_genes = 0``:
+    :class:`~ampflow.contract.config.ModelConfig` ``cfg``, by full name (``n_genes = 0``:
     the Hi-C-only model, without RNA encoder and decoder; ``n_batches``: the batches
     it is conditioned on, 0 for none)."""
     d = cfg.latent_dim

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..io.errors import InputError
+from ..base.errors import InputError
 
 MB = 1 << 20
 #: Host memory (MB) of one CPU training process beyond what the plan's batch check
@@ -122,7 +122,7 @@ def plan_on_gpus(plan) -> bool:
 
 
 def train_allocation(plan, offer: ClusterOffer) -> Allocation:
-    """The allocation that trains ``plan`` (a :class:`~ampflow.spec.plan.Plan`) on what
+    """The allocation that trains ``plan`` (a :class:`~ampflow.contract.plan.Plan`) on what
     ``offer`` gives; an InputError when a GPU plan does not split over whole nodes."""
     world = plan.world
     if not plan_on_gpus(plan):
