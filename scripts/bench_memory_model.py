@@ -1,4 +1,4 @@
-"""Check the analytic memory model (ampflow.amp.memory_model) against the allocator's peak.
+"""Check the analytic memory model (ampflow.amp.memory.predict) against the allocator's peak.
 
 For each shape a :class:`~ampflow.model.paired.PairedModel` is built on synthetic
 features (no count data): either random (Hi-C features in stratum-major order, anchors
@@ -14,7 +14,7 @@ exist and the first step's gradients are freed before its forward pass. Its memo
 measured by the allocator (the profiler's allocation and free events summed in time
 order, transients included, from the bytes held when the step began:
 :class:`ampflow.train.memory.AllocatorTrace`) and compared with
-:func:`~ampflow.amp.memory_model.predict` from shapes alone (Adam one parameter at a
+:func:`~ampflow.amp.memory.predict.predict` from shapes alone (Adam one parameter at a
 time, as on CPU). Every shape runs in float32 and float64.
 
 On CUDA (``--device cuda``) the steps run on the GPU, Adam with its foreach kernels
@@ -56,7 +56,7 @@ from pathlib import Path
 
 import torch
 
-from ampflow.amp.memory_model import Estimate, ShapeSpec, fit_linear, predict
+from ampflow.amp.memory.predict import Estimate, ShapeSpec, fit_linear, predict
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
@@ -251,7 +251,7 @@ def main(argv=None) -> int:
             configs = [c for c in configs if not c.resolution]
 
     if cuda:
-        from ampflow.amp.cuda_overheads import cuda_overheads
+        from ampflow.amp.memory.cuda import cuda_overheads
 
         props = torch.cuda.get_device_properties(0)
         o = cuda_overheads()

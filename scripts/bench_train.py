@@ -17,7 +17,7 @@ as the trainer trains it (``model.train()``, pretraining loss weights).
 Two variants run on every shape, each on a freshly built model with the same seed:
 
 * new: the banded kernel (:func:`~ampflow.model.attention.local_attention`, the model's
-  default) under the plan that :func:`ampflow.amp.diagnose.diagnose` makes today for
+  default) under the plan that :func:`ampflow.amp.decide.diagnose.diagnose` makes today for
   one device of ``--memory-gib`` (its chunk size and key-first decode), applied with
   :func:`ampflow.parallel.parallelize.parallelize` as the trainer applies it;
 * old (``--old per-offset``, the default): the same plan run by the per-offset banded
@@ -123,7 +123,7 @@ try:
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from ampflow.amp.diagnose import diagnose
+from ampflow.amp.decide.diagnose import diagnose
 from ampflow.io.genome import make_bins, read_chromsizes, resolution_label
 from ampflow.model import decoders, paired, prob
 from ampflow.model.attention import (

@@ -62,7 +62,7 @@ check() {
 
 check env 20 'cat' -- "$PY" - <<'PYEOF'
 import torch
-from ampflow.amp.cuda_overheads import cuda_overheads
+from ampflow.amp.memory.cuda import cuda_overheads
 from ampflow.devices import probe_devices
 
 info = probe_devices()

@@ -15,10 +15,10 @@ import time
 import pytest
 import torch
 
-from ampflow.amp import cost_model as cm
-from ampflow.amp.calibrate import calibrate
-from ampflow.amp.diagnose import _chunk_candidates, diagnose
-from ampflow.amp.memory_model import estimate_for_profile
+from ampflow.amp.cost import model as cm
+from ampflow.amp.cost.calibrate import calibrate
+from ampflow.amp.decide.diagnose import _chunk_candidates, diagnose
+from ampflow.amp.memory.predict import estimate_for_profile
 from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.contract.config import ModelConfig, TrainConfig

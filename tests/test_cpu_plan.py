@@ -10,8 +10,8 @@ import json
 import pytest
 from test_diagnose import Est
 
-from ampflow.amp.cpu import threads_per_process, trains_on_cpu
-from ampflow.amp.diagnose import diagnose, explain
+from ampflow.amp.decide.cpu import threads_per_process, trains_on_cpu
+from ampflow.amp.decide.diagnose import diagnose, explain
 from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.contract.config import TrainConfig
@@ -187,7 +187,7 @@ def test_plan_page_shows_threads(tmp_path):
 def test_a_calibration_timed_with_other_threads_is_named():
     from dataclasses import replace
 
-    from ampflow.amp.cost_model import DEFAULT_CONSTANTS
+    from ampflow.amp.cost.model import DEFAULT_CONSTANTS
 
     def with_source(source):
         c = replace(DEFAULT_CONSTANTS, source=source)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ampflow.amp import cuda_overheads as co
+from ampflow.amp.memory import cuda as co
 from ampflow.base.errors import InputError
 from ampflow.train import memory as mem
 from ampflow.train.memory import StepMemory
@@ -222,7 +222,7 @@ def test_a_plan_for_cuda_budgets_the_context_workspaces_and_fragmentation():
     device, with device memory x budget_fraction as before."""
     from test_cost_model import mm10_profile
 
-    from ampflow.amp.diagnose import diagnose
+    from ampflow.amp.decide.diagnose import diagnose
     from ampflow.contract.config import TrainConfig
 
     prof, memory = mm10_profile(), 80 * 2**30

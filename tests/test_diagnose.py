@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ampflow.amp import diagnose as dg
-from ampflow.amp.cost_model import cost_for_profile
-from ampflow.amp.signals import Signal, register_signal, unregister_signal
-from ampflow.amp.strategies import Strategy, register_strategy, unregister_strategy
+from ampflow.amp.cost.model import cost_for_profile
+from ampflow.amp.decide import diagnose as dg
+from ampflow.amp.decide.signals import Signal, register_signal, unregister_signal
+from ampflow.amp.decide.strategies import Strategy, register_strategy, unregister_strategy
 from ampflow.base.errors import InputError
 from ampflow.contract.plan import Plan
 

@@ -25,8 +25,8 @@ from dist_helpers import run_world
 from test_data_parallel import LR, WEIGHTS, _snapshot
 from test_tensor_parallel import CONFIGS, SETS, _plan, assert_rank_matches
 
-from ampflow.amp.diagnose import diagnose
-from ampflow.amp.memory_model import ShapeSpec, estimate_for_profile, predict
+from ampflow.amp.decide.diagnose import diagnose
+from ampflow.amp.memory.predict import ShapeSpec, estimate_for_profile, predict
 from ampflow.amp.profile import main_profile
 from ampflow.cli import main
 from ampflow.contract.config import LossWeights, ModelConfig, TrainConfig

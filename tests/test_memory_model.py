@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ampflow.amp.memory_model import (
+from ampflow.amp.memory.predict import (
     ShapeSpec,
     banded_score_elements,
     chunked_score_elements,
@@ -20,7 +20,7 @@ from ampflow.amp.memory_model import (
     profile_memory,
     spec_from_profile,
 )
-from ampflow.amp.memory_terms import attention_transients
+from ampflow.amp.memory.terms import attention_transients
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.contract.model_shapes import paired_model_params, stratum_block_params
 from ampflow.contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL

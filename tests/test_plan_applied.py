@@ -18,10 +18,10 @@ import pytest
 import torch
 from test_trainer import MODEL, SETTINGS, prepare
 
-from ampflow.amp.diagnose import diagnose
-from ampflow.amp.memory_model import profile_memory
+from ampflow.amp.decide.diagnose import diagnose
+from ampflow.amp.decide.signals import evaluate_signals
+from ampflow.amp.memory.predict import profile_memory
 from ampflow.amp.profile import profile_data
-from ampflow.amp.signals import evaluate_signals
 from ampflow.contract.config import TrainConfig
 from ampflow.contract.plan import Plan, PlannedStrategy
 from ampflow.contract.strategies import CHUNKED_ATTENTION, KEY_FIRST_DECODE

@@ -18,7 +18,7 @@ import pytest
 from fake_cuda import fake_cuda_env
 from test_cpu_plan import GIB, host, plan_for, profile
 
-from ampflow.amp.diagnose import explain, plan_device
+from ampflow.amp.decide.diagnose import explain, plan_device
 from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.contract.allocation import ClusterOffer, plan_on_gpus, train_allocation
@@ -74,7 +74,7 @@ def test_without_train_or_devices_record_nothing_is_decided():
     assert plan_device(None, None) == ("", "")
     from test_cpu_plan import linear_estimate
 
-    from ampflow.amp.diagnose import diagnose
+    from ampflow.amp.decide.diagnose import diagnose
 
     pl = diagnose(profile(), 2, 80 * GIB, 1.0, estimate=linear_estimate)
     assert pl.device == "" and plan_on_gpus(pl)  # as before: no cpu section = a GPU plan

@@ -152,7 +152,7 @@ def test_profile_counts_the_batches_the_trainer_conditions_on(tmp_path):
     import scipy.sparse as sp
     import torch
 
-    from ampflow.amp.memory_model import spec_from_profile
+    from ampflow.amp.memory.predict import spec_from_profile
     from ampflow.model.synthetic import synthetic_graph
     from ampflow.train.data import PairedData
 
@@ -458,9 +458,9 @@ def test_deterministic_json_and_hash(data_dir, tmp_path):
 
 def test_main_profile_adds_optional_parts_when_present(data_dir, tmp_path, monkeypatch):
     d, _ = data_dir
-    fake = type(sys)("ampflow.amp.memory_model")
+    fake = type(sys)("ampflow.amp.memory.predict")
     fake.profile_memory = lambda p: {"M_base": 1, "n_strata": p["modalities"]["hic"]["n_strata"]}
-    monkeypatch.setitem(sys.modules, "ampflow.amp.memory_model", fake)
+    monkeypatch.setitem(sys.modules, "ampflow.amp.memory.predict", fake)
     p = main_profile(d, MODEL, TRAIN, tmp_path / "p.json")
     assert p["memory"] == {"M_base": 1, "n_strata": N_STRATA}
     assert "HIGH_INPUT_DIMENSIONALITY" in p["signals"]
@@ -470,8 +470,8 @@ def test_main_profile_adds_optional_parts_when_present(data_dir, tmp_path, monke
 def test_main_profile_without_optional_parts(data_dir, tmp_path, monkeypatch):
     d, _ = data_dir
     # None in sys.modules makes the import fail as if the module did not exist
-    monkeypatch.setitem(sys.modules, "ampflow.amp.memory_model", None)
-    monkeypatch.setitem(sys.modules, "ampflow.amp.signals", None)
+    monkeypatch.setitem(sys.modules, "ampflow.amp.memory.predict", None)
+    monkeypatch.setitem(sys.modules, "ampflow.amp.decide.signals", None)
     p = main_profile(d, MODEL, TRAIN, tmp_path / "p.json")
     assert "memory" not in p and "signals" not in p
     assert p == profile_data(d, MODEL, TRAIN)
@@ -484,7 +484,7 @@ def test_main_profile_propagates_broken_optional_module(data_dir, tmp_path, monk
         def __getattr__(self, name):
             raise ImportError("No module named 'somedep'", name="somedep")
 
-    monkeypatch.setitem(sys.modules, "ampflow.amp.memory_model", Broken())
+    monkeypatch.setitem(sys.modules, "ampflow.amp.memory.predict", Broken())
     with pytest.raises(ImportError, match="somedep"):
         main_profile(d, MODEL, TRAIN, tmp_path / "p.json")
     assert not (tmp_path / "p.json").exists()

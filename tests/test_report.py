@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from ampflow.amp.diagnose import diagnose
+from ampflow.amp.decide.diagnose import diagnose
 from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.prepare.qc import QCThresholds

@@ -9,7 +9,7 @@ memory model needs of ``train``: batch size, dtype, optimizer and whether any st
 the cross-reconstruction term.
 
 The result is a plain, JSON-serialisable dict. ``signals`` and ``memory`` are added by
-:func:`main_profile` from :mod:`ampflow.amp.signals` and :mod:`ampflow.amp.memory_model`
+:func:`main_profile` from :mod:`ampflow.amp.decide.signals` and :mod:`ampflow.amp.memory.predict`
 when those modules are importable.
 """
 
@@ -192,15 +192,15 @@ def _optional(module: str, name: str):
             raise
     except AttributeError:
         pass
-    log.warning("%s.%s is not available; the profile has no '%s'", full, name, "signals" if module == "signals" else "memory")
+    log.warning("%s.%s is not available; the profile has no '%s'", full, name, "signals" if module.endswith("signals") else "memory")
     return None
 
 
 def main_profile(data_dir, model_config: dict | None, train_config: dict | None, out_path) -> dict:
     """Profile ``data_dir``, add signals and the memory model, write ``out_path``.
 
-    ``signals`` (from :func:`ampflow.amp.signals.evaluate_signals`) and ``memory``
-    (from :func:`ampflow.amp.memory_model.profile_memory`) are added when those
+    ``signals`` (from :func:`ampflow.amp.decide.signals.evaluate_signals`) and ``memory``
+    (from :func:`ampflow.amp.memory.predict.profile_memory`) are added when those
     modules can be imported; without them the profile is still complete otherwise.
     The JSON (indent 2, sorted keys) appears under ``out_path`` only when complete.
 
@@ -210,10 +210,10 @@ def main_profile(data_dir, model_config: dict | None, train_config: dict | None,
         The profile as written.
     """
     profile = profile_data(data_dir, model_config, train_config)
-    evaluate_signals = _optional("signals", "evaluate_signals")
+    evaluate_signals = _optional("decide.signals", "evaluate_signals")
     if evaluate_signals is not None:
         profile["signals"] = evaluate_signals(profile)
-    profile_memory = _optional("memory_model", "profile_memory")
+    profile_memory = _optional("memory.predict", "profile_memory")
     if profile_memory is not None:
         profile["memory"] = profile_memory(profile)
     write_profile(out_path, profile)

@@ -53,8 +53,8 @@ def _device_memory(arg: str, devices_file: str | None = None) -> int:
 
 
 def cmd_diagnose(a):
-    from ..amp.cost_model import read_calibration
-    from ..amp.diagnose import diagnose
+    from ..amp.cost.model import read_calibration
+    from ..amp.decide.diagnose import diagnose
     from ..contract.config import TrainConfig, amp_devices
     from ..contract.profile import read_profile
     from ..devices import probe_devices
@@ -86,7 +86,7 @@ def cmd_diagnose(a):
 
 
 def cmd_plan_explain(a):
-    from ..amp.diagnose import explain
+    from ..amp.decide.diagnose import explain
     from ..contract.plan import Plan
 
     sys.stdout.write(explain(Plan.read(a.plan)))
@@ -102,15 +102,15 @@ def cmd_devices(a):
 
 
 def cmd_calibrate(a):
-    from ..amp.calibrate import calibrate
-    from ..amp.cost_model import write_calibration
+    from ..amp.cost.calibrate import calibrate
+    from ..amp.cost.model import write_calibration
     from ..contract.config import ModelConfig, TrainConfig
 
     model = ModelConfig.from_dict(_settings(a.model, a.model_config, "model"))
     train = TrainConfig.from_dict(_settings(a.train, a.model_config, "train"))
     threads = train.explicit_threads
     if threads is None and a.devices_file:
-        from ..amp.cpu import threads_per_process
+        from ..amp.decide.cpu import threads_per_process
         from ..contract.config import amp_devices
 
         # time with the threads the plan will give each of its processes (amp.devices

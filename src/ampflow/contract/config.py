@@ -165,7 +165,7 @@ class EarlyStoppingConfig:
 
 
 #: Bytes per element of the dtypes a run may train in (``train.dtype``).
-DTYPE_BYTES = {"float32": 4, "float64": 8}
+TRAIN_DTYPE_BYTES = {"float32": 4, "float64": 8}
 
 
 #: ``train.threads`` that takes the plan's figure (:attr:`ampflow.contract.plan.Plan.threads`).
@@ -245,7 +245,7 @@ class TrainConfig:
 
     ``threads`` is the torch CPU threads of each training process: an integer, or
     ``"auto"``, the plan's figure (on CPU: the cores the allocation gives divided by the
-    mesh's processes; see :mod:`ampflow.amp.cpu`), and 1 where the plan has none. Both
+    mesh's processes; see :mod:`ampflow.amp.decide.cpu`), and 1 where the plan has none. Both
     repeat for identical inputs: the plan is a pure function of the profile,
     ``devices.json`` and the calibration.
 
@@ -277,8 +277,8 @@ class TrainConfig:
             raise InputError(f"must be an integer >= 1 or {AUTO_THREADS!r}", key="train.threads", value=t)
         if self.device not in ("auto", "cpu", "cuda"):
             raise InputError("must be auto, cpu or cuda", key="train.device", value=self.device)
-        if self.dtype not in DTYPE_BYTES:
-            raise InputError(f"must be one of {', '.join(DTYPE_BYTES)}", key="train.dtype", value=self.dtype)
+        if self.dtype not in TRAIN_DTYPE_BYTES:
+            raise InputError(f"must be one of {', '.join(TRAIN_DTYPE_BYTES)}", key="train.dtype", value=self.dtype)
         if not isinstance(self.deterministic, bool):
             raise InputError("must be true or false", key="train.deterministic", value=self.deterministic)
 

@@ -2,7 +2,7 @@
 modules and for the memory model.
 
 The modules in :mod:`ampflow.model` build their layers from these functions (sizes are
-read from here, not restated), and :mod:`ampflow.amp.memory_model` counts parameters,
+read from here, not restated), and :mod:`ampflow.amp.memory.predict` counts parameters,
 gradients and optimizer state from the same functions, so adding a parameter to a
 component is one edit here (plus the module line that creates it), and
 ``tests/test_memory_model.py`` checks the description against ``named_parameters`` of

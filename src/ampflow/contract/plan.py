@@ -1,7 +1,7 @@
 """The typed plan (``plan.json``): what the diagnosis decided and every later stage obeys.
 
 :meth:`Plan.read` and :meth:`Plan.write` are the only code that reads or writes a plan's
-JSON. The diagnosis (:mod:`ampflow.amp.diagnose`) builds a :class:`Plan`;
+JSON. The diagnosis (:mod:`ampflow.amp.decide.diagnose`) builds a :class:`Plan`;
 :func:`ampflow.parallel.parallelize.parallelize` applies it to a built model (any world
 size, one included); the launcher starts :attr:`Plan.world` processes; the reports show it.
 Identical plans give identical bytes (:meth:`Plan.dumps`).
@@ -40,7 +40,7 @@ PEAK_COUNTS = (
 )  # fmt: skip
 #: What it leaves out and no profile can tell: a device adds these on top of it.
 PEAK_NOT_MODELLED = ("CUDA context and kernels (runtime)", "allocator caching and fragmentation", "communication buffers (NCCL)")
-#: What the predicted step seconds count (:mod:`ampflow.amp.cost_model`).
+#: What the predicted step seconds count (:mod:`ampflow.amp.cost.model`).
 COST_COUNTS = (
     "the Hi-C decoder's strata on one device, forward and backward: banded attention FLOPs, projection, "
     "feed-forward and decode FLOPs, a per-chunk overhead per attention call and query chunk, and the "
@@ -132,7 +132,7 @@ class Plan:
         block: predicted seconds, bytes needed with its transient scores, fits). Empty
         without a Hi-C decoder or in a version 1 plan.
     cpu : dict
-        For a run on CPU (:mod:`ampflow.amp.cpu`): ``cores`` (of the allocation, from
+        For a run on CPU (:mod:`ampflow.amp.decide.cpu`): ``cores`` (of the allocation, from
         ``devices.json``), ``processes`` (dp x tp), ``threads`` (torch threads per
         process) and ``threads_source`` (``"plan"``: cores / processes; ``"train.threads"``:
         the explicit setting; ``"default"``: 1, no cores known); the batch check:
@@ -144,7 +144,7 @@ class Plan:
         ``"cpu"`` or ``"cuda"``: where the plan trains, decided with it (its budget, its
         ``cpu`` section and the job's allocation are for that device): ``train.device``
         ``cpu`` or ``cuda`` as set, ``auto`` CUDA when ``devices.json`` lists a GPU (see
-        :func:`ampflow.amp.diagnose.plan_device`). The trainer and the launcher obey it and
+        :func:`ampflow.amp.decide.diagnose.plan_device`). The trainer and the launcher obey it and
         refuse a plan for ``cuda`` where no GPU is visible. ``""``: not recorded (a plan
         before version 4, or one diagnosed without a train section or devices record):
         ``train.device`` decides, as before.

@@ -1,7 +1,7 @@
 """The names of the parallel strategies: the only place they are spelled.
 
 S-numbers are for people (docs, plans, reports); code uses these names. The diagnosis
-attaches a rule to each (:mod:`ampflow.amp.strategies`), :func:`ampflow.parallel.parallelize.parallelize`
+attaches a rule to each (:mod:`ampflow.amp.decide.strategies`), :func:`ampflow.parallel.parallelize.parallelize`
 applies them, and the memory model divides the terms each one targets.
 """
 

@@ -371,7 +371,7 @@ class _BandedLocalAttention(torch.autograd.Function):
     values and the ``(..., N, 2w + 1)`` probabilities, no mask (out-of-range keys have
     probability exactly 0, so their gradient vanishes by itself). Transient: the padded
     keys and values, and per group its block scores, window copies and band copies
-    (:func:`ampflow.amp.memory_terms.attention_transients`, checked against the
+    (:func:`ampflow.amp.memory.terms.attention_transients`, checked against the
     allocator). Inputs must share their leading dims.
     """
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..amp.strategies import STRATEGIES
+from ..amp.decide.strategies import STRATEGIES
 from ..base.progress import human_bytes
 from ..contract.plan import Plan
 from ..contract.profile import read_profile
@@ -207,7 +207,7 @@ def predictions(plan: Plan, profile: dict, world: int) -> list[Prediction]:
     """The memory model's prediction for the plan, and for the run as it ran when its
     process count ``world`` differs from the plan's (the single-process savers S3/S4 of
     the plan, data parallel over ``world`` processes, no tensor parallelism)."""
-    from ..amp.memory_model import estimate_for_profile
+    from ..amp.memory.predict import estimate_for_profile
 
     names = list(plan.names)
     dp, tp = plan.mesh.dp, plan.mesh.tp

@@ -9,7 +9,7 @@ segments it holds, fragmentation included: what an out-of-memory error follows) 
 split into what the step holds (parameters, gradients, optimizer state, the batch) and
 the rest: the persistent cuBLAS/cuBLASLt workspaces (allocated by the caching allocator
 on the first matrix product of each handle and stream and kept) and the rounding of
-the held tensors (:class:`StepMemory`, :mod:`ampflow.amp.cuda_overheads`). On CPU, where no allocator keeps a peak, the profiler records every
+the held tensors (:class:`StepMemory`, :mod:`ampflow.amp.memory.cuda`). On CPU, where no allocator keeps a peak, the profiler records every
 allocation and free of the CPU allocator during the step (``profile_memory=True``);
 summed in time order from the bytes held when the step began (parameters, buffers,
 optimizer state, the batch: :func:`step_held_bytes`) they give the live-bytes curve and

@@ -45,11 +45,11 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..base.atomic import write_text_atomic
-from ..base.errors import InputError, read_json
-from ..contract.attention_blocks import band_groups, band_width, block_rows
-from ..contract.profile import model_config, train_settings
-from ..contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
+from ...base.atomic import write_text_atomic
+from ...base.errors import InputError, read_json
+from ...contract.attention_blocks import band_groups, band_width, block_rows
+from ...contract.profile import model_config, train_settings
+from ...contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 
 CALIBRATION_VERSION = 2
 #: Significant digits of the constants (as written and as read) and of predicted seconds.
@@ -136,7 +136,7 @@ class CostConstants:
         return self.chunk_overhead_s
 
 
-#: Without a calibration file: :func:`ampflow.amp.calibrate.calibrate` on one thread of a
+#: Without a calibration file: :func:`ampflow.amp.cost.calibrate.calibrate` on one thread of a
 #: shared x86 server CPU with the default model (4 heads of 8, w 8; 4,096 anchors),
 #: rounded: the blocked banded kernel's products run at about 4 GFLOP/s (as counted by
 #: :func:`attention_flops`), the stratum block's matmul at about 50 GFLOP/s, and a query
@@ -177,7 +177,7 @@ def solve_calibration(one_block_s: float, chunked_s: float, blocks: int, flops: 
 
 # ---------------------------------------------------------------- the calibration file
 def write_calibration(path, doc: dict) -> Path:
-    """Write a calibration document (from :func:`ampflow.amp.calibrate.calibrate`) atomically."""
+    """Write a calibration document (from :func:`ampflow.amp.cost.calibrate.calibrate`) atomically."""
     write_text_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return Path(path)
 

@@ -1,6 +1,6 @@
 """What a CUDA device holds beyond the memory model's tensors, and the plan's budget.
 
-The memory model (:func:`ampflow.amp.memory_model.predict`) counts the bytes of the
+The memory model (:func:`ampflow.amp.memory.predict.predict`) counts the bytes of the
 tensors a training step holds: on CPU that is the allocator's peak (the profiler sums
 the bytes asked for). On CUDA the trainer's ``peak_bytes`` is
 ``torch.cuda.max_memory_allocated()``, and the device holds more than that:
@@ -47,7 +47,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..base.errors import InputError
+from ...base.errors import InputError
 
 log = logging.getLogger(__name__)
 

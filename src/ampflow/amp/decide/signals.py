@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..base.errors import InputError
+from ...base.errors import InputError
 
 HIGH_INPUT_DIMENSIONALITY = "HIGH_INPUT_DIMENSIONALITY"
 ATTENTION_DECODER = "ATTENTION_DECODER"

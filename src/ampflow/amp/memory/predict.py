@@ -31,7 +31,7 @@ the input's dtype; indexing: its int64 indices (a buffer of the model where it i
 by one); ``index_add_``: indices and source; ``masked_fill``/``where``: the bool mask; the
 banded-attention Function: ``q_s``, ``k``, ``v`` and the ``(H, n, 2w + 1)``
 probabilities). The formulas are closed-form in the shapes and in the dtype's bytes
-(:mod:`ampflow.amp.memory_terms`); the state is counted from the model's own shape
+(:mod:`ampflow.amp.memory.terms`); the state is counted from the model's own shape
 description (:mod:`ampflow.contract.model_shapes`), the one its modules are built from.
 ``scripts/bench_memory_model.py`` checks the prediction against the allocator.
 
@@ -63,10 +63,10 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..contract.profile import model_config, train_settings
-from ..contract.strategies import BUILT_IN, CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
-from .memory_spec import DTYPE_BYTES, OPTIMIZERS, PHASES, Estimate, ShapeSpec
-from .memory_terms import (
+from ...contract.profile import model_config, train_settings
+from ...contract.strategies import BUILT_IN, CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
+from .shapes import DTYPE_BYTES, OPTIMIZERS, PHASES, Estimate, ShapeSpec
+from .terms import (
     INDEX_BYTES,
     PRE,
     STATE,
@@ -88,12 +88,9 @@ from .memory_terms import (
 )
 
 __all__ = [
-    "DTYPE_BYTES", "INDEX_BYTES", "OPTIMIZERS", "STEP_BYTES", "STRATEGIES", "Estimate", "ShapeSpec",
+    "DTYPE_BYTES", "INDEX_BYTES", "OPTIMIZERS", "STEP_BYTES", "Estimate", "ShapeSpec",
     "banded_score_elements", "chunked_score_elements", "estimate_for_profile", "fit_linear", "predict", "profile_memory", "spec_from_profile",
 ]  # fmt: skip
-
-#: Strategy names understood by :func:`predict` (S1 .. S5).
-STRATEGIES = BUILT_IN
 
 
 def predict(
@@ -130,7 +127,7 @@ def predict(
     dp : int
         Data-parallel degree (S1): each device holds ``ceil(B / dp)`` cells.
     strategies : iterable of str
-        Names from :data:`STRATEGIES`. ``data_parallel`` is implied by ``dp``;
+        Names from :data:`~ampflow.contract.strategies.BUILT_IN`. ``data_parallel`` is implied by ``dp``;
         ``chunked_attention`` requires ``chunk > 0``.
 
     Returns
@@ -138,9 +135,9 @@ def predict(
     Estimate
     """
     strategies = frozenset(strategies)
-    unknown = sorted(strategies - set(STRATEGIES))
+    unknown = sorted(strategies - set(BUILT_IN))
     if unknown:
-        raise ValueError(f"unknown strategies {unknown}; known: {list(STRATEGIES)}")
+        raise ValueError(f"unknown strategies {unknown}; known: {list(BUILT_IN)}")
     if tp < 1 or dp < 1:
         raise ValueError(f"tp and dp must be >= 1, got tp={tp}, dp={dp}")
     if chunk < 0:
@@ -365,7 +362,7 @@ def spec_from_profile(profile: dict) -> ShapeSpec:
 def estimate_for_profile(profile: dict, names, dp: int, tp: int, chunk: int) -> Estimate:
     """:func:`predict` for a profile under strategies ``names`` on a ``dp x tp`` mesh.
 
-    The signature the diagnosis (:mod:`ampflow.amp.diagnose`) calls. ``chunk`` counts
+    The signature the diagnosis (:mod:`ampflow.amp.decide.diagnose`) calls. ``chunk`` counts
     only when ``chunked_attention`` is among ``names``; the model config's own
     ``chunk``/``key_first`` settings are ignored here, since the plan decides them.
     """

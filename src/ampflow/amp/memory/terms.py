@@ -1,7 +1,7 @@
 """The terms of the memory model, component by component.
 
 The functions here fill a :class:`Ledger` with what one device holds during a
-training step of the paired model (see :mod:`ampflow.amp.memory_model` for the
+training step of the paired model (see :mod:`ampflow.amp.memory.predict` for the
 phases and how they are combined):
 
 * **state**, held throughout: parameters, buffers, optimizer state and the data batch,
@@ -26,10 +26,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..contract.attention_blocks import band_width, block_rows, largest_group_rows
-from ..contract.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
-from ..contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
-from .memory_spec import ShapeSpec
+from ...contract.attention_blocks import band_width, block_rows, largest_group_rows
+from ...contract.model_shapes import ParamShape, encoder_params, graph_encoder_params, hic_decoder_shared_params, nb_decoder_params, stratum_block_params
+from ...contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
+from .shapes import ShapeSpec
 
 #: Index tensors (gathers, edge lists) are int64.
 INDEX_BYTES = 8

@@ -22,9 +22,9 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from ..base.progress import human_bytes
-from ..contract.config import TrainConfig
-from ..contract.profile import train_settings
+from ...base.progress import human_bytes
+from ...contract.config import TrainConfig
+from ...contract.profile import train_settings
 
 
 def threads_per_process(cores: int, processes: int) -> int:

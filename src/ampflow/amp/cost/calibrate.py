@@ -1,11 +1,11 @@
-"""Calibration of the cost model (:mod:`.cost_model`): a micro-benchmark on the training device.
+"""Calibration of the cost model (:mod:`.model`): a micro-benchmark on the training device.
 
 Times, forward and backward, the banded attention kernel the model runs
 (:func:`ampflow.model.attention.local_attention_banded`) at the model's head count, head
 width and window over ``anchors`` anchors, in one block and in ``blocks`` query chunks,
 and one matrix product of the stratum block's feed-forward shape. The two kernel timings
 share their FLOPs, so their difference is the per-chunk overhead and the rest of one
-block's time gives the kernel's rate (:func:`~.cost_model.solve_calibration`). Each
+block's time gives the kernel's rate (:func:`~.model.solve_calibration`). Each
 timing is the fastest of ``reps`` runs after a warm-up, the two chunk settings
 interleaved so that a load that comes and goes touches both.
 
@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from ..contract.attention_blocks import band_groups, band_width
-from ..contract.config import ModelConfig, TrainConfig
-from .cost_model import CALIBRATION_VERSION, attention_flops, solve_calibration
+from ...contract.attention_blocks import band_groups, band_width
+from ...contract.config import ModelConfig, TrainConfig
+from .model import CALIBRATION_VERSION, attention_flops, solve_calibration
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +80,16 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
     seed : int
     threads : int, optional
         CPU threads to time with: those the plan will give each training process
-        (:func:`ampflow.amp.cpu.threads_per_process`); default ``train.threads`` when it
+        (:func:`ampflow.amp.decide.cpu.threads_per_process`); default ``train.threads`` when it
         is an integer, else 1.
 
     Returns
     -------
     dict
         ``version``, ``device``, ``torch``, ``shape``, ``measured`` (seconds) and
-        ``constants`` (:class:`~.cost_model.CostConstants`, rounded).
+        ``constants`` (:class:`~.model.CostConstants`, rounded).
     """
-    from ..model.attention import local_attention_banded
+    from ...model.attention import local_attention_banded
 
     model = model or ModelConfig()
     train = train or TrainConfig()

@@ -2,7 +2,7 @@
 
 Walks the strategy registry (:mod:`.strategies`) in order; signals come from the
 signal registry (:mod:`.signals`); memory predictions from the memory model, step
-times from the cost model (:mod:`.cost_model`). Beyond the fixed mapping it chooses
+times from the cost model (:mod:`ampflow.amp.cost.model`). Beyond the fixed mapping it chooses
 the smallest tensor-parallel degree that fits (the remaining devices doing data
 parallelism), the chunk size of S3 as the fastest candidate that fits, and recommends a
 device count.
@@ -44,16 +44,16 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ..base.errors import InputError
-from ..base.progress import human_bytes
-from ..contract.config import TrainConfig
-from ..contract.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
-from ..contract.profile import model_config, profile_hash, train_settings
-from ..contract.strategies import HIDDEN_PARALLEL
-from .cost_model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
+from ...base.errors import InputError
+from ...base.progress import human_bytes
+from ...contract.config import TrainConfig
+from ...contract.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
+from ...contract.profile import model_config, profile_hash, train_settings
+from ...contract.strategies import HIDDEN_PARALLEL
+from ..cost.model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
+from ..memory.cuda import DEFAULT_CAPABILITY, cuda_overheads, plan_budget
+from ..memory.shapes import DTYPE_BYTES
 from .cpu import cpu_plan, trains_on_cpu
-from .cuda_overheads import DEFAULT_CAPABILITY, cuda_overheads, plan_budget
-from .memory_spec import DTYPE_BYTES
 from .signals import evaluate_signals
 from .strategies import Context, ordered
 
@@ -310,7 +310,7 @@ def plan_device(train: TrainConfig | None, host: dict | None) -> tuple[str, str]
 
 def _budget(device_memory: int, budget_fraction: float, device: str) -> tuple[int, str]:
     """Bytes the predicted peak may reach per device, and for a plan on CUDA the reason
-    that states the margin (:func:`ampflow.amp.cuda_overheads.plan_budget`: the context
+    that states the margin (:func:`ampflow.amp.memory.cuda.plan_budget`: the context
     off the memory, the fragmentation allowance between the reserved and the allocated
     peak, the cuBLAS workspaces and the rounding bound off the allocated). The
     workspaces are taken at sm90's default, the largest, so that the plan does not
@@ -346,8 +346,8 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         ``estimate(profile, names, dp, tp, chunk) -> Estimate``; default the analytic
         memory model.
     constants : CostConstants, optional
-        The cost model's constants (:func:`ampflow.amp.cost_model.read_calibration`);
-        default :data:`~ampflow.amp.cost_model.DEFAULT_CONSTANTS`, and the plan says so.
+        The cost model's constants (:func:`ampflow.amp.cost.model.read_calibration`);
+        default :data:`~ampflow.amp.cost.model.DEFAULT_CONSTANTS`, and the plan says so.
     train : TrainConfig, optional
         ``device`` and ``threads`` of the run (default the defaults): whether it trains on
         CPU and where its threads come from.
@@ -356,7 +356,7 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         host memory. With neither ``train`` nor ``host`` the plan has no ``cpu`` section
         and records no ``device`` (:func:`plan_device`).
     """
-    from .memory_model import estimate_for_profile
+    from ..memory.predict import estimate_for_profile
 
     _check_profile(profile)
     if devices < 1:

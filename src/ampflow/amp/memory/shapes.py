@@ -1,6 +1,6 @@
 """The inputs and the output of the memory model: :class:`ShapeSpec` (the shapes and
 settings that determine a training step's memory) and :class:`Estimate` (the predicted
-bytes, by component and by stratum). :mod:`ampflow.amp.memory_model` computes one from
+bytes, by component and by stratum). :mod:`ampflow.amp.memory.predict` computes one from
 the other; both are re-exported there.
 """
 
@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..contract.config import DTYPE_BYTES as TRAIN_DTYPE_BYTES
-from ..contract.config import ModelConfig
+from ...contract.config import TRAIN_DTYPE_BYTES, ModelConfig
 
 #: Bytes per element of the dtypes the model may be measured in; the trainer's own
-#: ``train.dtype`` choices (:data:`ampflow.contract.config.DTYPE_BYTES`) plus the half types.
+#: ``train.dtype`` choices (:data:`ampflow.contract.config.TRAIN_DTYPE_BYTES`) plus the half types.
 DTYPE_BYTES = {**TRAIN_DTYPE_BYTES, "bfloat16": 2, "float16": 2}
 #: Optimizers whose state the model counts (Adam and AdamW keep the same state).
 OPTIMIZERS = ("adam", "adamw")
@@ -154,7 +153,7 @@ class ShapeSpec:
         ``model_config`` on data of these shapes.
 
         ``chunk`` and ``key_first`` of the config are not part of the spec: pass them
-        to :func:`~ampflow.amp.memory_model.predict` (they are strategies S3 and S4).
+        to :func:`~ampflow.amp.memory.predict.predict` (they are strategies S3 and S4).
         ``cross``: whether the step trains the cross-reconstruction term;
         ``n_batches``: the batches the decoders are conditioned on (0: none).
         """

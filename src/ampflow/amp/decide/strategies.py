@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..base.progress import human_bytes
-from ..contract.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
+from ...base.progress import human_bytes
+from ...contract.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIONALITY
 
 

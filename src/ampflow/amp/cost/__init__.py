@@ -1,0 +1,1 @@
+"""What a training step costs in time: the cost model and its calibration (see :mod:`ampflow.amp`)."""

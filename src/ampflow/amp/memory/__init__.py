@@ -1,0 +1,1 @@
+"""What a training step holds at its peak, predicted from the model's shapes (see :mod:`ampflow.amp`)."""
