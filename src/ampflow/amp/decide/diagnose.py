@@ -358,13 +358,7 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     """
     from ..memory.predict import estimate_for_profile
 
-    _check_profile(profile)
-    if devices < 1:
-        raise InputError("must be >= 1", key="devices", value=devices)
-    if device_memory <= 0:
-        raise InputError("must be > 0", key="device_memory", value=device_memory)
-    if not 0 < budget_fraction <= 1:
-        raise InputError("must be in (0, 1]", key="budget_fraction", value=budget_fraction)
+    _check_arguments(profile, devices, device_memory, budget_fraction)
     estimate = estimate or estimate_for_profile
     constants = (constants or DEFAULT_CONSTANTS).rounded()
     signals = evaluate_signals(profile, settings)
@@ -372,79 +366,17 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     budget, budget_reason = _budget(device_memory, budget_fraction, device)
     planner = _Planner(profile, budget, estimate, constants)
     dec = _decide(profile, signals, devices, budget, planner)
-    names, reasons, mesh, chunk, fits, est = dec.names, dec.reasons, dec.mesh, dec.chunk, dec.fits, dec.est
-
-    # the fewest devices that fit: powers of two, and the devices given when they fit
-    # (a count such as 6 may fit where 4 does not and 8 is more than given)
-    fewest = None
-    d = 1
-    while d <= MAX_RECOMMENDED:
-        if fits if d == devices else _decide(profile, signals, d, budget, planner).fits:
-            fewest = d
-            break
-        d *= 2
-    if fits and (fewest is None or devices < fewest):
-        fewest = devices
+    fewest = _fewest_devices(profile, signals, devices, dec.fits, budget, planner)
     # what to train on: the mesh beside it when the plan fits (more devices than the
     # fewest means more data parallelism, i.e. faster steps), else the fewest that fit
-    recommended = mesh["dp"] * mesh["tp"] if fits else fewest
-    by_name = {s.name: s for s in ordered()}
-    if not names:
-        reasons.append("no signal calls for a strategy: plain single-process training.")
-    if mesh["tp"] > 1:
-        reasons.append(f"mesh: tp {mesh['tp']} is the smallest tensor-parallel degree that fits; dp {mesh['dp']} uses the other devices.")
-    if dec.chunk_reason:
-        reasons.append(dec.chunk_reason)
-    step = planner.cost(names, mesh["dp"], mesh["tp"], chunk)
+    recommended = dec.mesh["dp"] * dec.mesh["tp"] if dec.fits else fewest
+    step = planner.cost(dec.names, dec.mesh["dp"], dec.mesh["tp"], dec.chunk)
     seconds = None if step is None else sig(step.seconds, SECONDS_DIGITS)
-    if step is not None:
-        reasons.append(f"step time by the cost model: {seconds:.3g} s/step predicted for the Hi-C decoder on this mesh "
-                       f"(its strata's attention and decode, forward and backward: the part the plan's knobs change); "
-                       f"constants: {describe(constants)}.")  # fmt: skip
-    scores = planner.transient(names, mesh["dp"], mesh["tp"], chunk)
-    beside = f" (with {human_bytes(scores)} of transient attention scores beside it)" if scores else ""
-    if fits:
-        reasons.append(f"predicted peak {human_bytes(est.total)} per device{beside} fits the budget {human_bytes(budget)}.")
-    else:
-        reasons.append(f"predicted peak {human_bytes(est.total)} per device exceeds the budget {human_bytes(budget)} even with every applicable strategy.")
-    if fits:
-        more = f"; {fewest} would fit too (fewer data-parallel groups, slower steps)" if fewest < recommended else ""
-        reasons.append(f"recommended: {recommended} device(s), those this mesh uses (dp {mesh['dp']} x tp {mesh['tp']}){more}.")
-    elif recommended is None:
-        reasons.append(f"no device count up to {MAX_RECOMMENDED} fits this budget per device.")
-    else:
-        reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits; this plan is for {devices} "
-                       f"and does not fit: plan again with {recommended}.")  # fmt: skip
-    cpu, cpu_reasons = {}, []
-    if train is not None or host is not None:
-        dp, tp = mesh["dp"], mesh["tp"]
-
-        def per_process(p: dict) -> int:
-            # one process at its peak with profile p's batch (the predicted peak counts
-            # the data batch) and one query block's scores beside it
-            e = estimate(p, tuple(names), dp, tp, chunk)
-            return int(e.total) + int(getattr(e, "transient", {}).get("attention_scores", 0))
-
-        cpu, cpu_reasons = cpu_plan(profile, train or TrainConfig(), host, dp * tp, budget_fraction, per_process)
-        timed = re.search(r"calibrated on cpu \((\d+) threads?\)", constants.source or "")
-        if cpu and timed and int(timed.group(1)) != cpu["threads"]:
-            cpu_reasons.append(f"the cost model's constants were timed with {timed.group(1)} thread(s) per process, this plan "
-                               f"gives {cpu['threads']}: calibrate again with these threads for step times that hold.")  # fmt: skip
-    if device_reason:
-        reasons.append(device_reason)
-    if budget_reason:
-        reasons.append(budget_reason)
-    reasons.extend(cpu_reasons)
-    hic = profile["modalities"].get("hic", {})
-    cost_model = {}
-    if step is not None:
-        cost_model = {
-            "counts": COST_COUNTS,
-            "constants": constants.to_dict(),
-            "source": constants.source,
-            "terms": step.to_dict(),
-            "candidates": [c.to_dict() for c in dec.candidates],
-        }
+    reasons = dec.reasons + _outcome_reasons(dec, planner, step, seconds, constants, budget, devices, fewest, recommended)
+    cpu, cpu_reasons = _cpu_section(profile, dec, estimate, constants, train, host, budget_fraction)
+    reasons += [r for r in (device_reason, budget_reason) if r] + cpu_reasons
+    by_name = {s.name: s for s in ordered()}
+    mesh, est = dec.mesh, dec.est
     return Plan(
         version=PLAN_VERSION,
         inputs=PlanInputs(
@@ -455,26 +387,120 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
             budget_bytes=int(budget),
         ),
         signals=signals,
-        strategies=tuple(PlannedStrategy(by_name[n].id, n, by_name[n].summary) for n in names),
+        strategies=tuple(PlannedStrategy(by_name[n].id, n, by_name[n].summary) for n in dec.names),
         mesh=MeshShape(mesh["dp"], mesh["tp"]),
         world_size=devices,
-        chunk_size=int(chunk) or None,
-        key_first=any(by_name[n].knob == "key_first" for n in names),
+        chunk_size=int(dec.chunk) or None,
+        key_first=any(by_name[n].knob == "key_first" for n in dec.names),
         predicted_peak_bytes=int(est.total),
         M_base_bytes=int(est.base),
         M_stratum_bytes=int(est.per_stratum),
-        n_strata=int(hic.get("n_strata", 0)),
+        n_strata=int(profile["modalities"].get("hic", {}).get("n_strata", 0)),
         memory_components={k: int(v) for k, v in sorted(est.components.items())},
-        fits=bool(fits),
+        fits=bool(dec.fits),
         recommended_devices=recommended,
         min_fitting_devices=fewest,
         peak_scope=peak_scope(profile, mesh["dp"], est),
         predicted_step_seconds=seconds,
-        cost_model=cost_model,
+        cost_model=_cost_section(step, constants, dec),
         cpu=cpu,
         device=device,
         reasons=tuple(reasons),
     )
+
+
+def _check_arguments(profile: dict, devices: int, device_memory: int, budget_fraction: float) -> None:
+    _check_profile(profile)
+    if devices < 1:
+        raise InputError("must be >= 1", key="devices", value=devices)
+    if device_memory <= 0:
+        raise InputError("must be > 0", key="device_memory", value=device_memory)
+    if not 0 < budget_fraction <= 1:
+        raise InputError("must be in (0, 1]", key="budget_fraction", value=budget_fraction)
+
+
+def _fewest_devices(profile: dict, signals: list, devices: int, fits: bool, budget: int, planner: _Planner) -> int | None:
+    """The fewest devices with which a plan fits: powers of two, and the devices given
+    when they fit (a count such as 6 may fit where 4 does not and 8 is more than given);
+    None when no count up to :data:`MAX_RECOMMENDED` fits."""
+    fewest = None
+    d = 1
+    while d <= MAX_RECOMMENDED:
+        if fits if d == devices else _decide(profile, signals, d, budget, planner).fits:
+            fewest = d
+            break
+        d *= 2
+    if fits and (fewest is None or devices < fewest):
+        fewest = devices
+    return fewest
+
+
+def _outcome_reasons(dec, planner: _Planner, step, seconds, constants: CostConstants, budget: int, devices: int,
+                     fewest: int | None, recommended: int | None) -> list[str]:  # fmt: skip
+    """The reasons after the strategies': the mesh, the chunk, the step time, whether the
+    peak fits, and the device count recommended."""
+    mesh, fits = dec.mesh, dec.fits
+    reasons = []
+    if not dec.names:
+        reasons.append("no signal calls for a strategy: plain single-process training.")
+    if mesh["tp"] > 1:
+        reasons.append(f"mesh: tp {mesh['tp']} is the smallest tensor-parallel degree that fits; dp {mesh['dp']} uses the other devices.")
+    if dec.chunk_reason:
+        reasons.append(dec.chunk_reason)
+    if step is not None:
+        reasons.append(f"step time by the cost model: {seconds:.3g} s/step predicted for the Hi-C decoder on this mesh "
+                       f"(its strata's attention and decode, forward and backward: the part the plan's knobs change); "
+                       f"constants: {describe(constants)}.")  # fmt: skip
+    scores = planner.transient(dec.names, mesh["dp"], mesh["tp"], dec.chunk)
+    beside = f" (with {human_bytes(scores)} of transient attention scores beside it)" if scores else ""
+    if fits:
+        reasons.append(f"predicted peak {human_bytes(dec.est.total)} per device{beside} fits the budget {human_bytes(budget)}.")
+        more = f"; {fewest} would fit too (fewer data-parallel groups, slower steps)" if fewest < recommended else ""
+        reasons.append(f"recommended: {recommended} device(s), those this mesh uses (dp {mesh['dp']} x tp {mesh['tp']}){more}.")
+    else:
+        reasons.append(f"predicted peak {human_bytes(dec.est.total)} per device exceeds the budget {human_bytes(budget)} even with every applicable strategy.")
+        if recommended is None:
+            reasons.append(f"no device count up to {MAX_RECOMMENDED} fits this budget per device.")
+        else:
+            reasons.append(f"recommended: {recommended} device(s), the fewest with which the plan fits; this plan is for {devices} "
+                           f"and does not fit: plan again with {recommended}.")  # fmt: skip
+    return reasons
+
+
+def _cpu_section(profile: dict, dec, estimate, constants: CostConstants, train: TrainConfig | None, host: dict | None,
+                 budget_fraction: float) -> tuple[dict, list[str]]:  # fmt: skip
+    """The plan's ``cpu`` section and its reasons (:func:`~.cpu.cpu_plan`); empty without
+    ``train`` and ``host``."""
+    if train is None and host is None:
+        return {}, []
+    dp, tp = dec.mesh["dp"], dec.mesh["tp"]
+
+    def per_process(p: dict) -> int:
+        # one process at its peak with profile p's batch (the predicted peak counts the
+        # data batch) and one query block's scores beside it
+        e = estimate(p, tuple(dec.names), dp, tp, dec.chunk)
+        return int(e.total) + int(getattr(e, "transient", {}).get("attention_scores", 0))
+
+    cpu, reasons = cpu_plan(profile, train or TrainConfig(), host, dp * tp, budget_fraction, per_process)
+    timed = re.search(r"calibrated on cpu \((\d+) threads?\)", constants.source or "")
+    if cpu and timed and int(timed.group(1)) != cpu["threads"]:
+        reasons.append(f"the cost model's constants were timed with {timed.group(1)} thread(s) per process, this plan "
+                       f"gives {cpu['threads']}: calibrate again with these threads for step times that hold.")  # fmt: skip
+    return cpu, reasons
+
+
+def _cost_section(step, constants: CostConstants, dec) -> dict:
+    """The plan's ``cost_model`` section: the counts, constants and terms of the step
+    time, and the chunk candidates weighed; empty without a step time."""
+    if step is None:
+        return {}
+    return {
+        "counts": COST_COUNTS,
+        "constants": constants.to_dict(),
+        "source": constants.source,
+        "terms": step.to_dict(),
+        "candidates": [c.to_dict() for c in dec.candidates],
+    }
 
 
 def explain(plan: Plan) -> str:
