@@ -17,7 +17,7 @@ is meant for the GPU). Every figure printed is measured in this run:
   noisy (two OpenMP threads wait on each other when one is descheduled, which hurts
   many small ops most); ``--threads 1`` or more repeats help;
 * bytes saved for backward, counted with
-  :class:`~ampflow.train.memory.SavedTensorBytes` during the first warm-up pass (q, k, v are
+  :class:`~ampflow.train.measured_memory.SavedTensorBytes` during the first warm-up pass (q, k, v are
   leaves requiring grad and are not counted);
 * on CUDA, ``torch.cuda.max_memory_allocated`` over one forward + backward;
 * the ratios of each method's time and saved bytes to the unchunked banded kernel's,
@@ -54,11 +54,11 @@ import torch
 
 try:
     from ampflow.model.attention import band_width, local_attention_banded, local_attention_chunked, local_attention_full
-    from ampflow.train.memory import SavedTensorBytes
+    from ampflow.train.measured_memory import SavedTensorBytes
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
     from ampflow.model.attention import band_width, local_attention_banded, local_attention_chunked, local_attention_full
-    from ampflow.train.memory import SavedTensorBytes
+    from ampflow.train.measured_memory import SavedTensorBytes
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from attention_baselines import local_attention_per_offset  # noqa: E402
 

@@ -8,12 +8,12 @@ chr1-19 and X, at a resolution, from ``annotation/mm10.chrom.sizes``), with a ra
 guidance graph (gene-anchor and anchor-anchor edges, both directions, self-loops).
 
 Two training steps then run on CPU as the trainer runs them
-(:func:`ampflow.train.memory.measured_step`: ``zero_grad(set_to_none=True)``, forward,
+(:func:`ampflow.train.measured_memory.measured_step`: ``zero_grad(set_to_none=True)``, forward,
 backward, ``torch.optim.Adam.step()``). The second is the steady state: Adam's moments
 exist and the first step's gradients are freed before its forward pass. Its memory is
 measured by the allocator (the profiler's allocation and free events summed in time
 order, transients included, from the bytes held when the step began:
-:class:`ampflow.train.memory.AllocatorTrace`) and compared with
+:class:`ampflow.train.measured_memory.AllocatorTrace`) and compared with
 :func:`~ampflow.amp.memory.predict.predict` from shapes alone (Adam one parameter at a
 time, as on CPU). Every shape runs in float32 and float64.
 
@@ -22,7 +22,7 @@ On CUDA (``--device cuda``) the steps run on the GPU, Adam with its foreach kern
 ``max_memory_allocated`` (what the trainer logs as ``peak_bytes``), net of the bytes
 allocated before the step that are no tensor of it (the persistent cuBLAS/cuBLASLt
 workspaces and the rounding of the held tensors:
-:attr:`ampflow.train.memory.StepMemory.persistent`), is compared with the prediction;
+:attr:`ampflow.train.measured_memory.StepMemory.persistent`), is compared with the prediction;
 the requested peak (``memory_stats()["requested_bytes.all.peak"]``: no 512 B rounding,
 net of the same base) and the reserved peak (segments held, fragmentation included)
 are printed beside it. The CUDA shapes (:func:`cuda_configurations`) are the
@@ -60,7 +60,7 @@ from ampflow.amp.memory.predict import Estimate, ShapeSpec, fit_linear, predict
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
-from ampflow.train.memory import StepMemory, measured_step
+from ampflow.train.measured_memory import StepMemory, measured_step
 
 MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent

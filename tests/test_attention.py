@@ -26,7 +26,7 @@ from ampflow.model.attention import (
     local_attention_full,
 )
 from ampflow.parallel.collectives import group_sum
-from ampflow.train.memory import SavedTensorBytes, saved_activation_bytes
+from ampflow.train.measured_memory import SavedTensorBytes, saved_activation_bytes
 
 F64 = torch.float64
 

@@ -13,8 +13,8 @@ import torch
 
 from ampflow.amp.memory import cuda as co
 from ampflow.base.errors import InputError
-from ampflow.train import memory as mem
-from ampflow.train.memory import StepMemory
+from ampflow.train import measured_memory as mem
+from ampflow.train.measured_memory import StepMemory
 from ampflow.train.trainer import Trainer
 
 MIB = 2**20

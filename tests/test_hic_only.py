@@ -5,7 +5,7 @@ the Hi-C-only model, and its parallel strategies against one process.
 The referees are independent of the code under test: QC decisions are recomputed from
 the contact table, the graph from ``hic.h5ad``, the memory prediction is compared with
 the allocator's peak of a real steady-state training step
-(:func:`~ampflow.train.memory.measured_step`), and
+(:func:`~ampflow.train.measured_memory.measured_step`), and
 the sharded steps with the single-process model.
 """
 
@@ -40,7 +40,7 @@ from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, dra
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize
 from ampflow.train.data import load_paired
-from ampflow.train.memory import measured_step
+from ampflow.train.measured_memory import measured_step
 from ampflow.train.trainer import Trainer
 
 HIC_TERMS = {"hic_nll", "hic_kl", "graph_nll", "graph_kl", "total"}

@@ -21,7 +21,7 @@ from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize
-from ampflow.train.memory import SavedTensorBytes
+from ampflow.train.measured_memory import SavedTensorBytes
 
 B, N_ANCHORS, L, G = 16, 48, 5, 20
 PLAN = {"strategies": [{"name": CHUNKED_ATTENTION}, {"name": HIDDEN_PARALLEL}], "chunk_size": 16}

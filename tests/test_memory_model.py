@@ -27,7 +27,7 @@ from ampflow.contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
 from ampflow.model.attention import chunk_blocks, local_attention_banded
 from ampflow.model.paired import PairedModel
 from ampflow.model.synthetic import synthetic_features, synthetic_graph
-from ampflow.train.memory import AllocatorTrace, measured_step
+from ampflow.train.measured_memory import AllocatorTrace, measured_step
 
 #: The largest relative distance allowed between the prediction and the allocator.
 TOLERANCE = 0.10

@@ -9,7 +9,7 @@ rule profile:
     log:
         f"{LOGS}/profile.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     params:
         data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
         model=json_arg("model"),
@@ -29,7 +29,7 @@ rule diagnose:
     log:
         f"{LOGS}/diagnose.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     params:
         devices=config["amp"]["devices"],
         memory=config["amp"]["device_memory_gb"],
@@ -60,7 +60,7 @@ rule train:
     log:
         f"{LOGS}/train.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     # the cores the plan divides among its processes (devices.json records them)
     threads: train_cores()
     # the allocation is the plan's (contract/allocation.py): GPUs, nodes, tasks, CPUs and
@@ -117,7 +117,7 @@ rule evaluate:
     log:
         f"{LOGS}/evaluate.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=8000,
         runtime=60,

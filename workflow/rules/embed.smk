@@ -21,7 +21,7 @@ rule embed:
     log:
         f"{LOGS}/embed.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     threads: embed_threads()
     resources:
         mem_mb=8000,
@@ -44,7 +44,7 @@ rule embed_cells:
     log:
         f"{LOGS}/embed.{{cfg}}.{{cells}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     threads: embed_threads()
     resources:
         mem_mb=8000,
@@ -70,7 +70,7 @@ rule embed_bin_cells:
     log:
         f"{EMBED_LOGS}/bin_cells.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     threads: config["threads"]
     resources:
         mem_mb=lambda wc, threads: 2000 + 1500 * threads,
@@ -96,7 +96,7 @@ rule embed_load_rna:
     log:
         f"{EMBED_LOGS}/load_rna.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=8000,
         runtime=60,
@@ -117,7 +117,7 @@ rule embed_qc_cells:
     log:
         f"{EMBED_LOGS}/qc_cells.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     params:
         qc=qc_args(),
         # without RNA, cells pass on their contacts alone (as rule qc_cells)
@@ -137,7 +137,7 @@ rule embed_rna_data:
     log:
         f"{EMBED_LOGS}/rna_data.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=8000,
         runtime=60,
@@ -158,7 +158,7 @@ rule embed_strata:
     log:
         f"{EMBED_LOGS}/strata.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=8000,
         runtime=60,

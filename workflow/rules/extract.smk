@@ -169,7 +169,7 @@ rule report_extraction:
         name=alternatives(EXTRACT_INPUTS),
         model=alternatives(EXTRACT_MODELS),
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     params:
         out=lambda wc: f"{REPORT}/extract/{wc.name}.{wc.model}",
     shell:

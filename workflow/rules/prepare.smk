@@ -17,7 +17,7 @@ rule bin_block:
     log:
         f"{LOGS}/bin_block/{{block}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     threads: config["threads"]
     resources:
         mem_mb=lambda wc, input, threads: bin_block_mem_mb(input.pairs, threads),
@@ -50,7 +50,7 @@ rule gather_blocks:
     log:
         f"{LOGS}/gather_blocks.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     threads: 1
     resources:
         mem_mb=need_mem_mb("gather_blocks"),
@@ -76,7 +76,7 @@ if HAS_RNA:
         log:
             f"{LOGS}/load_rna.log",
         conda:
-            "../../envs/prepare.yaml"
+            "../../envs/ampflow.yaml"
         resources:
             mem_mb=need_mem_mb("load_rna"),
             runtime=need_runtime("load_rna"),
@@ -97,7 +97,7 @@ rule qc_cells:
     log:
         f"{LOGS}/qc_cells.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=need_mem_mb("qc_cells"),
         runtime=need_runtime("qc_cells"),
@@ -118,7 +118,7 @@ rule split_cells:
     log:
         f"{LOGS}/split_cells.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     threads: 1
     resources:
         mem_mb=need_mem_mb("split_cells"),
@@ -142,7 +142,7 @@ rule pseudobulk:
     log:
         f"{LOGS}/pseudobulk.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     threads: config["threads"]
     resources:
         mem_mb=need_mem_mb("pseudobulk"),
@@ -170,7 +170,7 @@ rule strata:
     log:
         f"{LOGS}/strata.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=need_mem_mb("strata"),
         runtime=need_runtime("strata"),
@@ -200,7 +200,7 @@ if HAS_RNA:
         log:
             f"{LOGS}/rna_data.{{cfg}}.log",
         conda:
-            "../../envs/prepare.yaml"
+            "../../envs/ampflow.yaml"
         resources:
             mem_mb=need_mem_mb("rna_data"),
             runtime=need_runtime("rna_data"),
@@ -225,7 +225,7 @@ rule graph:
     log:
         f"{LOGS}/graph.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=need_mem_mb("graph"),
         runtime=need_runtime("graph"),
@@ -253,7 +253,7 @@ rule devices:
     log:
         f"{LOGS}/devices.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     # as many cores as a training job: devices.json records them, the plan divides them
     threads: train_cores()
     # one node's share of amp.devices' GPUs (config "cluster"), or none for a CPU run

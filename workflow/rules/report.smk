@@ -38,7 +38,7 @@ rule report_qc:
     log:
         f"{LOGS}/report_qc.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     resources:
         mem_mb=4000,
         runtime=30,
@@ -66,7 +66,7 @@ rule report_plan:
     log:
         f"{LOGS}/report_plan.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     shell:
         "ampflow report-plan --plan {input} --out {output} --name {wildcards.cfg} > {log} 2>&1"
 
@@ -87,7 +87,7 @@ rule report_memory:
     log:
         f"{LOGS}/report_memory.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     shell:
         "ampflow report-memory --plan {input.plan} --profile {input.profile}"
         " --metrics {input.metrics} --out {output} --name {wildcards.cfg} > {log} 2>&1"
@@ -107,7 +107,7 @@ rule report_training:
     log:
         f"{LOGS}/report_training.{{cfg}}.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     shell:
         "ampflow report-training --metrics {input} --out {output} --name {wildcards.cfg} > {log} 2>&1"
 
@@ -137,7 +137,7 @@ rule report_summary:
     log:
         f"{LOGS}/report_summary.log",
     conda:
-        "../../envs/prepare.yaml"
+        "../../envs/ampflow.yaml"
     params:
         names=" ".join(TRAIN_CONFIGS),
         out=lambda wc, output: Path(output.table).parent,

@@ -32,7 +32,7 @@ PLAN_DEVICES = ("cpu", "cuda")
 
 #: What the predicted peak counts: the allocator's peak of a steady-state training step
 #: (after the first optimizer step), what the trainer measures as ``peak_bytes``
-#: (:mod:`ampflow.train.memory`): the largest of the end of the forward pass, the
+#: (:mod:`ampflow.train.measured_memory`): the largest of the end of the forward pass, the
 #: backward pass and the optimizer step.
 PEAK_COUNTS = (
     "parameters and buffers", "optimizer state", "the data batch", "activations saved for backward",

@@ -28,10 +28,10 @@ a slice of ``Dk`` and must use the scale of the global ``Dk``; the banded and ch
 kernels also take a ``combine`` hook that sums each block's partial scores over the
 ranks before the softmax.
 
-:class:`~ampflow.train.memory.SavedTensorBytes` / :func:`~ampflow.train.memory.saved_activation_bytes`
+:class:`~ampflow.train.measured_memory.SavedTensorBytes` / :func:`~ampflow.train.measured_memory.saved_activation_bytes`
 measure the bytes an autograd graph keeps for backward, on any device (the kernels'
 saved bytes are checked with them); the memory model as a whole is checked against the
-allocator's peak (:class:`~ampflow.train.memory.AllocatorTrace`).
+allocator's peak (:class:`~ampflow.train.measured_memory.AllocatorTrace`).
 
 ``flex_attention`` is not used: in torch 2.13 it has no backward on CPU and its default
 block-mask builder evaluates the full ``N x N`` grid on CPU; the blocked kernel is plain

@@ -203,7 +203,7 @@ class DataParallelStep:
             Passed to the model (memory marks).
         on_phase : callable, optional
             Called with ``"forward"``, ``"backward"`` and ``"optimizer_step"`` as each
-            phase begins (:func:`ampflow.train.memory.measure_step` measures each
+            phase begins (:func:`ampflow.train.measured_memory.measure_step` measures each
             phase's peak).
         cond : (B, n_batches) or (B_r, n_batches), optional
             Batch indicators of the rows of ``rna`` / ``hic`` (a model conditioned on

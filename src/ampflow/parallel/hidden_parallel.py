@@ -13,7 +13,8 @@ every head) and a contiguous slice ``J`` of the feed-forward width ``ffn * D``. 
 * ``LN(key)`` over D from all-reduced sums (mean, then the centred sum of squares;
   backward likewise), saving only the normalised local channels.
 * GEGLU: ``z = LN(key) W_ff^T`` is a partial sum over the local channels; the ranks
-  all-reduce it and keep their slice ``J`` of both halves (a reduce-scatter), so only
+  all-reduce it and keep their slice ``J`` of both halves (an all-reduce, then a slice;
+  a reduce-scatter would move less), so only
   ``a_J``, ``g_J`` are saved; ``W_out`` acts the same way in reverse (partial products
   over ``J``, all-reduced, slice ``I`` kept).
 

@@ -1,5 +1,7 @@
-"""Who am I in the dp x tp mesh: the one place that reads the process rank and world size
-(:class:`Mesh`, and :func:`init_distributed` for torchrun's environment).
+"""Who am I in the dp x tp mesh: :class:`Mesh` places a rank in it, and
+:func:`init_distributed` / :func:`launched_world` read torchrun's environment. The
+trainer's metrics gather and rank 0's writing ask torch.distributed directly, and the
+launcher reads ``LOCAL_WORLD_SIZE`` to check one GPU per rank.
 
 Ranks are laid out tp-major inside dp: rank = dp_rank * tp + tp_rank, so the ranks of
 one tensor-parallel group are contiguous (on GPUs: the same node where possible).

@@ -14,7 +14,8 @@ parameter names in the same order, and answering the same :meth:`mean_nll` that
   feature-sharded computation (keys, ``u``) pass ``copy_to_group`` so
   that their gradients sum the ranks' parts.
 * Both: the partial products are all-reduced for all of the stratum's features and each
-  rank keeps its piece (a reduce-scatter: sum forward, sum backward, then a slice).
+  rank keeps its piece (an all-reduce, sum forward and backward, then a slice; not a
+  reduce-scatter, which would move less).
 
 S3 (chunk) and S4 (key-first) are read from the plain decoder and compose.
 """

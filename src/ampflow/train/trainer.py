@@ -55,7 +55,7 @@ from .data import PairedData
 from .device import run_device, use_deterministic_cuda
 from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
-from .memory import measured_dp_step
+from .measured_memory import measured_dp_step
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ class Trainer:
 
     def _metrics_row(self, stage_name, epoch, n_cells, terms, seconds, memory, **extra) -> dict:
         """One line of metrics.jsonl; a step whose memory was measured (``memory``, a
-        :class:`~ampflow.train.memory.StepMemory`) adds ``peak_bytes`` (the allocator's
+        :class:`~ampflow.train.measured_memory.StepMemory`) adds ``peak_bytes`` (the allocator's
         peak of the step), ``peak_phase`` (``forward``, ``backward`` or
         ``optimizer_step``), ``peak_source`` (``allocator`` on CPU, ``cuda``) and
         ``stratum_bytes`` (bytes held after each Hi-C stratum of the forward pass).

@@ -4,7 +4,7 @@ The per-device peak of a steady-state training step (after the first optimizer
 step: Adam's moments exist, and the step begins by freeing the previous gradients,
 ``zero_grad(set_to_none=True)``) is predicted without building a tensor or running a
 forward pass. The referee is the allocator: the profiler's allocation timeline on CPU,
-``max_memory_allocated`` on CUDA (:func:`ampflow.train.memory.measure_step`, what the
+``max_memory_allocated`` on CUDA (:func:`ampflow.train.measured_memory.measure_step`, what the
 trainer reports as ``peak_bytes``). Three phases are modelled, and the peak is the
 largest:
 
