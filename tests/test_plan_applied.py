@@ -1,7 +1,9 @@
 """A plan applies through the library API in one process, and plans what the run trains.
 
-Two bugs this file pins down: ``Trainer(plan=...)`` in one process once ignored the plan's
-chunked attention (S3) and key-first decode (S4), which only the command line applied;
+Three bugs this file pins down: ``Trainer(plan=...)`` in one process once ignored the plan's
+chunked attention (S3) and key-first decode (S4), which only the command line applied; a
+plan could only switch them on, so ``model.chunk`` in the config ran chunked under a plan
+that chose one block;
 and the profile once planned every run as float32, so a float64 run was planned with half
 its memory. The referees are independent of the plan code: the model's own config path
 (``ModelConfig(chunk=..., key_first=...)``, no plan), and the bytes the trainer measures
@@ -74,6 +76,24 @@ def test_one_process_trainer_runs_the_plans_chunk_and_key_first(paired, tmp_path
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
     saved = torch.load(tmp_path / "planned" / "model.pt", weights_only=True)
     assert saved["plan_settings"] == {"chunk": 3, "key_first": True}
+
+
+def test_a_plan_without_s3_s4_runs_one_block_whatever_the_config_says(paired, tmp_path):
+    """The plan is the only route to S3/S4: a config asking for chunked, key-first
+    attention under a plan that chose neither runs one block, plain decode (what the
+    memory model predicted for that plan). Referee: the run of the plain config, no plan."""
+    train = TrainConfig.from_dict(SHORT)
+    asked = dataclasses.replace(MODEL, chunk=3, key_first=True)
+    one_block = Plan()  # a plan that chose neither S3 nor S4
+    planned = Trainer(paired, asked, train, tmp_path / "planned", plan=one_block)
+    assert planned.applied_settings() == {"chunk": 0, "key_first": False}
+    assert planned.fit()
+    assert Trainer(paired, MODEL, train, tmp_path / "plain").fit()
+    a, c = rows(tmp_path / "planned"), rows(tmp_path / "plain")
+    assert [r["peak_bytes"] for r in a] == [r["peak_bytes"] for r in c]
+    assert [r["loss"] for r in a] == [r["loss"] for r in c]
+    # without a plan the config's settings are what the model runs
+    assert Trainer(paired, asked, train, tmp_path / "by_config").applied_settings() == {"chunk": 3, "key_first": True}
 
 
 def _profile(data_dir: Path, train: dict) -> dict:

@@ -6,7 +6,9 @@ place a :class:`~ampflow.contract.plan.Plan` meets a model, for any world size (
 in the plain order):
 
 * S3 / S4: the Hi-C decoder's chunk size and key-first switch (single-process savers,
-  applied in one process too);
+  applied in one process too). A plan sets both, on or off: the config's ``model.chunk``
+  and ``model.key_first`` are what a model built without a plan runs, and a plan that
+  chose one block runs one block, as its memory was predicted;
 * S5 / S2 over the tp group: the Hi-C decoder becomes a
   :class:`~.sharded_decoder.ShardedStratifiedZINBDecoder`; under S2 the Hi-C encoder's
   input projection becomes a :class:`~.feature_parallel.FeatureParallelLinear`;
@@ -44,7 +46,8 @@ def parallelize(model: nn.Module, plan: Plan | None, mesh: Mesh | None = None) -
     model : PairedModel
         The plain model, built alike on every rank.
     plan : Plan
-        From ``plan.json`` (strategies, chunk size, key-first); None: no strategy.
+        From ``plan.json`` (strategies, chunk size, key-first); None: no strategy, and
+        the decoder's chunk and key-first stay as the model was built.
     mesh : Mesh, optional
         This process's place in the dp x tp mesh; None: one process (1 x 1). In one
         process only S3 and S4 change anything.
@@ -53,10 +56,11 @@ def parallelize(model: nn.Module, plan: Plan | None, mesh: Mesh | None = None) -
     -------
     PairedModel with the attribute ``shards`` (parameter name -> Shard) and ``tp_group``.
     """
-    plan = plan or Plan()
     mesh = mesh or Mesh(1, 1)
     dec = model.hic_decoder
-    apply_single_device_strategies(dec, plan)
+    if plan is not None:
+        apply_single_device_strategies(dec, plan)
+    plan = plan or Plan()
     if mesh.world > 1:
         _broadcast_from_rank0(model)
     features = plan.uses(FEATURE_PARALLEL) and mesh.tp > 1
@@ -124,10 +128,8 @@ def load_full_state(model: nn.Module, state: dict, optimizer: torch.optim.Optimi
 
 
 def apply_single_device_strategies(dec, plan: Plan) -> None:
-    """Switch on the plan's strategies that need no other rank: S3's query chunk in every
-    stratum block, S4's key-first decode."""
-    if plan.chunk:
-        for block in dec.blocks:
-            block.chunk = plan.chunk
-    if plan.uses_key_first:
-        dec.key_first = True
+    """Set the plan's strategies that need no other rank, on or off: S3's query chunk in
+    every stratum block (0: one block) and S4's key-first decode."""
+    for block in dec.blocks:
+        block.chunk = int(plan.chunk or 0)
+    dec.key_first = bool(plan.uses_key_first)

@@ -161,7 +161,8 @@ class Trainer:
         self.generator = seed_everything(train_cfg.seed)
         self.dtype = getattr(torch, train_cfg.dtype)
         data.use_batches(model_cfg.batch_key)
-        self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), self.plan, self.mesh)
+        # the plan's S3/S4 settings replace the config's; without a plan the model runs as built
+        self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), plan, self.mesh)
         self.dp_step = DataParallelStep(self.mesh)
         self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         # the cells it fits on; held-out ones (obs["split"]) are in no batch, so in no
