@@ -25,6 +25,7 @@ from ampflow.contract.config import ModelConfig, TrainConfig
 from ampflow.contract.plan import Plan
 from ampflow.contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from ampflow.model.attention import local_attention_banded
+from ampflow.report.plan_text import step_text
 
 GIB = 2**30
 
@@ -200,7 +201,7 @@ def test_identical_inputs_give_byte_identical_plans(tmp_path):
     for key in ("predicted_step_seconds", "cost_model"):
         old.pop(key)
     old["version"] = 1
-    assert Plan.from_dict(old).predicted_step_seconds is None and Plan.from_dict(old).step_text() == "not predicted"
+    assert Plan.from_dict(old).predicted_step_seconds is None and step_text(Plan.from_dict(old)) == "not predicted"
 
 
 # ------------------------------------------------------------------ (d) the shape

@@ -11,12 +11,13 @@ import pytest
 from test_diagnose import Est
 
 from ampflow.amp.decide.cpu import threads_per_process, trains_on_cpu
-from ampflow.amp.decide.diagnose import diagnose, explain
+from ampflow.amp.decide.diagnose import diagnose
 from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.contract.config import TrainConfig
 from ampflow.contract.plan import Plan
 from ampflow.devices import probe_devices
+from ampflow.report.plan_text import explain, threads_text
 
 GIB = 2**30
 RNA_FEATURES = 100  # float32: 400 bytes per cell of the data batch
@@ -137,7 +138,7 @@ def test_an_older_plan_reads_without_threads():
     doc["version"] = 2
     del doc["cpu"]
     old = Plan.from_dict(doc)
-    assert old.cpu == {} and old.threads is None and "not planned" in old.threads_text()
+    assert old.cpu == {} and old.threads is None and "not planned" in threads_text(old)
 
 
 def test_explain_shows_threads_and_why():

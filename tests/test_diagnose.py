@@ -16,6 +16,7 @@ from ampflow.amp.decide.signals import Signal, register_signal, unregister_signa
 from ampflow.amp.decide.strategies import Strategy, register_strategy, unregister_strategy
 from ampflow.base.errors import InputError
 from ampflow.contract.plan import Plan
+from ampflow.report.plan_text import explain
 
 GIB = 2**30
 
@@ -211,7 +212,7 @@ def test_cli_diagnose_and_explain(tmp_path, capsys):
 
 
 def test_explain_prints_a_table():
-    text = dg.explain(typed_plan(make_profile(True, True, True), 4, 9.0))
+    text = explain(typed_plan(make_profile(True, True, True), 4, 9.0))
     for word in ("mesh", "strategies", "chunk size", "predicted step", "predicted peak", "RAISED", "HIGH_INPUT_DIMENSIONALITY", "why"):
         assert word in text
 
@@ -269,7 +270,7 @@ def test_recommended_devices_are_the_mesh_when_it_fits(devices):
     assert out["min_fitting_devices"] == 1  # the fewest: the plan fits on one device too
     assert plan(make_profile(True, True, True), 1, 64)["fits"]
     assert_says_what_it_does(out)
-    text = dg.explain(Plan.from_dict(out))
+    text = explain(Plan.from_dict(out))
     assert f"recommended devices  {devices} (the devices this mesh uses" in text and "fewest that fit: 1" in text
 
 
@@ -282,7 +283,7 @@ def test_recommended_devices_when_the_plan_does_not_fit():
     again = plan(make_profile(True, True, True), rec, 2.5)  # planned on them, it fits and keeps them
     assert again["fits"] and again["recommended_devices"] == again["mesh"]["dp"] * again["mesh"]["tp"] == rec
     assert not plan(make_profile(True, True, True), rec // 2, 2.5)["fits"]  # and none fewer does
-    assert "the fewest that fit; this mesh, for 1, does not" in dg.explain(typed_plan(make_profile(True, True, True), 1, 2.5))
+    assert "the fewest that fit; this mesh, for 1, does not" in explain(typed_plan(make_profile(True, True, True), 1, 2.5))
 
 
 @pytest.mark.parametrize("devices", [1, 3, 8])
@@ -304,7 +305,7 @@ def test_peak_scope_names_what_the_peak_counts_and_leaves_out(devices):
     out = scope["leaves_out"]
     assert set(out) == {"not_modelled"}
     assert any("CUDA" in x for x in out["not_modelled"]) and any("fragmentation" in x for x in out["not_modelled"])
-    text = dg.explain(pl)
+    text = explain(pl)
     assert "leaves out" in text and "the data batch" in text and "end of forward" in text and "(peak)" in text
     # canonical: identical inputs, identical bytes, and the scope survives a round trip
     assert pl.dumps() == dg.diagnose(p, devices, 80 * GIB, 0.9).dumps()

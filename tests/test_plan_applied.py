@@ -119,3 +119,19 @@ def test_plan_predicts_the_measured_peak_of_the_runs_dtype(data_dir, paired, tmp
     steady = rows(out)[1]  # after the first optimizer step, a full batch of batch_size cells
     assert steady["peak_source"] == "allocator"
     assert abs(steady["peak_bytes"] - plan.predicted_peak_bytes) <= 0.10 * steady["peak_bytes"], (steady, plan.peak_scope)
+
+
+def test_unknown_strategy_names_are_refused_with_the_file_and_key(tmp_path):
+    """A plan naming a strategy the trainer cannot apply is refused: when read (the file,
+    the key, the value) and by parallelize (never trained with the strategy left out)."""
+    from ampflow.base.errors import InputError
+    from ampflow.parallel.parallelize import parallelize
+
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"mesh": {"dp": 1, "tp": 1}, "strategies": [{"id": "S3", "name": CHUNKED_ATTENTION}, {"id": "S9", "name": "offload"}]}))
+    with pytest.raises(InputError) as e:
+        Plan.read(path)
+    assert str(path) in str(e.value) and "strategies[1].name" in str(e.value) and "'offload'" in str(e.value), str(e.value)
+    built = Plan(strategies=(PlannedStrategy("S9", "offload"),))
+    with pytest.raises(InputError, match=r"strategies.*offload"):
+        parallelize(torch.nn.Module(), built)

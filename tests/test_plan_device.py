@@ -18,12 +18,13 @@ import pytest
 from fake_cuda import fake_cuda_env
 from test_cpu_plan import GIB, host, plan_for, profile
 
-from ampflow.amp.decide.diagnose import explain, plan_device
+from ampflow.amp.decide.diagnose import plan_device
 from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.contract.allocation import ClusterOffer, plan_on_gpus, train_allocation
 from ampflow.contract.config import TrainConfig, amp_devices, check_amp_devices, gpu_settings, require_gpus
 from ampflow.contract.plan import PLAN_VERSION, Plan
+from ampflow.report.plan_text import device_text, explain
 from ampflow.train.device import run_device
 
 
@@ -41,7 +42,7 @@ def test_plan_json_carries_the_device_and_old_plans_still_load(tmp_path):
     old["version"] = 3
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert Plan.read(tmp_path / "old.json").device == ""
-    assert "not recorded" in Plan.read(tmp_path / "old.json").device_text()
+    assert "not recorded" in device_text(Plan.read(tmp_path / "old.json"))
     with pytest.raises(InputError, match="device: must be one of cpu, cuda") as err:
         Plan.from_dict({"device": "tpu"}, tmp_path / "bad.json")
     assert "bad.json" in str(err.value) and "'tpu'" in str(err.value)

@@ -82,12 +82,14 @@ def cmd_diagnose(a):
     log.info("plan: %s; mesh dp %d x tp %d on %s%s; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, plan.device or "train.device",
              threads, plan.fits, a.out)  # fmt: skip
     if plan.cpu.get("host_fits") is False:
-        log.warning("%s", plan.host_memory_text())
+        from ..report.plan_text import host_memory_text
+
+        log.warning("%s", host_memory_text(plan))
 
 
 def cmd_plan_explain(a):
-    from ..amp.decide.diagnose import explain
     from ..contract.plan import Plan
+    from ..report.plan_text import explain
 
     sys.stdout.write(explain(Plan.read(a.plan)))
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 from ..base.atomic import write_text_atomic
 from ..base.errors import InputError, read_json
-from ..base.progress import human_bytes
-from .strategies import KEY_FIRST_DECODE
+from .strategies import BUILT_IN, KEY_FIRST_DECODE
 
 PLAN_VERSION = 4
 #: The devices a plan trains on; "" in a plan before version 4 (``train.device`` decides).
@@ -217,16 +216,6 @@ class Plan:
             f"chunk {self.chunk or '-'}, key-first {self.uses_key_first}"
         )
 
-    def recommended_text(self) -> str:
-        """The recommended device count and which count it is."""
-        rec = self.recommended_devices
-        if not rec:
-            return "none up to 1024"
-        if self.fits:
-            more = f"; fewest that fit: {self.min_fitting_devices}" if self.min_fitting_devices and self.min_fitting_devices < rec else ""
-            return f"{rec} (the devices this mesh uses, dp {self.mesh.dp} x tp {self.mesh.tp}{more})"
-        return f"{rec} (the fewest that fit; this mesh, for {self.world}, does not)"
-
     @property
     def threads(self) -> int | None:
         """Torch threads per process for a run on CPU; None when the plan gives none."""
@@ -237,67 +226,6 @@ class Plan:
     def source(self) -> str:
         """The plan's file for messages (``plan.json`` when it was not read from one)."""
         return self.path or "plan.json"
-
-    def device_text(self) -> str:
-        """The device the plan trains on, or that it records none."""
-        if not self.device:
-            return "not recorded (a plan before version 4): train.device decides"
-        gpus = "one process per GPU, NCCL" if self.device == "cuda" else "processes on CPU cores, gloo"
-        return f"{self.device} ({self.world} process(es): {gpus})"
-
-    def threads_text(self) -> str:
-        """Threads per process, where the figure comes from and the cores it divides."""
-        cpu = self.cpu or {}
-        if not cpu.get("threads"):
-            return "not planned (GPU run, or a plan before version 3)"
-        why = {"plan": "cores / processes", "train.threads": "train.threads, explicit", "default": "no cores recorded"}.get(cpu.get("threads_source"), "")
-        cores = f"{cpu['cores']} cores, " if cpu.get("cores") else ""
-        return f"{cpu['threads']} per process ({cores}{cpu.get('processes', self.world)} process(es); {why})"
-
-    def host_memory_text(self) -> str:
-        """The host-memory check of the batch (CPU runs)."""
-        cpu = self.cpu or {}
-        if not cpu:
-            return "not checked (GPU run)"
-        need = human_bytes(cpu.get("host_need_bytes", 0))
-        if cpu.get("host_fits") is None:
-            return f"batch {cpu.get('batch_size')} needs {need}; not checked (no available memory recorded)"
-        budget = human_bytes(cpu.get("host_budget_bytes", 0))
-        if cpu["host_fits"]:
-            return f"batch {cpu.get('batch_size')} needs {need} of {budget}: fits"
-        best = cpu.get("largest_fitting_batch")
-        alt = f"; batch {best} would" if best else "; no batch would"
-        return f"batch {cpu.get('batch_size')} needs {need} of {budget}: does NOT fit{alt}"
-
-    def step_text(self) -> str:
-        """The predicted seconds per step and where the cost model's constants come from."""
-        if self.predicted_step_seconds is None:
-            return "not predicted"
-        source = self.cost_model.get("source", "")
-        return f"{self.predicted_step_seconds:.3g} s (Hi-C decoder, cost model{'; ' + source if source else ''})"
-
-    def peak_counts_text(self) -> str:
-        return ", ".join(self.peak_scope.get("counts", ())) or "not stated"
-
-    def peak_leaves_out_text(self) -> str:
-        """The left-out terms, with their bytes where the plan has them."""
-        out = self.peak_scope.get("leaves_out") or {}
-        if not out:
-            return "not stated"
-        parts = []
-        if "data_batch_bytes" in out:  # a plan of an earlier version, which left the batch out
-            parts.append(f"the data batch ({human_bytes(out['data_batch_bytes'])})")
-        transient = {k: v for k, v in (out.get("transient_bytes") or {}).items() if v}
-        if transient:
-            parts.append("short-lived " + ", ".join(f"{k.replace('_', ' ')} ({human_bytes(v)})" for k, v in sorted(transient.items())))
-        return "; ".join(parts + list(out.get("not_modelled", ())))
-
-    def peak_phase_text(self) -> str:
-        """The predicted peak of each phase of the step, the largest marked."""
-        phases, peak = self.peak_scope.get("phases") or {}, self.peak_scope.get("peak_phase")
-        if not phases:
-            return "not stated"
-        return ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}{' (peak)' if k == peak else ''}" for k, v in phases.items())
 
     # ------------------------------------------------------------ conversion
     def to_dict(self) -> dict:
@@ -339,6 +267,9 @@ class Plan:
         try:
             mesh = d.get("mesh") or {}
             strategies = tuple(PlannedStrategy(str(s.get("id", "")), str(s["name"]), str(s.get("summary", ""))) for s in d.get("strategies") or [])
+            for i, s in enumerate(strategies):
+                if s.name not in BUILT_IN:  # parallelize() could not apply it
+                    raise InputError(f"unknown strategy; the trainer applies {', '.join(BUILT_IN)}", key=f"strategies[{i}].name", value=s.name)
             inputs = PlanInputs(**(d.get("inputs") or {}))
             kw = {k: d[k] for k in ("version", "signals", "world_size", "chunk_size", "key_first", "predicted_peak_bytes",
                                      "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",

@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from ..base.errors import InputError
 from ..contract.plan import Plan
-from ..contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
+from ..contract.strategies import BUILT_IN, FEATURE_PARALLEL, HIDDEN_PARALLEL
 from .data_parallel import parallelize_data_parallel
 from .feature_parallel import FeatureParallelLinear
 from .mesh import Mesh
@@ -56,6 +56,9 @@ def parallelize(model: nn.Module, plan: Plan | None, mesh: Mesh | None = None) -
     -------
     PairedModel with the attribute ``shards`` (parameter name -> Shard) and ``tp_group``.
     """
+    unknown = [n for n in (plan.names if plan is not None else ()) if n not in BUILT_IN]
+    if unknown:  # never run a plan with a strategy left out
+        raise InputError(f"unknown strategy; this trainer applies {', '.join(BUILT_IN)}", path=plan.source, key="strategies", value=unknown)
     mesh = mesh or Mesh(1, 1)
     dec = model.hic_decoder
     if plan is not None:

@@ -32,6 +32,7 @@ from ..contract.plan import Plan
 from ..contract.profile import read_profile
 from ..contract.strategies import DATA_PARALLEL
 from .common import GIB, LIMIT_COLOUR, MIB, colour, esc, html_table, new_figure, note, read_jsonl, save_png, write_html
+from .plan_text import device_text, host_memory_text, peak_counts_text, peak_leaves_out_text, peak_phase_text, recommended_text, step_text, threads_text
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +62,21 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
     overview = pd.DataFrame(
         [
             ("devices", f"{inp.devices} x {human_bytes(inp.device_memory_bytes)}"),
-            ("trains on", plan.device_text()),
+            ("trains on", device_text(plan)),
             ("budget per device", f"{human_bytes(budget)} ({inp.budget_fraction:g} of the device memory)"),
             ("mesh", f"{mesh_text(plan)} (world size {plan.world_size or inp.devices})"),
             ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
             ("chunk size (S3)", str(plan.chunk_size or "-")),
             ("key-first decode (S4)", "yes" if plan.key_first else "no"),
-            ("predicted seconds per step", plan.step_text()),
+            ("predicted seconds per step", step_text(plan)),
             ("predicted peak per device", f"{human_bytes(peak)}"),
-            ("the peak counts", plan.peak_counts_text()),
-            ("phases of the step", plan.peak_phase_text()),
-            ("the peak leaves out", plan.peak_leaves_out_text()),
+            ("the peak counts", peak_counts_text(plan)),
+            ("phases of the step", peak_phase_text(plan)),
+            ("the peak leaves out", peak_leaves_out_text(plan)),
             ("fits", "yes" if fits else "NO"),
-            ("recommended devices", plan.recommended_text()),
-            ("CPU threads per process", plan.threads_text()),
-            ("host memory (CPU run)", plan.host_memory_text()),
+            ("recommended devices", recommended_text(plan)),
+            ("CPU threads per process", threads_text(plan)),
+            ("host memory (CPU run)", host_memory_text(plan)),
             ("memory model", f"M(L) = {human_bytes(plan.M_base_bytes)} + (L - 1) x {human_bytes(plan.M_stratum_bytes)}, L = {plan.n_strata}"),
         ],
         columns=["plan", "value"],

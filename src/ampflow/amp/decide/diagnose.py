@@ -501,34 +501,3 @@ def _cost_section(step, constants: CostConstants, dec) -> dict:
         "terms": step.to_dict(),
         "candidates": [c.to_dict() for c in dec.candidates],
     }
-
-
-def explain(plan: Plan) -> str:
-    """The plan as a readable table."""
-    hb = human_bytes
-    inp = plan.inputs
-    rows = [
-        ("devices", f"{inp.devices} x {hb(inp.device_memory_bytes)} (budget {inp.budget_fraction:g}: {hb(inp.budget_bytes)})"),
-        ("device", plan.device_text()),
-        ("mesh", f"dp {plan.mesh.dp} x tp {plan.mesh.tp}"),
-        ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
-        ("chunk size", str(plan.chunk_size or "-")),
-        ("predicted step", plan.step_text()),
-        ("predicted peak", f"{hb(plan.predicted_peak_bytes)} per device"),
-        ("  counts", plan.peak_counts_text()),
-        ("  phases", plan.peak_phase_text()),
-        ("  leaves out", plan.peak_leaves_out_text()),
-        ("M(L)", f"{hb(plan.M_base_bytes)} + (L-1) x {hb(plan.M_stratum_bytes)} (L = {plan.n_strata}; stratum 0 has no attention block)"),
-        ("fits", "yes" if plan.fits else "NO"),
-        ("recommended devices", plan.recommended_text()),
-        ("cpu threads", plan.threads_text()),
-        ("host memory", plan.host_memory_text()),
-    ]
-    width = max(len(k) for k, _ in rows)
-    lines = ["plan", "----"] + [f"{k.ljust(width)}  {v}" for k, v in rows]
-    lines += ["", "signals", "-------"]
-    for name, s in sorted(plan.signals.items()):
-        ev = ", ".join(f"{k}={v}" for k, v in sorted(s["evidence"].items()))
-        lines.append(f"{'RAISED' if s['raised'] else 'no    '}  {name}  ({ev})")
-    lines += ["", "why", "---"] + [f"- {r}" for r in plan.reasons]
-    return "\n".join(lines) + "\n"
