@@ -60,7 +60,7 @@ def mesh_plan(plan: Plan, dp: int, tp: int) -> Plan:
     """The heavy plan on another mesh (world 1: its single-process savers only)."""
     single = (CHUNKED_ATTENTION, KEY_FIRST_DECODE)
     strategies = tuple(s for s in plan.strategies if dp * tp > 1 or s.name in single)
-    return dataclasses.replace(plan, mesh=MeshShape(dp, tp), world_size=dp * tp, strategies=strategies)
+    return dataclasses.replace(plan, mesh=MeshShape(dp, tp), strategies=strategies)
 
 
 def train(work: Path, data: Path, plan: Plan, steps: int, tag: str, device: str = "cpu") -> list[dict]:

@@ -96,6 +96,8 @@ class Plan:
     strategies : tuple of PlannedStrategy
         In the order the diagnosis chose them.
     mesh : MeshShape
+        The dp x tp degrees: :attr:`world` = dp x tp is the process count, the one name
+        for it (``inputs.devices`` are the devices the plan was made for).
     chunk_size : int or None
         Query chunk of the local attention (S3); None when S3 is not used.
     key_first : bool
@@ -156,7 +158,6 @@ class Plan:
     signals: dict = field(default_factory=dict)
     strategies: tuple[PlannedStrategy, ...] = ()
     mesh: MeshShape = field(default_factory=MeshShape)
-    world_size: int | None = None
     chunk_size: int | None = None
     key_first: bool = False
     predicted_peak_bytes: int = 0
@@ -178,8 +179,6 @@ class Plan:
     def __post_init__(self):
         if self.chunk_size is not None and self.chunk_size < 0:
             raise InputError("must be >= 0", key="chunk_size", value=self.chunk_size)
-        if self.world_size is not None and self.world_size < 1:
-            raise InputError("must be >= 1", key="world_size", value=self.world_size)
         if self.predicted_step_seconds is not None and not self.predicted_step_seconds >= 0:
             raise InputError("must be >= 0", key="predicted_step_seconds", value=self.predicted_step_seconds)
         if self.device not in ("", *PLAN_DEVICES):
@@ -235,7 +234,6 @@ class Plan:
             "signals": self.signals,
             "strategies": [s.to_dict() for s in self.strategies],
             "mesh": {"dp": self.mesh.dp, "tp": self.mesh.tp},
-            "world_size": self.world_size if self.world_size is not None else self.world,
             "chunk_size": self.chunk_size,
             "key_first": self.key_first,
             "predicted_peak_bytes": self.predicted_peak_bytes,
@@ -260,7 +258,10 @@ class Plan:
         plan may give only ``mesh`` and ``strategies``); a wrong type names the key."""
         if not isinstance(d, dict):
             raise InputError("a plan must be a JSON object", path=path, value=type(d).__name__)
-        known = set(cls.__dataclass_fields__) - {"path"}  # where it was read from, not a key
+        # ``path``: where it was read from, not a key; ``world_size``: written by plans
+        # before one name for the process count (the mesh's dp x tp, :attr:`world`; the
+        # devices given are ``inputs.devices``), read and ignored
+        known = set(cls.__dataclass_fields__) - {"path"} | {"world_size"}
         unknown = sorted(set(d) - known)
         if unknown:
             raise InputError(f"unknown plan key(s); known: {sorted(known)}", path=path, value=unknown)
@@ -271,7 +272,7 @@ class Plan:
                 if s.name not in BUILT_IN:  # parallelize() could not apply it
                     raise InputError(f"unknown strategy; the trainer applies {', '.join(BUILT_IN)}", key=f"strategies[{i}].name", value=s.name)
             inputs = PlanInputs(**(d.get("inputs") or {}))
-            kw = {k: d[k] for k in ("version", "signals", "world_size", "chunk_size", "key_first", "predicted_peak_bytes",
+            kw = {k: d[k] for k in ("version", "signals", "chunk_size", "key_first", "predicted_peak_bytes",
                                      "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",
                                      "recommended_devices", "min_fitting_devices", "peak_scope", "predicted_step_seconds",
                                      "cost_model", "cpu", "device") if k in d}  # fmt: skip

@@ -64,7 +64,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
             ("devices", f"{inp.devices} x {human_bytes(inp.device_memory_bytes)}"),
             ("trains on", device_text(plan)),
             ("budget per device", f"{human_bytes(budget)} ({inp.budget_fraction:g} of the device memory)"),
-            ("mesh", f"{mesh_text(plan)} (world size {plan.world_size or inp.devices})"),
+            ("mesh", f"{mesh_text(plan)} ({plan.world} process(es))"),
             ("strategies", ", ".join(f"{s.id} {s.name}" for s in plan.strategies) or "none"),
             ("chunk size (S3)", str(plan.chunk_size or "-")),
             ("key-first decode (S4)", "yes" if plan.key_first else "no"),
@@ -215,7 +215,7 @@ def predictions(plan: Plan, profile: dict, world: int) -> list[Prediction]:
     chunk = plan.chunk
     est = estimate_for_profile(profile, names, dp, tp, chunk)
     out = [Prediction(f"predicted, plan ({mesh_text(plan)}; {strategy_ids(plan)})", np.asarray(est.marks, dtype=np.float64), int(est.total))]
-    if world and world != (plan.world_size or dp * tp):
+    if world and world != plan.world:
         run = [n for n in names if n in STRATEGIES and not STRATEGIES[n].multi_process]
         if world > 1:
             run = [DATA_PARALLEL, *run]
@@ -236,7 +236,7 @@ def plot_memory(plan: Plan, profile: dict, rows: list[dict], path, name: str = "
     per rank, the budget) and the step peak per rank (measured bars, predicted peaks and
     the budget as lines)."""
     measured = measured_memory(rows)
-    world = measured.world if measured.world > 0 else (plan.world_size or 1)
+    world = measured.world if measured.world > 0 else plan.world
     preds = predictions(plan, profile, world)
     budget = int(plan.inputs.budget_bytes)
     scale, unit = _unit([p.marks for p in preds] + list(measured.strata.values()) + [[budget], list(measured.peak.values())])

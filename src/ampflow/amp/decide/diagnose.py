@@ -389,7 +389,6 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         signals=signals,
         strategies=tuple(PlannedStrategy(by_name[n].id, n, by_name[n].summary) for n in dec.names),
         mesh=MeshShape(mesh["dp"], mesh["tp"]),
-        world_size=devices,
         chunk_size=int(dec.chunk) or None,
         key_first=any(by_name[n].knob == "key_first" for n in dec.names),
         predicted_peak_bytes=int(est.total),
