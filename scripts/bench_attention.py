@@ -7,7 +7,7 @@ For each sequence length N (``--sizes``, default the Hi-C decoder's anchors on m
 :func:`ampflow.model.attention.local_attention_banded` (the blocked kernel the model
 runs; unchunked, and with each chunk of ``--chunks``), the per-offset kernel it replaced
 (``scripts/attention_baselines.py``, one band column at a time: kept only as this
-baseline), :func:`~ampflow.model.attention.local_attention_chunked` (with each chunk of
+baseline), ``local_attention_chunked`` (``scripts/attention_baselines.py``) (with each chunk of
 ``--chunks``) and :func:`~ampflow.model.attention.local_attention_full` run forward +
 backward on the same random inputs (``--dtype`` float32, float64 or bfloat16; bfloat16
 is meant for the GPU). Every figure printed is measured in this run:
@@ -53,14 +53,14 @@ from pathlib import Path
 import torch
 
 try:
-    from ampflow.model.attention import band_width, local_attention_banded, local_attention_chunked, local_attention_full
+    from ampflow.model.attention import band_width, local_attention_banded, local_attention_full
     from ampflow.train.measured_memory import SavedTensorBytes
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from ampflow.model.attention import band_width, local_attention_banded, local_attention_chunked, local_attention_full
+    from ampflow.model.attention import band_width, local_attention_banded, local_attention_full
     from ampflow.train.measured_memory import SavedTensorBytes
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention_baselines import local_attention_per_offset  # noqa: E402
+from attention_baselines import local_attention_chunked, local_attention_per_offset  # noqa: E402
 
 GIB = 1024**3
 MIB = 1024**2

@@ -59,8 +59,10 @@ import torch
 from ampflow.amp.memory.predict import Estimate, ShapeSpec, fit_linear, predict
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.model.paired import PairedModel
-from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.train.measured_memory import StepMemory, measured_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_shapes import synthetic_features, synthetic_graph  # noqa: E402
 
 MIB = 2**20
 REPO = Path(__file__).resolve().parent.parent

@@ -26,7 +26,7 @@ Two variants run on every shape, each on a freshly built model with the same see
 * old (``--old chunked``): the same plan with chunk ``--old-chunk`` (2048, what the
   planner picked at 1 Mb when it took the largest power of two that fits) run by the
   kernel the model dispatched to before any banded one,
-  :func:`~ampflow.model.attention.local_attention_chunked` (``local_attention_full`` for
+  ``local_attention_chunked`` (``scripts/attention_baselines.py``) (``local_attention_full`` for
   chunk 0). Where its saved probabilities, ``H * sum(C_i * (C_i + 2w))`` floats per
   stratum over the clipped chunks, would exceed ``--max-old-gib`` in all strata
   together, the old variant is skipped and the estimate is printed.
@@ -126,15 +126,11 @@ except ImportError:  # run from a checkout without installing the package
 from ampflow.amp.decide.diagnose import diagnose
 from ampflow.io.genome import make_bins, read_chromsizes, resolution_label
 from ampflow.model import decoders, paired, prob
-from ampflow.model.attention import (
-    chunk_blocks,
-    local_attention_chunked,
-    local_attention_full,
-)
+from ampflow.model.attention import local_attention_full
 from ampflow.model.paired import GraphSpec, PairedModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from attention_baselines import local_attention_per_offset  # noqa: E402
+from attention_baselines import chunk_blocks, local_attention_chunked, local_attention_per_offset  # noqa: E402
 
 from ampflow.contract.config import ModelConfig, TrainConfig
 from ampflow.contract.profile import ProfileTrain

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the benchmarks' helpers the tests share (scripts/ is no package): synthetic_shapes, ...
+sys.path.insert(1, str(REPO / "scripts"))
 
 
 def load_script(name: str):

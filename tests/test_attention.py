@@ -19,14 +19,16 @@ from ampflow.model.attention import (
     band_groups,
     band_width,
     block_rows,
-    chunk_blocks,
     local_attention,
     local_attention_banded,
-    local_attention_chunked,
     local_attention_full,
 )
 from ampflow.parallel.collectives import group_sum
 from ampflow.train.measured_memory import SavedTensorBytes, saved_activation_bytes
+
+#: the kernels the model ran before (scripts/attention_baselines.py, benchmark baselines)
+_baselines = load_script("attention_baselines")
+chunk_blocks, local_attention_chunked = _baselines.chunk_blocks, _baselines.local_attention_chunked
 
 F64 = torch.float64
 

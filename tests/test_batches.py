@@ -15,12 +15,12 @@ import scipy.sparse as sp
 import torch
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
+from synthetic_shapes import synthetic_features, synthetic_graph
 
 from ampflow.base.errors import InputError
 from ampflow.contract.config import LossWeights, ModelConfig, TrainConfig
 from ampflow.io.h5ad import read_h5ad
 from ampflow.model.paired import PairedModel
-from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.train.data import PairedData
 from ampflow.train.trainer import Trainer
 

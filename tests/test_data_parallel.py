@@ -8,18 +8,17 @@ import pytest
 import torch
 import torch.nn as nn
 from dist_helpers import run_world
+from parallel_equivalence import LR, WEIGHTS, _adam_tolerance, _snapshot
+from synthetic_shapes import synthetic_features, synthetic_graph
 
-from ampflow.contract.config import LossWeights, ModelConfig
+from ampflow.contract.config import ModelConfig
 from ampflow.model.paired import PairedModel
-from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, contiguous_split, draw_noise, parallelize_data_parallel, work_ratio
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.sync_batchnorm import SyncBatchNorm1d, convert_sync_batchnorm
 
 F64 = torch.float64
 B = 12
-WEIGHTS = LossWeights(kl=1.0, graph=0.5, align=2.0, cross=0.5)  # every term with a visible share
-LR = 1e-2
 
 
 def _skewed_contacts():
@@ -43,15 +42,6 @@ def _problem(dtype, dropout=0.0, n_anchors=9, L=3, G=7, seed=0):
     depth = (_skewed_contacts() + 1).to(F64) / len(anchor)
     hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g).to(dtype)
     return model, rna, hic
-
-
-def _snapshot(model, terms):
-    return {
-        "terms": {k: v.detach().clone() for k, v in terms.items()},
-        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-        "buffers": {n: b.clone() for n, b in model.named_buffers()},
-    }
 
 
 def _reference(dtype):
@@ -93,27 +83,6 @@ def _assert_close(a, b, dtype, what):
         # relative to the tensor's size: single elements near zero carry only rounding
         err = float((a - b).abs().max())
         assert err <= 1e-5 * max(float(b.abs().max()), 1e-3), f"{what}: max error {err}"
-
-
-def _adam_tolerance(grad, dtype):
-    """Per element: how far one Adam step may move a parameter given the gradient error.
-
-    Adam's first step is lr * f(g) with f(g) = g / (|g| + eps), monotone in g, so a
-    gradient known to within d changes the step by at most lr * max(f(g + d) - f(g),
-    f(g) - f(g - d)). Near g = 0 (gradients that vanish in exact arithmetic, e.g. a
-    bias whose unit is linear on every cell before BatchNorm) that is up to lr * d / eps:
-    rounding noise there moves the parameter visibly, in fp32 by up to 2 lr. d is 1e-13
-    in fp64 and 1e-5 of the tensor's largest gradient in fp32; plus the parameter's own
-    rounding.
-    """
-    g = grad.double()
-    d = 1e-13 if dtype == F64 else 1e-5 * float(g.abs().max())
-    rounding = 1e-12 if dtype == F64 else 1e-6
-
-    def f(x):
-        return x / (x.abs() + 1e-8)
-
-    return rounding + LR * torch.maximum(f(g + d) - f(g), f(g) - f(g - d)).to(grad.dtype)
 
 
 @pytest.mark.dist

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from synthetic_shapes import synthetic_features, synthetic_graph
 
 from ampflow.base.errors import InputError
 from ampflow.contract.config import EarlyStoppingConfig, ModelConfig, TrainConfig
-from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.train.data import PairedData
 from ampflow.train.early_stopping import EarlyStopping, validation_loss, validation_split
 from ampflow.train.trainer import Trainer, build_model

@@ -14,7 +14,7 @@ fail.
   final loss and parameters: atomics reorder float32 sums, about 1e-7 relative per
   addition, over the 12 steps of the run);
 * every strategy set's collectives issued on a one-rank group (NCCL on CUDA, gloo on
-  CPU), compared with the single-process model (tests/test_tensor_parallel's helpers);
+  CPU), compared with the single-process model (tests/parallel_equivalence.py's helpers);
 * two ranks on one device over gloo (which takes CUDA tensors) against one process;
 * a step's numerics in fp32 and bf16 against the same problem in fp64.
 """
@@ -150,8 +150,8 @@ def test_every_collective_on_a_one_rank_group(device, tmp_path):
     """parallelize()'s steps with every group set to the one-rank world, so that each
     collective call site is issued on the device's backend (tp = dp = 1 would skip
     them), against the single-process model (fp64 exactly, fp32 against fp64)."""
-    import test_tensor_parallel as T
-    from test_data_parallel import _snapshot
+    import parallel_equivalence as T
+    from parallel_equivalence import _snapshot
 
     from ampflow.contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
     from ampflow.parallel.data_parallel import DataParallelStep, parallelize_data_parallel
@@ -205,7 +205,7 @@ def test_every_collective_on_a_one_rank_group(device, tmp_path):
 
 
 def _problem_on(device, problem):
-    """test_tensor_parallel's ``_problem`` built on ``device``."""
+    """parallel_equivalence's ``_problem`` built on ``device``."""
 
     def on_device(*a, **k):
         model, rna, hic, cond = problem(*a, **k)
@@ -215,9 +215,9 @@ def _problem_on(device, problem):
 
 
 def _ranks_on_one_device(rank, world, cases, device):
-    """tests/test_tensor_parallel's worker with its problem on ``device`` (every rank on
+    """tests/parallel_equivalence.py's worker with its problem on ``device`` (every rank on
     GPU 0 under gloo); results back on the CPU."""
-    import test_tensor_parallel as T
+    import parallel_equivalence as T
 
     if device == "cuda":
         torch.cuda.set_device(0)
@@ -231,7 +231,7 @@ def _ranks_on_one_device(rank, world, cases, device):
 
 
 def _references_on(device, T, monkeypatch):
-    """test_tensor_parallel's one-process references computed on ``device`` (results back
+    """parallel_equivalence's one-process references computed on ``device`` (results back
     on the CPU): with dp = 1 the model draws its noise from the global RNG of its device,
     and CUDA's generator draws other numbers than the CPU's from the same seed."""
     problem = T._problem
@@ -254,7 +254,7 @@ def _references_on(device, T, monkeypatch):
 @pytest.mark.dist
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_ranks_share_one_device_over_gloo(device, tmp_path, monkeypatch):
-    import test_tensor_parallel as T
+    import parallel_equivalence as T
     from dist_helpers import run_world
 
     cases = [c for c in T.ALL if c[0] != "dp2xtp2 all"]
@@ -275,7 +275,7 @@ NUMERICS = {torch.float32: (1e-6, 1e-4), torch.bfloat16: (3e-2, 0.15)}
 
 
 def _one_step(dtype, device):
-    import test_tensor_parallel as T
+    import parallel_equivalence as T
 
     model, rna, hic, cond = T._problem(torch.float64, "narrow")
     model, rna, hic, cond = model.to(device, dtype), rna.to(device, dtype), hic.to(device, dtype), cond.to(device, dtype)

@@ -22,8 +22,8 @@ import pandas as pd
 import pytest
 import torch
 from dist_helpers import run_world
-from test_data_parallel import LR, WEIGHTS, _snapshot
-from test_tensor_parallel import CONFIGS, SETS, _plan, assert_rank_matches
+from parallel_equivalence import CONFIGS, LR, SETS, WEIGHTS, _plan, _snapshot, assert_rank_matches
+from synthetic_shapes import synthetic_features, synthetic_graph
 
 from ampflow.amp.decide.diagnose import diagnose
 from ampflow.amp.memory.predict import ShapeSpec, estimate_for_profile, predict
@@ -35,7 +35,6 @@ from ampflow.contract.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, KEY_FI
 from ampflow.demo import write_demo
 from ampflow.evaluate.run import main_evaluate
 from ampflow.model.paired import PairedModel
-from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, draw_noise
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize

@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 from dist_helpers import run_world
+from synthetic_shapes import synthetic_features, synthetic_graph
 
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.contract.plan import Plan
 from ampflow.contract.strategies import CHUNKED_ATTENTION, HIDDEN_PARALLEL
 from ampflow.model.paired import PairedModel
-from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import parallelize
 from ampflow.train.measured_memory import SavedTensorBytes

@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import load_script
+from synthetic_shapes import synthetic_features, synthetic_graph
 
 from ampflow.amp.memory.predict import (
     ShapeSpec,
     banded_score_elements,
-    chunked_score_elements,
     estimate_for_profile,
     fit_linear,
     predict,
@@ -24,10 +25,13 @@ from ampflow.amp.memory.terms import attention_transients
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.contract.model_shapes import paired_model_params, stratum_block_params
 from ampflow.contract.strategies import FEATURE_PARALLEL, HIDDEN_PARALLEL
-from ampflow.model.attention import chunk_blocks, local_attention_banded
+from ampflow.model.attention import local_attention_banded
 from ampflow.model.paired import PairedModel
-from ampflow.model.synthetic import synthetic_features, synthetic_graph
 from ampflow.train.measured_memory import AllocatorTrace, measured_step
+
+#: the chunked kernel the model ran before and its probabilities (scripts/attention_baselines.py)
+_baselines = load_script("attention_baselines")
+chunk_blocks, chunked_score_elements = _baselines.chunk_blocks, _baselines.chunked_score_elements
 
 #: The largest relative distance allowed between the prediction and the allocator.
 TOLERANCE = 0.10

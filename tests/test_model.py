@@ -95,9 +95,10 @@ def test_alignment_pulls_only_the_shared_dimensions():
     """The align term reads the first latent_dim - private_dim dimensions of the Hi-C
     latent: its gradient on the private rows of the Hi-C encoder's head is exactly zero,
     on the shared rows it is not, and moving the private rows leaves the term unchanged."""
+    from synthetic_shapes import synthetic_features, synthetic_graph
+
     from ampflow.contract.config import LossWeights, ModelConfig
     from ampflow.model.paired import PairedModel
-    from ampflow.model.synthetic import synthetic_features, synthetic_graph
 
     g = torch.Generator().manual_seed(0)
     cfg = ModelConfig(latent_dim=8, private_dim=3, hidden_dim=16, heads=2, window=2, attention=False, dropout=0.0)

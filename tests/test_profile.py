@@ -151,9 +151,9 @@ def test_profile_counts_the_batches_the_trainer_conditions_on(tmp_path):
     the same file), and the memory model plans for those batches."""
     import scipy.sparse as sp
     import torch
+    from synthetic_shapes import synthetic_graph
 
     from ampflow.amp.memory.predict import spec_from_profile
-    from ampflow.model.synthetic import synthetic_graph
     from ampflow.train.data import PairedData
 
     d = tmp_path / "cfg"

@@ -117,7 +117,7 @@ def test_plan_processes():
 def test_dp_losses_equal_one_process(dp_run, data_dir):
     """Step 1 to 1e-5 relative. Later steps start from parameters that fp32 rounding has
     already moved apart: Adam turns rounding noise on gradients that vanish in exact
-    arithmetic into steps of up to ~lr (see test_data_parallel._adam_tolerance), which
+    arithmetic into steps of up to ~lr (see parallel_equivalence._adam_tolerance), which
     moves later losses by ~1e-4 to 1e-3 relative (moving those parameters by 1e-3 in one
     process does as much), so later steps only have to agree to 1e-2."""
     rows = metrics(dp_run)

@@ -79,7 +79,6 @@ from .terms import (
     ceil_div,
     cell_kl_terms,
     cell_noise_terms,
-    chunked_score_elements,
     encoder_terms,
     graph_decoder_terms,
     graph_encoder_terms,
@@ -89,7 +88,7 @@ from .terms import (
 
 __all__ = [
     "DTYPE_BYTES", "INDEX_BYTES", "OPTIMIZERS", "STEP_BYTES", "Estimate", "ShapeSpec",
-    "banded_score_elements", "chunked_score_elements", "estimate_for_profile", "fit_linear", "predict", "profile_memory", "spec_from_profile",
+    "banded_score_elements", "estimate_for_profile", "fit_linear", "predict", "profile_memory", "spec_from_profile",
 ]  # fmt: skip
 
 

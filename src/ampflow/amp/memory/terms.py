@@ -132,19 +132,6 @@ class Device:
         return {HIDDEN_PARALLEL: self.hp_div, FEATURE_PARALLEL: self.fp_div}
 
 
-def chunked_score_elements(n: int, window: int, chunk: int) -> int:
-    """Probabilities per head kept by the older chunked kernel
-    (:func:`ampflow.model.attention.local_attention_chunked`, not used by the model):
-    ``sum (e - s) * (ke - ks)`` over the blocks of
-    :func:`ampflow.model.attention.chunk_blocks` (query rows ``[s, e)`` of ``chunk``,
-    keys ``[max(0, s - w), min(n, e + w))``)."""
-    total = 0
-    for s in range(0, n, chunk):
-        e = min(n, s + chunk)
-        total += (e - s) * (min(n, e + window) - max(0, s - window))
-    return total
-
-
 def banded_score_elements(n: int, window: int) -> int:
     """Probabilities per head kept by the banded kernel the model runs
     (:func:`ampflow.model.attention.local_attention_banded`): ``n * (2w + 1)`` with

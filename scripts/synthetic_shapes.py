@@ -1,11 +1,19 @@
-"""Random model shapes for tests and benchmarks: strata features and a guidance graph
-with the structure the prepare stage writes, at any size, without any data."""
+"""Random model shapes for the benchmarks and the tests: strata features and a guidance
+graph with the structure the prepare stage writes, at any size, without any data (not
+part of the package: nothing in it builds a model from no data)."""
 
 from __future__ import annotations
 
 import torch
 
-from .paired import GraphSpec
+try:
+    from ampflow.model.paired import GraphSpec
+except ImportError:  # run from a checkout without installing the package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+    from ampflow.model.paired import GraphSpec
 
 
 def synthetic_features(n: int, n_strata: int, keep: float, size: int, g: torch.Generator):
