@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import assert_names
 
 from ampflow.base.errors import InputError
 from ampflow.cli import main
@@ -39,16 +40,6 @@ def rows(n: int = 20, seed: int = 0) -> str:
         c2 = "chr1" if i % 3 else "chr2"
         out.append(f"r{i}\tchr1\t{rng.integers(1, 1_000_000)}\t{c2}\t{rng.integers(1, 500_000)}\t+\t-\n")
     return "".join(out)
-
-
-def assert_names(msg: str, path, line=None, key=None, value=None) -> None:
-    """The message names the file (and line), the key and the value."""
-    where = str(path) if line is None else f"{path}:{line}"
-    assert where in msg, f"{where!r} not in {msg!r}"
-    if key is not None:
-        assert key in msg, f"{key!r} not in {msg!r}"
-    if value is not None:
-        assert repr(value) in msg or str(value) in msg, f"{value!r} not in {msg!r}"
 
 
 @pytest.fixture

@@ -9,10 +9,9 @@ give a cell the same latent whatever batch it is said to be in.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
-import scipy.sparse as sp
 import torch
+from helpers import N_ANCHORS, N_STRATA, batched_paired_data
 from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 from synthetic_shapes import synthetic_features, synthetic_graph
@@ -24,34 +23,9 @@ from ampflow.model.paired import PairedModel
 from ampflow.train.data import PairedData
 from ampflow.train.trainer import Trainer
 
-N_ANCHORS, N_STRATA = 12, 3
-
-
-def _data(n_cells=64, batch_fold=6.0, seed=0, batches=True) -> PairedData:
-    """Hi-C-only cells of two kinds (their own rates) in two batches; batch b1 has a
-    random half of the features ``batch_fold`` times as frequent, kind-independent."""
-    g = torch.Generator().manual_seed(seed)
-    anchor, stratum = synthetic_features(N_ANCHORS, N_STRATA, 1.0, 0, g)
-    F = len(anchor)
-    kind = torch.arange(n_cells) % 2
-    batch = (torch.arange(n_cells) // 2) % 2
-    rates = torch.rand(2, F, generator=g) * 3 + 0.5
-    boosted = torch.rand(F, generator=g) < 0.5
-    effect = torch.where(boosted, batch_fold, 1.0)  # (F,)
-    lam = rates[kind] * torch.where(batch.unsqueeze(1) == 1, effect, torch.ones(F))
-    hic = torch.poisson(lam, generator=g).numpy()
-    obs = pd.DataFrame(
-        {"kind": [f"k{k}" for k in kind.tolist()], **({"batch": [f"b{b}" for b in batch.tolist()]} if batches else {})},
-        index=[f"c{i}" for i in range(n_cells)],
-    )
-    return PairedData(
-        obs=obs, rna=sp.csr_matrix((n_cells, 0), dtype=np.float32), hic=sp.csr_matrix(hic, dtype=np.float32),
-        feature_anchor=anchor, feature_stratum=stratum, n_strata=N_STRATA, graph=synthetic_graph(0, N_ANCHORS, g), meta={},
-    )  # fmt: skip
-
 
 def test_batches_come_from_the_named_column():
-    d = _data()
+    d = batched_paired_data()
     d.use_batches("batch")
     assert d.batch_names == ["b0", "b1"] and d.n_batches == 2
     assert d.batch_codes.tolist() == [int(b[1]) for b in d.obs["batch"]]
@@ -115,9 +89,9 @@ def test_a_planted_batch_effect_goes_to_the_decoders(tmp_path):
     splits the cells by batch. Conditioned on the batch, the decoders take it and the
     latent splits them by kind. Far apart on purpose (1 against 0), so that no machine's
     rounding moves a cell across."""
-    data = _data()
+    data = batched_paired_data()
     plain_kind, plain_batch = _aris(_train(data, None, tmp_path / "plain"), data)
-    kind, batch = _aris(_train(_data(), "batch", tmp_path / "conditioned"), data)
+    kind, batch = _aris(_train(batched_paired_data(), "batch", tmp_path / "conditioned"), data)
     print(f"\nARI vs kind / vs batch: unconditioned {plain_kind:.2f} / {plain_batch:.2f}, conditioned {kind:.2f} / {batch:.2f}")
     assert plain_batch > 0.8 and plain_kind < 0.2
     assert kind > 0.8 and batch < 0.2

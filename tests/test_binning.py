@@ -2,41 +2,15 @@
 
 from __future__ import annotations
 
-import gzip
-from collections import Counter
-
 import cooler
 import numpy as np
 import pytest
+from helpers import independent_count
 
 from ampflow.cli import main
 from ampflow.io.genome import ChromNamer, bin_offsets, read_chromsizes
 from ampflow.io.pairs import read_pairs
 from ampflow.prepare.binning import bin_contacts
-
-
-def independent_count(path, chromsizes, resolution):
-    """Plain-Python pixel count: no pandas, no numpy, no code shared with ampflow."""
-    names = list(chromsizes)
-    first = {}
-    acc = 0
-    for c in names:
-        first[c] = acc
-        acc += -(-chromsizes[c] // resolution)
-    counts = Counter()
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as fh:
-        for line in fh:
-            if line.startswith("#"):
-                continue
-            f = line.rstrip("\n").split("\t")
-            c1, p1, c2, p2 = f[1], int(f[2]), f[3], int(f[4])
-            if c1 not in first or c2 not in first:
-                continue
-            a = first[c1] + (p1 - 1) // resolution
-            b = first[c2] + (p2 - 1) // resolution
-            counts[(min(a, b), max(a, b))] += 1
-    return counts
 
 
 @pytest.mark.slow

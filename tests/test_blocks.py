@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import workflow_copy
-from test_binning import independent_count
+from helpers import independent_count
 
 from ampflow.cli import main
 from ampflow.io.genome import read_chromsizes, resolution_label

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from helpers import mm10_profile
 
 from ampflow.amp.cost import model as cm
 from ampflow.amp.cost.calibrate import calibrate
@@ -28,31 +29,6 @@ from ampflow.model.attention import local_attention_banded
 from ampflow.report.plan_text import step_text
 
 GIB = 2**30
-
-
-def mm10_profile(n: int = 2700, L: int = 10, window: int = 8) -> dict:
-    """The issue's real shape: mm10 at 1 Mb (about 2,700 anchors on 22 chromosomes), 10
-    strata, window 8, with 2,000 RNA features."""
-    fps = [n - 22 * k for k in range(L)]
-    return {
-        "version": 1,
-        "modalities": {
-            "rna": {"prob_model": "NB", "n_features": 2000, "n_cells": 5000},
-            "hic": {
-                "prob_model": "HiCZINB",
-                "n_features": sum(fps),
-                "n_cells": 5000,
-                "n_strata": L,
-                "n_anchors": n,
-                "features_per_stratum": fps,
-                "attention": True,
-                "window": window,
-            },  # fmt: skip
-        },
-        "graph": {"n_nodes": n + 2000, "n_edges": 60000},
-        "model": {"window": window},
-        "train": {"batch_size": 32},
-    }
 
 
 def need(profile, names, dp, tp, chunk) -> int:

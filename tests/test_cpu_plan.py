@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_diagnose import Est
+from helpers import GIB, host, linear_estimate, plan_for, profile
 
 from ampflow.amp.decide.cpu import threads_per_process, trains_on_cpu
 from ampflow.amp.decide.diagnose import diagnose
@@ -18,37 +18,6 @@ from ampflow.contract.config import TrainConfig
 from ampflow.contract.plan import Plan
 from ampflow.devices import probe_devices
 from ampflow.report.plan_text import explain, threads_text
-
-GIB = 2**30
-RNA_FEATURES = 100  # float32: 400 bytes per cell of the data batch
-
-
-def profile(batch_size: int = 64) -> dict:
-    """An RNA-only profile: no signal is raised, so the mesh is dp = devices, tp 1."""
-    mods = {"rna": {"prob_model": "NB", "n_features": RNA_FEATURES, "n_cells": 1000}}
-    return {"version": 1, "modalities": mods, "graph": {"n_nodes": 100, "n_edges": 1000}, "model": {}, "train": {"batch_size": batch_size}}
-
-
-def linear_estimate(p, names, dp, tp, chunk):
-    """Predicted peak 1000 + 10 x batch bytes per process, plus the process's data batch
-    (ceil(batch / dp) cells x 400 bytes), which the memory model's peak counts."""
-    b = p["train"]["batch_size"]
-    total = 1000 + 10 * b + -(-b // dp) * RNA_FEATURES * 4
-    return Est(total, total, 0)
-
-
-def host(cores: int | None = 16, available: int | None = 64 * GIB, gpus: int = 0) -> dict:
-    """A devices.json as `ampflow devices` writes it, with ``cores`` and ``available``."""
-    return {
-        "host": "node",
-        "cpu": {"affinity_cores": cores, "cores": cores, "memory_total_bytes": 2 * (available or GIB), "memory_available_bytes": available},
-        "devices": [{"index": i, "name": "GPU", "memory_total": 80 * GIB, "memory_free": 80 * GIB} for i in range(gpus)],
-    }
-
-
-def plan_for(processes: int, train: dict | None = None, devices: dict | None = None, batch_size: int = 64, fraction: float = 1.0) -> Plan:
-    return diagnose(profile(batch_size), processes, 80 * GIB, fraction, estimate=linear_estimate,
-                    train=TrainConfig.from_dict(train or {}), host=devices if devices is not None else host())  # fmt: skip
 
 
 # ------------------------------------------------------------------ threads

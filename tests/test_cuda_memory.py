@@ -220,7 +220,7 @@ def test_a_plan_for_cuda_budgets_the_context_workspaces_and_fragmentation():
     """diagnose: a plan that trains on CUDA compares the predicted peak with the device
     memory less the CUDA overheads (and says so); a CPU plan, and one that records no
     device, with device memory x budget_fraction as before."""
-    from test_cost_model import mm10_profile
+    from helpers import mm10_profile
 
     from ampflow.amp.decide.diagnose import diagnose
     from ampflow.contract.config import TrainConfig

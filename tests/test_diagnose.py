@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
 
 import pytest
+from helpers import Est
 
 from ampflow.amp.cost.model import cost_for_profile
 from ampflow.amp.decide import diagnose as dg
@@ -36,14 +36,6 @@ def make_profile(high_input: bool, attention: bool, heavy: bool, hic: bool = Tru
             "window": 8,
         }
     return {"version": 1, "modalities": mods, "graph": {"n_nodes": 6000, "n_edges": 50000}, "model": {}, "train": {"batch_size": 64}}
-
-
-@dataclass
-class Est:
-    total: float
-    base: float
-    per_stratum: float
-    components: dict = field(default_factory=dict)
 
 
 def toy_estimate(profile, names, dp, tp, chunk):

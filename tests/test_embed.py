@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
-from test_trainer import MODEL, SETTINGS, prepare
+from helpers import MODEL, SETTINGS, prepare
 
 from ampflow.base.errors import InputError
 from ampflow.cli import main

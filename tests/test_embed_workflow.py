@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import workflow_copy
-from test_workflow import snakemake
+from helpers import snakemake
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 
 import pytest
-from test_bad_input import assert_names
+from helpers import assert_names
 
 from ampflow.base.errors import InputError
 from ampflow.io.fasta import DNA, PROTEIN, FastaCleaner, FastaPolicy, read_fasta

@@ -179,7 +179,7 @@ def test_the_trainer_names_its_device_and_the_gpus_it_leaves(gpus, tmp_path, cap
     import logging
 
     import yaml
-    from test_batches import _data
+    from helpers import batched_paired_data
 
     from ampflow.contract.config import ModelConfig, TrainConfig
     from ampflow.train.trainer import Trainer
@@ -187,7 +187,7 @@ def test_the_trainer_names_its_device_and_the_gpus_it_leaves(gpus, tmp_path, cap
     gpus(1)
     settings = TrainConfig.from_dict({**yaml.safe_load(DEMO.read_text())["train"], "threads": 1})
     with caplog.at_level(logging.INFO, logger="ampflow.train.trainer"):
-        Trainer(_data(batches=False), ModelConfig(latent_dim=4, hidden_dim=8, heads=2, window=2), settings, tmp_path)
+        Trainer(batched_paired_data(batches=False), ModelConfig(latent_dim=4, hidden_dim=8, heads=2, window=2), settings, tmp_path)
     assert "device: cpu (train.device cpu; 1 CUDA GPU(s) visible, not used), 1 process(es)" in caplog.text
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import MODEL, SETTINGS, prepare
+from helpers import MODEL, SETTINGS, prepare
 
 from ampflow.amp.decide.diagnose import diagnose
 from ampflow.amp.decide.signals import evaluate_signals

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 from fake_cuda import fake_cuda_env
-from test_cpu_plan import GIB, host, plan_for, profile
+from helpers import GIB, host, plan_for, profile
 
 from ampflow.amp.decide.diagnose import plan_device
 from ampflow.base.errors import InputError
@@ -73,7 +73,7 @@ def test_the_device_is_decided_when_the_plan_is_made(setting, gpus, expected):
 
 def test_without_train_or_devices_record_nothing_is_decided():
     assert plan_device(None, None) == ("", "")
-    from test_cpu_plan import linear_estimate
+    from helpers import linear_estimate
 
     from ampflow.amp.decide.diagnose import diagnose
 
@@ -111,14 +111,14 @@ def test_run_device_is_the_plans_and_a_cuda_plan_without_a_gpu_is_refused(tmp_pa
 
 def test_the_trainer_refuses_a_cuda_plan_without_a_gpu(tmp_path, monkeypatch):
     import torch
-    from test_batches import _data
+    from helpers import batched_paired_data
 
     from ampflow.contract.config import ModelConfig
     from ampflow.train.trainer import Trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(InputError, match="no CUDA GPU is visible"):
-        Trainer(_data(batches=False), ModelConfig(latent_dim=4, hidden_dim=8, heads=2, window=2), TrainConfig(threads=1),
+        Trainer(batched_paired_data(batches=False), ModelConfig(latent_dim=4, hidden_dim=8, heads=2, window=2), TrainConfig(threads=1),
                 tmp_path / "out", plan=Plan.from_dict({"device": "cuda"}))  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from matplotlib.figure import Figure
+from helpers import PROFILE, assert_labelled, metrics_rows, summary_inputs
 
 from ampflow.amp.decide.diagnose import diagnose
 from ampflow.base.errors import InputError
@@ -28,18 +28,6 @@ from ampflow.report.summary import summary_report, text_table
 from ampflow.report.training import metrics_frame, plot_training
 
 PNG = b"\x89PNG\r\n\x1a\n"
-UNIT = re.compile(r"\(.+\)")  # "memory held (MiB)", "UMAP 1 (arbitrary units)"
-
-
-def assert_labelled(fig: Figure) -> None:
-    """A title (on the figure or every panel) and, on every visible panel, x and y labels with a unit in parentheses."""
-    suptitle = fig._suptitle.get_text() if fig._suptitle is not None else ""
-    for ax in fig.axes:
-        if not ax.get_visible() or not ax.axison:  # a text-only panel (axis off) has no axes to label
-            continue
-        assert suptitle or ax.get_title(), "figure or panel title"
-        for label in (ax.get_xlabel(), ax.get_ylabel()):
-            assert label and UNIT.search(label), f"axis label without a unit: {label!r} in {ax.get_title()!r}"
 
 
 def is_png(path: Path) -> bool:
@@ -137,45 +125,6 @@ def test_distance_decay_by_hand(tiny_scool, tmp_path, figures):
         distance_decay(tiny_scool, ["A", "nope"])
 
 
-# ---------------------------------------------------------------- AMP plan and memory
-PROFILE = {
-    "version": 1,
-    "modalities": {
-        "rna": {"prob_model": "NB", "n_features": 200, "n_cells": 100},
-        "hic": {
-            "prob_model": "HiCZINB",
-            "n_features": 250,
-            "n_cells": 100,
-            "n_strata": 4,
-            "n_anchors": 64,
-            "features_per_stratum": [64, 63, 62, 61],
-            "attention": True,
-            "window": 4,
-            "heads": 2,
-        },  # fmt: skip
-    },
-    "graph": {"n_nodes": 264, "n_edges": 2000},
-    "model": {"latent_dim": 8, "hidden_dim": 16, "heads": 2, "window": 4},
-    "train": {"batch_size": 8},
-}
-
-
-def metrics_rows(n_steps=3, world=2, per_rank=False):
-    rows = []
-    for s in range(1, n_steps + 1):
-        marks = [100 + 10 * k + s for k in range(4)]
-        if per_rank:
-            for r in range(world):
-                rows.append(
-                    {"step": s, "rank": r, "stage": "pretrain", "loss": {"total": 1.0}, "peak_bytes": 200 + r + s, "stratum_bytes": [m + r for m in marks]}
-                )
-        else:
-            rows.append({"step": s, "stage": "pretrain" if s < n_steps else "finetune", "epoch": 0, "seconds": 0.5, "cells_per_s": 64.0,
-                         "loss": {"total": 3.0 / s, "rna_nll": 1.0 / s, "align": 0.1}, "peak_bytes": 300 + s,
-                         "stratum_bytes": marks, "rank_peak_bytes": [300 + s, 290 + s][:world]})  # fmt: skip
-    return rows
-
-
 def test_measured_memory_from_rank_zero_rows_and_per_rank_rows():
     m = measured_memory(metrics_rows(world=2))
     assert m.world == 2 and m.steps == 3
@@ -230,21 +179,6 @@ def test_training_figure(tmp_path, figures):
     assert titles[:3] == ["total", "rna_nll", "align"] and titles[-1].startswith("throughput")
     with pytest.raises(InputError, match="no metrics rows"):
         metrics_frame([])
-
-
-def summary_inputs(tmp_path, scores: dict) -> dict:
-    """A plan, the given scores.json and two ranks' metrics per configuration, as the
-    summary rule gets them: name -> {"plan", "scores", "metrics"} paths."""
-    plan = diagnose(PROFILE, 2, 2**30, 0.9)
-    cfgs = {}
-    for name, score in scores.items():
-        d = tmp_path / name
-        d.mkdir()
-        plan.write(d / "plan.json")
-        (d / "scores.json").write_text(json.dumps(score))
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics_rows(world=2)))
-        cfgs[name] = {"plan": d / "plan.json", "scores": d / "scores.json", "metrics": d / "metrics.jsonl"}
-    return cfgs
 
 
 def test_summary_files_and_text(tmp_path, figures):

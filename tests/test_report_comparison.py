@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from test_report import assert_labelled, summary_inputs
+from helpers import assert_labelled, summary_inputs
 
 from ampflow.report.comparison import comparison_columns
 from ampflow.report.summary import summary_report, text_table

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer import MODEL, SETTINGS, assert_same_model, metrics, prepare
+from helpers import MODEL, SETTINGS, assert_same_model, metrics, prepare
 
 from ampflow.contract.config import TrainConfig
 from ampflow.contract.plan import Plan

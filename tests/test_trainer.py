@@ -29,6 +29,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 import yaml
+from helpers import MODEL, SETTINGS, assert_same_model, load_model, metrics, prepare
 
 from ampflow.base.errors import InputError
 from ampflow.cli import main
@@ -41,54 +42,11 @@ from ampflow.train import checkpoint
 from ampflow.train.data import PairedData, load_paired
 from ampflow.train.trainer import MEASURED_STEPS, Trainer
 
-MODEL = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2)
-SETTINGS = {
-    "seed": 0,
-    "batch_size": 8,
-    "checkpoint_every": 3,
-    "keep_checkpoints": 3,
-    "threads": 1,
-    "device": "cpu",
-    "pretrain": {"epochs": 3},
-    "finetune": {"epochs": 2},
-}
 TRAIN = TrainConfig.from_dict(SETTINGS)
 # 23 cells pass QC; batches of 8 -> 3 per epoch; 3 + 2 epochs
 STEPS_PER_EPOCH = 3
 N_STEPS = 5 * STEPS_PER_EPOCH
 LOSS_TERMS = {"rna_nll", "hic_nll", "rna_kl", "hic_kl", "graph_nll", "graph_kl", "align", "total"}
-
-
-def prepare(paths: dict, work: Path, rna=None, genes=None, holdout: float | None = None, folder: str = "data") -> Path:
-    """Run the prepare commands on a demo's files; return the data folder. With
-    ``holdout`` the cells are split first (qc/split.tsv) and the data folder built with
-    the split, as the workflow does."""
-    rna, genes, sheet, sizes = rna or paths["rna"], genes or paths["genes"], paths["sheet"], paths["chromsizes"]
-    data, scool = work / folder, work / "binned" / "1000000.scool"
-    steps = [
-        ["bin-cells", "--sheet", sheet, "--chromsizes", sizes, "--resolutions", "1000000", "--out-scool", scool,
-         "--stats", work / "qc" / "contacts.tsv", "--cache-dir", work / "cache", "--threads", "1"],
-        ["load-rna", rna, "--out", work / "rna" / "counts.h5ad", "--stats", work / "qc" / "rna.tsv"],
-        ["qc-cells", "--sheet", sheet, "--contacts", work / "qc" / "contacts.tsv", "--rna-stats", work / "qc" / "rna.tsv",
-         "--min-contacts", "100", "--min-umis", "10", "--min-genes", "5", "--out", work / "qc" / "cells.tsv"],
-        ["pseudobulk", "--scool", f"1000000={scool}", "--qc", work / "qc" / "cells.tsv", "--out", work / "binned" / "pseudobulk.mcool"],
-        ["strata", "--scool", scool, "--qc", work / "qc" / "cells.tsv", "--chromsizes", sizes, "--strata", "4",
-         "--min-cells", "2", "--min-count", "2", "--out", data / "hic.h5ad"],
-        ["rna-data", "--counts", work / "rna" / "counts.h5ad", "--qc", work / "qc" / "cells.tsv", "--genes", genes,
-         "--chromsizes", sizes, "--n-top-genes", "200", "--out", data / "rna.h5ad"],
-        ["graph", "--rna", data / "rna.h5ad", "--hic", data / "hic.h5ad", "--mcool", work / "binned" / "pseudobulk.mcool",
-         "--chromsizes", sizes, "--out", data / "graph"],
-    ]  # fmt: skip
-    if holdout is not None:
-        split = work / "qc" / "split.tsv"
-        steps.insert(3, ["split-cells", "--qc", work / "qc" / "cells.tsv", "--holdout", holdout, "--label-key", "cell_type",
-                         "--seed", "0", "--out", split])  # fmt: skip
-        for step in steps:
-            if step[0] in ("strata", "rna-data"):
-                step += ["--split", split]
-    for step in steps:
-        assert main([str(x) for x in step]) == 0, step[0]
-    return data
 
 
 @pytest.fixture(scope="module")
@@ -119,26 +77,11 @@ def reference(paired, tmp_path_factory) -> Path:
     return out
 
 
-def load_model(out: Path) -> dict:
-    return torch.load(out / "model.pt", map_location="cpu", weights_only=True)
-
-
-def assert_same_model(a: Path, b: Path) -> None:
-    sa, sb = load_model(a)["state_dict"], load_model(b)["state_dict"]
-    assert list(sa) == list(sb)
-    differ = [k for k in sa if not torch.equal(sa[k], sb[k])]
-    assert not differ, f"tensors differ between {a} and {b}: {differ}"
-
-
 def assert_same_embeddings(a: Path, b: Path) -> None:
     ea, eb = ad.read_h5ad(a / "embeddings.h5ad"), ad.read_h5ad(b / "embeddings.h5ad")
     assert list(ea.obs_names) == list(eb.obs_names)
     for key in ("X_rna", "X_hic", "X_joint"):
         np.testing.assert_array_equal(ea.obsm[key], eb.obsm[key], err_msg=key)
-
-
-def metrics(out: Path, name: str = "metrics.jsonl") -> list[dict]:
-    return [json.loads(ln) for ln in (out / name).read_text().splitlines()]
 
 
 def assert_same_metrics(a: Path, b: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import anndata as ad
@@ -14,12 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import workflow_copy
+from helpers import BIN, QUICK, snakemake
 
 from ampflow.train.trainer import MEASURED_STEPS
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 # 21 training steps (7 epochs of 3 batches of the ~93 training cells; a fifth of the 116
 # passing cells is held out): the workflow is under test here, not the fit. float64, so that the sharded runs can be compared with one process beyond the
 # rounding drift that Adam amplifies in float32 (see test_train_dist). A float64 step holds
@@ -32,12 +31,6 @@ prepare: {block_cells: 50}
 train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, dtype: float64}
 amp: {device_memory_gb: 0.1220703125}
 """
-QUICK = ["--configfile", "config/demo.yaml", "config/quick.yaml"]
-
-
-def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run([str(BIN / "snakemake"), "--cores", "2", *QUICK, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
