@@ -52,3 +52,39 @@ def test_cluster_schema_defaults_equal_dataclass_defaults():
     cluster = schema_defaults(schema["properties"]["cluster"])
     assert cluster == dataclasses.asdict(ClusterOffer())
     assert ClusterOffer.from_dict(cluster) == ClusterOffer()
+
+
+def test_jobs_sized_before_a_plan_follow_the_config():
+    """The workflow's sizing of the devices, train, embed and extraction jobs before a
+    plan exists (contract.allocation, ExtractSettings): each rule on hand-worked cases."""
+    from ampflow.contract.allocation import (
+        ClusterOffer,
+        devices_job_gpus,
+        embed_threads,
+        gpu_partition,
+        planned_devices,
+        train_cores,
+        trains_on_gpus,
+    )
+    from ampflow.extract.config import ExtractSettings
+
+    four = ClusterOffer(gpu_partition="gpu", gpus_per_node=4, cpus_per_gpu=8)
+    none = ClusterOffer(gpus_per_node=0)
+    # amp.devices: as given; auto: the GPUs visible, else one node's, at least 1
+    assert planned_devices(3, 0, four) == 3 and planned_devices("auto", 2, four) == 2
+    assert planned_devices("auto", 0, four) == 4 and planned_devices("auto", 0, none) == 1
+    # cores: threads x processes; auto: Snakemake's cores, at most the host's, at least 1
+    assert train_cores(2, 3, 64, 16) == 6
+    assert train_cores("auto", 3, 8, 16) == 8 and train_cores("auto", 3, 64, 16) == 16 and train_cores("auto", 3, None, 12) == 12
+    assert embed_threads(5, 99) == 5 and embed_threads("auto", 7) == 7
+    # GPUs: only where the cluster offers them and train.device allows them
+    assert trains_on_gpus(four, "auto") and trains_on_gpus(four, "cuda") and not trains_on_gpus(four, "cpu") and not trains_on_gpus(none, "cuda")
+    assert devices_job_gpus(four, "cuda", 2) == 2 and devices_job_gpus(four, "cuda", 8) == 4 and devices_job_gpus(four, "cuda", "auto") == 4
+    assert devices_job_gpus(four, "cpu", 2) == 0
+    assert gpu_partition(four, "cuda", "x") == {"slurm_partition": "x"} and gpu_partition(four, "cpu", "x") == {}
+    assert gpu_partition(ClusterOffer(gpus_per_node=2), "cuda", "x") == {}
+    # extraction: threads per worker x workers (GPUs, or CPU workers)
+    gpu = ExtractSettings.from_dict({"device": "cuda", "gpus": 2, "threads": 3})
+    cpu = ExtractSettings.from_dict({"device": "cpu", "gpus": 2, "cpu_workers": 4, "threads": 1})
+    assert gpu.uses_gpus and gpu.job_threads == 6 and gpu.gpu_job_resources(four) == {"cpus_per_gpu": 8, "slurm_partition": "gpu"}
+    assert not cpu.uses_gpus and cpu.job_threads == 4 and cpu.gpu_job_resources(four) == {}

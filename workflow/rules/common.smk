@@ -21,7 +21,15 @@ from ampflow.io.sheet import read_sheet
 from ampflow.prepare.blocks import block_digest, block_names, block_rows
 from ampflow.prepare.resources import NEEDS, bin_block_mem_mb
 from ampflow.devices import probe_devices
-from ampflow.contract.allocation import ClusterOffer, train_allocation
+from ampflow.contract.allocation import (
+    ClusterOffer,
+    devices_job_gpus,
+    planned_devices,
+    train_allocation,
+)
+from ampflow.contract.allocation import embed_threads as embed_threads_for
+from ampflow.contract.allocation import gpu_partition as gpu_partition_for
+from ampflow.contract.allocation import train_cores as train_cores_for
 from ampflow.contract.config import AUTO_DEVICES, check_amp_devices, require_gpus
 from ampflow.contract.plan import Plan
 
@@ -110,14 +118,11 @@ def check_local_gpus():
 
 
 def amp_devices_count():
-    """amp.devices as a number for sizing jobs before a plan exists (the cores of the
-    devices and train rules): as given; for auto (counted by the diagnosis from
-    devices.json) the GPUs visible here, or where none is (a cluster's login node, a dry
-    run) one node's, cluster.gpus_per_node, at least 1."""
-    devices = config["amp"]["devices"]
-    if devices != AUTO_DEVICES:
-        return int(devices)
-    return len(host_devices()["devices"]) or max(1, CLUSTER.gpus_per_node)
+    """amp.devices as a number for sizing jobs before a plan exists
+    (ampflow.contract.allocation.planned_devices)."""
+    return planned_devices(
+        config["amp"]["devices"], len(host_devices()["devices"]), CLUSTER
+    )
 
 
 if HAS_HIC:
@@ -411,52 +416,26 @@ def extract_input_args(model):
     return args
 
 
-def extract_uses_gpus():
-    return EXTRACT_SETTINGS.device != "cpu" and EXTRACT_SETTINGS.gpus > 0
-
-
-def extract_threads():
-    workers = (
-        EXTRACT_SETTINGS.gpus if extract_uses_gpus() else EXTRACT_SETTINGS.cpu_workers
-    )
-    return EXTRACT_SETTINGS.threads * max(workers, 1)
-
-
 def train_cores():
-    """Cores a training job reserves (and the devices rule, which probes such an
-    allocation): train.threads per process times the amp.devices processes; for
-    train.threads auto, the cores Snakemake has (--cores; on a cluster, what the profile's
-    set-threads gives), which the plan divides among the processes."""
-    threads = config["train"]["threads"]
-    if threads != "auto":
-        return int(threads) * amp_devices_count()
+    """Cores a training job (and the devices job) reserves
+    (ampflow.contract.allocation.train_cores)."""
     try:
         cores = workflow.cores
     except WorkflowError:  # no --cores (a cluster run given --jobs)
         cores = None
-    return max(1, min(cores or os.cpu_count() or 1, os.cpu_count() or 1))
+    return train_cores_for(
+        config["train"]["threads"], amp_devices_count(), cores, os.cpu_count() or 1
+    )
 
 
 def embed_threads():
-    """Torch threads of an embedding job (one process): train.threads, or for auto the
-    cores a training job reserves."""
-    threads = config["train"]["threads"]
-    return int(threads) if threads != "auto" else train_cores()
-
-
-def uses_gpus():
-    """Whether training uses GPUs: the cluster offers some and train.device allows them."""
-    return CLUSTER.gpus_per_node > 0 and config["train"]["device"] != "cpu"
+    return embed_threads_for(config["train"]["threads"], train_cores())
 
 
 def devices_gpus():
-    """GPUs of the devices job: one node's share of amp.devices (it records what such
-    an allocation sees; the plan is made from it); for amp.devices auto, one node's."""
-    if not uses_gpus():
-        return 0
-    if config["amp"]["devices"] == AUTO_DEVICES:
-        return CLUSTER.gpus_per_node
-    return min(int(config["amp"]["devices"]), CLUSTER.gpus_per_node)
+    return devices_job_gpus(
+        CLUSTER, config["train"]["device"], config["amp"]["devices"]
+    )
 
 
 def train_resource(name, default=None):
@@ -474,20 +453,4 @@ def train_resource(name, default=None):
 
 
 def gpu_partition(value):
-    """``slurm_partition`` of a GPU job (config cluster.gpu_partition), as a dict to
-    unpack into a rule's resources: empty when the run uses no GPUs or names no GPU
-    partition, so the profile's default partition applies."""
-    if uses_gpus() and CLUSTER.gpu_partition:
-        return {"slurm_partition": value}
-    return {}
-
-
-def extract_gpu_resources():
-    """The GPU partition and CPUs per GPU (config "cluster") of an extraction job that
-    asks for GPUs; none otherwise."""
-    if not extract_uses_gpus():
-        return {}
-    out = {"cpus_per_gpu": CLUSTER.cpus_per_gpu}
-    if CLUSTER.gpu_partition:
-        out["slurm_partition"] = CLUSTER.gpu_partition
-    return out
+    return gpu_partition_for(CLUSTER, config["train"]["device"], value)

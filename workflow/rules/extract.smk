@@ -43,13 +43,13 @@ rule extract:
         model=alternatives(EXTRACT_MODELS),
     conda:
         "../../envs/extract.yaml"
-    threads: extract_threads()
+    threads: EXTRACT_SETTINGS.job_threads
     resources:
         # the GPU partition and CPUs per GPU of config "cluster"
-        **extract_gpu_resources(),
+        **EXTRACT_SETTINGS.gpu_job_resources(CLUSTER),
         # a counter locally (Snakemake sets no CUDA_VISIBLE_DEVICES); --gpus=N on SLURM.
         # The job starts one worker per GPU it sees, up to extract.gpus.
-        gpu=EXTRACT_SETTINGS.gpus if extract_uses_gpus() else 0,
+        gpu=EXTRACT_SETTINGS.gpus if EXTRACT_SETTINGS.uses_gpus else 0,
         mem_mb=16000,
         runtime=1440,
     params:

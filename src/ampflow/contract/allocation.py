@@ -143,3 +143,59 @@ def train_allocation(plan, offer: ClusterOffer) -> Allocation:
         )  # fmt: skip
     per_node = world // nodes
     return Allocation(True, nodes, per_node, offer.cpus_per_gpu * per_node, offer.mem_mb_per_gpu * per_node, offer.gpu_partition)
+
+
+# ---------------------------------------------------------------- jobs sized before a plan
+# The workflow sizes the devices, train and embed jobs from the config before any plan
+# exists (the plan is made from what the devices job records); these are its rules.
+AUTO = "auto"
+
+
+def planned_devices(amp_devices, visible_gpus: int, offer: ClusterOffer) -> int:
+    """``amp.devices`` as a number: as given; for ``auto`` (counted by the diagnosis
+    from ``devices.json``) the GPUs visible here, or where none is (a cluster's login
+    node, a dry run) one node's, ``cluster.gpus_per_node``, at least 1."""
+    if amp_devices != AUTO:
+        return int(amp_devices)
+    return visible_gpus or max(1, offer.gpus_per_node)
+
+
+def train_cores(threads, devices: int, snakemake_cores: int | None, cpu_count: int) -> int:
+    """Cores a training job reserves (and the devices job, which probes such an
+    allocation): ``train.threads`` per process times the ``devices`` processes; for
+    ``auto``, the cores Snakemake has (``--cores``; on a cluster what the profile's
+    ``set-threads`` gives; None: none given), at most this host's, which the plan
+    divides among the processes."""
+    if threads != AUTO:
+        return int(threads) * devices
+    return max(1, min(snakemake_cores or cpu_count, cpu_count))
+
+
+def embed_threads(threads, train_job_cores: int) -> int:
+    """Torch threads of an embedding job (one process): ``train.threads``, or for
+    ``auto`` the cores a training job reserves."""
+    return int(threads) if threads != AUTO else train_job_cores
+
+
+def trains_on_gpus(offer: ClusterOffer, train_device: str) -> bool:
+    """Whether training uses GPUs: the cluster offers some and ``train.device`` allows them."""
+    return offer.gpus_per_node > 0 and train_device != "cpu"
+
+
+def devices_job_gpus(offer: ClusterOffer, train_device: str, amp_devices) -> int:
+    """GPUs of the devices job: one node's share of ``amp.devices`` (it records what such
+    an allocation sees; the plan is made from it); for ``auto``, one node's."""
+    if not trains_on_gpus(offer, train_device):
+        return 0
+    if amp_devices == AUTO:
+        return offer.gpus_per_node
+    return min(int(amp_devices), offer.gpus_per_node)
+
+
+def gpu_partition(offer: ClusterOffer, train_device: str, value) -> dict:
+    """``slurm_partition`` of a GPU job (``cluster.gpu_partition``), as a dict to unpack
+    into a rule's resources: empty when the run uses no GPUs or names no GPU partition,
+    so the profile's default partition applies."""
+    if trains_on_gpus(offer, train_device) and offer.gpu_partition:
+        return {"slurm_partition": value}
+    return {}

@@ -186,6 +186,27 @@ class ExtractSettings:
         if self.telemetry_interval <= 0:
             raise InputError("must be > 0", key="extract.telemetry_interval", value=self.telemetry_interval)
 
+    @property
+    def uses_gpus(self) -> bool:
+        """Whether the job's workers run on GPUs (``device`` not cpu and ``gpus`` > 0)."""
+        return self.device != "cpu" and self.gpus > 0
+
+    @property
+    def job_threads(self) -> int:
+        """Cores the job reserves: ``threads`` per worker, one worker per GPU or
+        ``cpu_workers`` on the CPU."""
+        return self.threads * max(self.gpus if self.uses_gpus else self.cpu_workers, 1)
+
+    def gpu_job_resources(self, offer) -> dict:
+        """The GPU partition and CPUs per GPU (a :class:`~ampflow.contract.allocation.ClusterOffer`)
+        of a job that asks for GPUs; none otherwise."""
+        if not self.uses_gpus:
+            return {}
+        out = {"cpus_per_gpu": offer.cpus_per_gpu}
+        if offer.gpu_partition:
+            out["slurm_partition"] = offer.gpu_partition
+        return out
+
     @classmethod
     def from_dict(cls, d: dict | None) -> ExtractSettings:
         d = {k: v for k, v in (d or {}).items() if k not in ("inputs", "models")}
