@@ -411,19 +411,16 @@ class Embedder:
         return out, stats
 
 
-def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu", lock=None) -> Embedder:
+def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu") -> Embedder:
     """Load the model of ``spec`` from ``folder`` onto ``device`` (once per worker): only
     the blocks up to the deepest of ``layers``, its weights in the run's dtype, tensor by
-    tensor straight to the device (``weights.load_model``). With ``lock`` (a file), the
-    workers of a job load one after another, so the host holds one model's reading
-    buffers at a time, not one per GPU."""
-    from contextlib import nullcontext
-
+    tensor straight to the device (``weights.load_model``; GPU workers take turns with
+    ``weights.load_lock`` around it, see :mod:`.worker`)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from .esmc import EsmcTokenizer
-    from .weights import load_lock, load_model
+    from .weights import load_model
 
     hf_logging.disable_progress_bar()
     folder = Path(folder)
@@ -434,8 +431,7 @@ def load_embedder(spec: ModelSpec, folder, layers: list[int], device: str = "cpu
     # float32 on the CPU: the weights stay the file's pages, one copy shared by every
     # worker (bfloat16 there would give each worker a converted copy of its own)
     dtype = spec.dtype if device.startswith("cuda") else "float32"
-    with load_lock(lock) if lock is not None else nullcontext():
-        model = load_model(spec.kind, folder, dtype=dtype, device=device, n_blocks=max(layers))
+    model = load_model(spec.kind, folder, dtype=dtype, device=device, n_blocks=max(layers))
     return Embedder(
         spec.kind, model, tokenizer, layers, spec.poolings, spec.per_token, device, dtype,
         spec.tokens_per_batch, spec.attention_per_batch, spec.pack,

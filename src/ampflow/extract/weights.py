@@ -137,20 +137,29 @@ def load_model(kind: str, folder, dtype: str = "float32", device: str = "cpu", n
 
 
 @contextmanager
-def load_lock(path):
+def load_lock(path, on_wait=None, on_turn=None):
     """Hold an exclusive ``flock`` on ``path`` (created if need be) while in the block.
 
     Workers of one job that load their models under the same lock load one after
     another. The kernel releases the lock when the file is closed, also when the
-    process dies, so a killed worker never leaves the others waiting.
+    process dies, so a killed worker never leaves the others waiting. When another
+    process holds it, ``on_wait()`` is called before blocking and ``on_turn()`` once the
+    lock is ours (a worker tells its pool it is waiting, not hung).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        t0 = time.monotonic()
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        log.info("waited %.1f s for the model-loading lock %s", time.monotonic() - t0, path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            t0 = time.monotonic()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if on_turn is not None:
+                on_turn()
+            log.info("waited %.1f s for the model-loading lock %s", time.monotonic() - t0, path)
         yield
     finally:
         os.close(fd)

@@ -45,7 +45,6 @@ pool counts the progress of the workers loading meanwhile as its progress
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import sys
@@ -53,7 +52,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,25 +165,12 @@ class ProgressReporter:
                 return
 
 
-@contextmanager
 def load_turn(path: Path, progress: ProgressReporter):
-    """Hold an exclusive ``flock`` on ``path`` while in the block (the lock of
-    ``weights.load_lock``: the kernel releases it when the holder dies); when another
-    worker holds it, say ``waiting`` before blocking and ``turn`` once it is ours."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress.say("waiting")
-            t0 = time.monotonic()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            progress.say("turn")
-            log.info("waited %.1f s for the model-loading lock %s", time.monotonic() - t0, path)
-        yield
-    finally:
-        os.close(fd)
+    """The job's model-loading lock (:func:`~ampflow.extract.weights.load_lock`), saying
+    ``waiting`` before blocking on another worker's turn and ``turn`` once it is ours."""
+    from .weights import load_lock  # torch: imported in the worker, not in the pool
+
+    return load_lock(path, on_wait=lambda: progress.say("waiting"), on_turn=lambda: progress.say("turn"))
 
 
 def compute_chunk(embedder, job: Job, chunk: dict, label: str, on_batch: Callable | None = None, cache=None) -> dict:
