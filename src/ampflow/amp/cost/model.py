@@ -1,6 +1,6 @@
 """Cost model: predicted seconds per training step of the Hi-C decoder, from shapes only.
 
-The diagnosis (:mod:`.diagnose`) uses it to choose the plan's free knob, the query
+The diagnosis (:mod:`ampflow.amp.decide.diagnose`) uses it to choose the plan's free knob, the query
 chunk of S3, as the fastest candidate among those that fit the memory budget. It counts
 the part of a step the knobs change, the Hi-C decoder's strata (their attention blocks
 and decode, forward and backward), on one device:
