@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from ..base.errors import InputError
+from .config import AUTO_DEVICES, AUTO_THREADS
 
 MB = 1 << 20
 #: Host memory (MB) of one CPU training process beyond what the plan's batch check
@@ -148,14 +149,11 @@ def train_allocation(plan, offer: ClusterOffer) -> Allocation:
 # ---------------------------------------------------------------- jobs sized before a plan
 # The workflow sizes the devices, train and embed jobs from the config before any plan
 # exists (the plan is made from what the devices job records); these are its rules.
-AUTO = "auto"
-
-
 def planned_devices(amp_devices, visible_gpus: int, offer: ClusterOffer) -> int:
     """``amp.devices`` as a number: as given; for ``auto`` (counted by the diagnosis
     from ``devices.json``) the GPUs visible here, or where none is (a cluster's login
     node, a dry run) one node's, ``cluster.gpus_per_node``, at least 1."""
-    if amp_devices != AUTO:
+    if amp_devices != AUTO_DEVICES:
         return int(amp_devices)
     return visible_gpus or max(1, offer.gpus_per_node)
 
@@ -166,7 +164,7 @@ def train_cores(threads, devices: int, snakemake_cores: int | None, cpu_count: i
     ``auto``, the cores Snakemake has (``--cores``; on a cluster what the profile's
     ``set-threads`` gives; None: none given), at most this host's, which the plan
     divides among the processes."""
-    if threads != AUTO:
+    if threads != AUTO_THREADS:
         return int(threads) * devices
     return max(1, min(snakemake_cores or cpu_count, cpu_count))
 
@@ -174,7 +172,7 @@ def train_cores(threads, devices: int, snakemake_cores: int | None, cpu_count: i
 def embed_threads(threads, train_job_cores: int) -> int:
     """Torch threads of an embedding job (one process): ``train.threads``, or for
     ``auto`` the cores a training job reserves."""
-    return int(threads) if threads != AUTO else train_job_cores
+    return int(threads) if threads != AUTO_THREADS else train_job_cores
 
 
 def trains_on_gpus(offer: ClusterOffer, train_device: str) -> bool:
@@ -187,7 +185,7 @@ def devices_job_gpus(offer: ClusterOffer, train_device: str, amp_devices) -> int
     an allocation sees; the plan is made from it); for ``auto``, one node's."""
     if not trains_on_gpus(offer, train_device):
         return 0
-    if amp_devices == AUTO:
+    if amp_devices == AUTO_DEVICES:
         return offer.gpus_per_node
     return min(int(amp_devices), offer.gpus_per_node)
 

@@ -152,3 +152,25 @@ def past_cut(name: str, blocks: int, total: int) -> bool:
     """A block the cut network does not have (but the checkpoint's network does)."""
     m = LAYER.match(name)
     return m is not None and blocks <= int(m.group(1)) < total
+
+
+class FolderAdapter:
+    """What the adapters of a hub-style model folder (``config.json`` beside the weights)
+    share: the folder's config (:meth:`read_config`), its depth, the blocks kept, and the
+    folder's :class:`Checkpoint`. Subclasses give ``read_config`` and the rest of the
+    adapter (see the module docstring)."""
+
+    OPTIONAL: tuple[str, ...] = ()
+
+    def __init__(self, folder: Path, n_blocks: int | None):
+        require_config_json(folder)
+        self.folder = folder
+        self.config = self.read_config(folder)
+        self.total = self.config.num_hidden_layers
+        self.blocks = kept_blocks(self.total, n_blocks)
+
+    def read_config(self, folder: Path):
+        raise NotImplementedError
+
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.folder)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..base.errors import InputError
-from .checkpoint import SKIP, Checkpoint, kept_blocks, past_cut, require_config_json
+from .checkpoint import SKIP, FolderAdapter, past_cut
 
 
 @dataclass(frozen=True)
@@ -254,21 +254,12 @@ class DnabertModel(nn.Module):
         return out
 
 
-class DnabertAdapter:
+class DnabertAdapter(FolderAdapter):
     """How :func:`~ampflow.extract.weights.load_model` builds and fills :class:`DnabertModel`,
     from the hub's parameter names (the masked-LM head and the CLS pooler neither built nor read)."""
 
-    OPTIONAL = ()
-
-    def __init__(self, folder: Path, n_blocks: int | None):
-        require_config_json(folder)
-        self.folder = folder
-        self.config = DnabertConfig.from_json(folder / "config.json")
-        self.total = self.config.num_hidden_layers
-        self.blocks = kept_blocks(self.total, n_blocks)
-
-    def checkpoint(self) -> Checkpoint:
-        return Checkpoint(self.folder)
+    def read_config(self, folder: Path) -> DnabertConfig:
+        return DnabertConfig.from_json(folder / "config.json")
 
     def skeleton(self) -> nn.Module:
         with torch.device("meta"):

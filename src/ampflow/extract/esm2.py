@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import SKIP, Checkpoint, kept_blocks, past_cut, require_config_json
+from .checkpoint import SKIP, FolderAdapter, past_cut
 
 
-class Esm2Adapter:
+class Esm2Adapter(FolderAdapter):
     """transformers' ``EsmModel`` without pooler, as ``from_pretrained`` gives it."""
 
     # transformers' own renamings for ESM checkpoints (its conversion_mapping "esm" and
@@ -27,17 +27,10 @@ class Esm2Adapter:
     )
     OPTIONAL = ("rotary_embeddings.inv_freq",)
 
-    def __init__(self, folder: Path, n_blocks: int | None):
+    def read_config(self, folder: Path):
         from transformers import EsmConfig
 
-        require_config_json(folder)
-        self.folder = folder
-        self.config = EsmConfig.from_pretrained(str(folder), local_files_only=True)
-        self.total = self.config.num_hidden_layers
-        self.blocks = kept_blocks(self.total, n_blocks)
-
-    def checkpoint(self) -> Checkpoint:
-        return Checkpoint(self.folder)
+        return EsmConfig.from_pretrained(str(folder), local_files_only=True)
 
     def skeleton(self) -> nn.Module:
         from transformers import EsmModel
