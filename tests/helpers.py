@@ -28,6 +28,7 @@ from ampflow.amp.decide.diagnose import diagnose
 from ampflow.cli import main
 from ampflow.contract.config import ModelConfig, TrainConfig
 from ampflow.contract.plan import Plan
+from ampflow.contract.profile import as_profile
 from ampflow.train.data import PairedData
 
 UNIT = re.compile(r"\(.+\)")  # "memory held (MiB)", "UMAP 1 (arbitrary units)"
@@ -217,7 +218,7 @@ def profile(batch_size: int = 64) -> dict:
 def linear_estimate(p, names, dp, tp, chunk):
     """Predicted peak 1000 + 10 x batch bytes per process, plus the process's data batch
     (ceil(batch / dp) cells x 400 bytes), which the memory model's peak counts."""
-    b = p["train"]["batch_size"]
+    b = as_profile(p).train.batch_size
     total = 1000 + 10 * b + -(-b // dp) * RNA_FEATURES * 4
     return Est(total, total, 0)
 

@@ -162,15 +162,15 @@ def test_identical_inputs_give_byte_identical_plans(tmp_path):
         plans.append(out.read_bytes())
     assert plans[0] == plans[1]
     plan = Plan.read(tmp_path / "plan0.json")
-    assert plan.version == 4 and plan.cost_model["source"] == f"calibrated on {doc['device']}"
-    assert plan.cost_model["constants"] == doc["constants"]
-    assert plan.predicted_step_seconds == plan.cost_model["terms"]["seconds"] > 0
+    assert plan.version == 4 and plan.cost_model.source == f"calibrated on {doc['device']}"
+    assert plan.cost_model.constants == doc["constants"]
+    assert plan.predicted_step_seconds == plan.cost_model.terms["seconds"] > 0
     assert any("calibrated on cpu" in r for r in plan.reasons)
     assert Plan.from_dict(json.loads(plans[0])) == plan and plan.dumps().encode() == plans[0]
     # without a calibration file: the documented defaults, and the plan says so
     assert main(["diagnose", str(prof), "--devices", "4", "--device-memory", "80", "--out", str(tmp_path / "d.json")]) == 0
     default = Plan.read(tmp_path / "d.json")
-    assert default.cost_model["source"] == "defaults" and default.cost_model["constants"] == cm.DEFAULT_CONSTANTS.to_dict()
+    assert default.cost_model.source == "defaults" and default.cost_model.constants == cm.DEFAULT_CONSTANTS.to_dict()
     assert any("the documented defaults: no calibration file" in r for r in default.reasons)
     # a version 1 plan (no cost fields) still reads
     old = json.loads(plans[0])
@@ -189,9 +189,9 @@ def test_mm10_at_1mb_no_longer_gets_chunk_2048_unless_memory_forces_it(devices):
     roomy = diagnose(p, devices, 80 * GIB)
     assert roomy.chunk_size is None and roomy.fits
     (why,) = [r for r in roomy.reasons if r.startswith("S3 chunked_attention not taken")]
-    cands = {c["chunk"]: c for c in roomy.cost_model["candidates"]}
-    assert f"one block (no chunk) fits and is the fastest: {cands[None]['seconds']:.3g} s/step predicted vs {cands[2048]['seconds']:.3g} s at chunk 2048" in why
-    assert cands[None]["seconds"] < cands[2048]["seconds"] and all(c["fits"] for c in cands.values())
+    cands = {c.chunk: c for c in roomy.cost_model.candidates}
+    assert f"one block (no chunk) fits and is the fastest: {cands[None].seconds:.3g} s/step predicted vs {cands[2048].seconds:.3g} s at chunk 2048" in why
+    assert cands[None].seconds < cands[2048].seconds and all(c.fits for c in cands.values())
     # the memory model's referee: one block's bytes are within the budget
     dp = roomy.mesh.dp
     assert need(p, roomy.names, dp, 1, 0) <= roomy.inputs.budget_bytes

@@ -29,7 +29,7 @@ def test_threads_are_cores_over_processes(cores, processes, expected):
     pl = plan_for(processes, {"device": "cpu", "threads": "auto"}, host(cores))
     assert pl.mesh.dp * pl.mesh.tp == processes
     assert pl.threads == expected
-    assert pl.cpu["cores"] == cores and pl.cpu["processes"] == processes and pl.cpu["threads_source"] == "plan"
+    assert pl.cpu.cores == cores and pl.cpu.processes == processes and pl.cpu.threads_source == "plan"
     assert f"cpu: {cores} cores / {processes} process(es) -> {expected} thread(s) per process" in " ".join(pl.reasons)
     assert expected * processes <= max(cores, processes)  # never more threads than cores per process
 
@@ -41,7 +41,7 @@ def test_threads_auto_is_the_default_and_auto_device_without_gpus_is_cpu():
 
 def test_an_explicit_integer_wins_and_the_plan_says_so():
     pl = plan_for(2, {"device": "cpu", "threads": 3}, host(16))
-    assert pl.threads == 3 and pl.cpu["threads_source"] == "train.threads"
+    assert pl.threads == 3 and pl.cpu.threads_source == "train.threads"
     why = " ".join(pl.reasons)
     assert "3 per process, as train.threads sets (an explicit integer wins)" in why and "16 cores / 2 process(es) -> 8" in why
     # more threads than cores: said, not changed
@@ -52,14 +52,14 @@ def test_an_explicit_integer_wins_and_the_plan_says_so():
 @pytest.mark.parametrize("train, devices", [({"device": "cuda"}, host(16)), ({"device": "auto"}, host(16, gpus=2))])
 def test_a_gpu_run_has_no_cpu_section(train, devices):
     pl = plan_for(2, train, devices)
-    assert pl.cpu == {} and pl.threads is None
+    assert pl.cpu is None and pl.threads is None
     assert not any(r.startswith(("cpu", "host memory")) for r in pl.reasons)
 
 
 def test_no_cores_recorded_gives_one_thread():
     pl = plan_for(2, {"device": "cpu"}, {"devices": []})
-    assert pl.threads == 1 and pl.cpu["threads_source"] == "default"
-    assert pl.cpu["host_fits"] is None  # and the batch is not checked
+    assert pl.threads == 1 and pl.cpu.threads_source == "default"
+    assert pl.cpu.host_fits is None  # and the batch is not checked
 
 
 def test_helpers():
@@ -75,23 +75,23 @@ def test_helpers():
 def test_batch_that_fits_host_memory():
     pl = plan_for(2, {"device": "cpu"}, host(16, available=GIB))
     # per process: 1000 + 10 x 64 peak, and 32 cells x 400 bytes of data batch; two processes
-    assert pl.cpu["host_need_bytes"] == 2 * (1000 + 640 + 32 * 400) == 28880
-    assert pl.cpu["host_fits"] is True and pl.cpu["largest_fitting_batch"] is None and pl.cpu["batch_size"] == 64
+    assert pl.cpu.host_need_bytes == 2 * (1000 + 640 + 32 * 400) == 28880
+    assert pl.cpu.host_fits is True and pl.cpu.largest_fitting_batch is None and pl.cpu.batch_size == 64
     assert any(r.startswith("host memory: batch 64 needs") and r.endswith(": fits.") for r in pl.reasons)
 
 
 def test_batch_that_does_not_fit_names_one_that_would():
     pl = plan_for(2, {"device": "cpu"}, host(16, available=20000))
     # per process 1000 + 10 B + ceil(B / 2) x 400 <= 10000: B = 42 gives 9820, B = 43 gives 10230
-    assert pl.cpu["host_fits"] is False and pl.cpu["largest_fitting_batch"] == 42
-    assert pl.cpu["batch_size"] == 64  # the configured batch is not changed
+    assert pl.cpu.host_fits is False and pl.cpu.largest_fitting_batch == 42
+    assert pl.cpu.batch_size == 64  # the configured batch is not changed
     assert any("WARNING, does not fit; train.batch_size 42 would" in r for r in pl.reasons)
     assert "does NOT fit; batch 42 would" in explain(pl)
     # the budget fraction applies to the available memory: half of 40000 is the same 20000
-    assert plan_for(2, {"device": "cpu"}, host(16, available=40000), fraction=0.5).cpu["largest_fitting_batch"] == 42
+    assert plan_for(2, {"device": "cpu"}, host(16, available=40000), fraction=0.5).cpu.largest_fitting_batch == 42
     # not even two cells: said
     none = plan_for(2, {"device": "cpu"}, host(16, available=1000))
-    assert none.cpu["largest_fitting_batch"] is None and any("no batch of 2 or more would" in r for r in none.reasons)
+    assert none.cpu.largest_fitting_batch is None and any("no batch of 2 or more would" in r for r in none.reasons)
 
 
 # ------------------------------------------------------------------ determinism, reading, showing
@@ -107,7 +107,7 @@ def test_an_older_plan_reads_without_threads():
     doc["version"] = 2
     del doc["cpu"]
     old = Plan.from_dict(doc)
-    assert old.cpu == {} and old.threads is None and "not planned" in threads_text(old)
+    assert old.cpu is None and old.threads is None and "not planned" in threads_text(old)
 
 
 def test_explain_shows_threads_and_why():

@@ -16,6 +16,7 @@ from ampflow.amp.decide.signals import Signal, register_signal, unregister_signa
 from ampflow.amp.decide.strategies import Strategy, register_strategy, unregister_strategy
 from ampflow.base.errors import InputError
 from ampflow.contract.plan import Plan
+from ampflow.contract.profile import as_profile
 from ampflow.report.plan_text import explain
 
 GIB = 2**30
@@ -41,10 +42,10 @@ def make_profile(high_input: bool, attention: bool, heavy: bool, hic: bool = Tru
 def toy_estimate(profile, names, dp, tp, chunk):
     """A monotone toy memory model: S5 divides the stratum term by tp, S2 the decode term,
     S3 shrinks attention with the chunk size, S1 divides the batch."""
-    hic = profile["modalities"].get("hic")
+    hic = as_profile(profile).hic
     if hic is None:
         return Est(1 * GIB / dp, 1 * GIB / dp, 0)
-    L = hic["n_strata"]
+    L = hic.n_strata
     attn = (chunk + 16) / 4096 if chunk else 1.0
     stratum = (1.0 * attn) * GIB
     if "hidden_parallel" in names:
@@ -168,9 +169,7 @@ def test_identical_inputs_identical_bytes():
 
 
 def test_registering_a_signal_and_strategy_needs_no_diagnose_change():
-    register_signal(
-        Signal("MANY_CELLS", "more than 500 cells", lambda prof, s: (prof["modalities"]["rna"]["n_cells"] > 500, {"n": prof["modalities"]["rna"]["n_cells"]}))
-    )
+    register_signal(Signal("MANY_CELLS", "more than 500 cells", lambda prof, s: (prof.rna.n_cells > 500, {"n": prof.rna.n_cells})))
     register_strategy(Strategy("S9", "dummy_offload", "a test strategy", 60, False, False, lambda ctx: "many cells" if ctx.raised("MANY_CELLS") else None))
     try:
         out = plan(make_profile(False, False, False), 1, 64)

@@ -35,6 +35,7 @@ from ampflow.base.errors import InputError
 from ampflow.cli import main
 from ampflow.contract.config import ModelConfig, TrainConfig
 from ampflow.contract.plan import Plan
+from ampflow.contract.plan_sections import CpuSection
 from ampflow.demo import write_demo
 from ampflow.io.genome import read_chromsizes
 from ampflow.io.split import read_split, write_split
@@ -213,7 +214,7 @@ def test_resumed_run_shows_each_step_once(paired, reference, tmp_path, deleted):
 def test_runs_with_the_plans_threads(paired, tmp_path, configured, planned, expected):
     """train.threads auto runs with the plan's threads per process, an explicit integer
     wins, and with neither it is 1: as torch reports them inside each step (metrics rows)."""
-    cpu = {"cores": 3 * planned, "processes": 1, "threads": planned, "threads_source": "plan"} if planned else {}
+    cpu = CpuSection(cores=3 * planned, processes=1, threads=planned, threads_source="plan") if planned else None
     cfg = dataclasses.replace(TRAIN, threads=configured)
     before = torch.get_num_threads()
     try:

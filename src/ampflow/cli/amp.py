@@ -81,7 +81,7 @@ def cmd_diagnose(a):
     threads = f"; {plan.threads} torch thread(s) per process" if plan.threads else ""
     log.info("plan: %s; mesh dp %d x tp %d on %s%s; fits=%s -> %s", names, plan.mesh.dp, plan.mesh.tp, plan.device or "train.device",
              threads, plan.fits, a.out)  # fmt: skip
-    if plan.cpu.get("host_fits") is False:
+    if plan.cpu is not None and plan.cpu.host_fits is False:
         from ..report.plan_text import host_memory_text
 
         log.warning("%s", host_memory_text(plan))

@@ -119,7 +119,7 @@ def plan_on_gpus(plan) -> bool:
     whether it lacks the ``cpu`` section a plan for CPU carries."""
     if getattr(plan, "device", ""):
         return plan.device == "cuda"
-    return not plan.cpu
+    return plan.cpu is None
 
 
 def train_allocation(plan, offer: ClusterOffer) -> Allocation:
@@ -127,7 +127,7 @@ def train_allocation(plan, offer: ClusterOffer) -> Allocation:
     ``offer`` gives; an InputError when a GPU plan does not split over whole nodes."""
     world = plan.world
     if not plan_on_gpus(plan):
-        need = int(plan.cpu.get("host_need_bytes") or 0)
+        need = plan.cpu.host_need_bytes if plan.cpu is not None else 0
         mem = max(CPU_MIN_MB, world * CPU_PROCESS_MB + math.ceil(need * 1.25 / MB))
         return Allocation(False, 1, world, None, mem)
     if offer.gpus_per_node < 1:

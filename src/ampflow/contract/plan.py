@@ -23,28 +23,12 @@ from pathlib import Path
 
 from ..base.atomic import write_text_atomic
 from ..base.errors import InputError, read_json
+from .plan_sections import CostSection, CpuSection, PeakScope
 from .strategies import BUILT_IN, KEY_FIRST_DECODE
 
 PLAN_VERSION = 4
 #: The devices a plan trains on; "" in a plan before version 4 (``train.device`` decides).
 PLAN_DEVICES = ("cpu", "cuda")
-
-#: What the predicted peak counts: the allocator's peak of a steady-state training step
-#: (after the first optimizer step), what the trainer measures as ``peak_bytes``
-#: (:mod:`ampflow.train.measured_memory`): the largest of the end of the forward pass, the
-#: backward pass and the optimizer step.
-PEAK_COUNTS = (
-    "parameters and buffers", "optimizer state", "the data batch", "activations saved for backward",
-    "gradients", "transients of the backward pass and of the optimizer step",
-)  # fmt: skip
-#: What it leaves out and no profile can tell: a device adds these on top of it.
-PEAK_NOT_MODELLED = ("CUDA context and kernels (runtime)", "allocator caching and fragmentation", "communication buffers (NCCL)")
-#: What the predicted step seconds count (:mod:`ampflow.amp.cost.model`).
-COST_COUNTS = (
-    "the Hi-C decoder's strata on one device, forward and backward: banded attention FLOPs, projection, "
-    "feed-forward and decode FLOPs, a per-chunk overhead per attention call and query chunk, and the "
-    "latency of the tp group's collectives; not the encoders, graph, likelihood or optimizer"
-)
 
 
 @dataclass(frozen=True)
@@ -104,14 +88,9 @@ class Plan:
         Key-first decode (S4).
     predicted_peak_bytes, M_base_bytes, M_stratum_bytes : int
         The memory model's per-device prediction for this plan.
-    peak_scope : dict
-        What ``predicted_peak_bytes`` counts (``counts``: :data:`PEAK_COUNTS`), the
-        predicted peak of each phase of the step (``phases``: ``end_of_forward``,
-        ``backward``, ``optimizer_step``) and which holds the peak (``peak_phase``),
-        the bytes of one device's dense input batch it includes
-        (``data_batch_bytes``), and what it leaves out (``leaves_out``:
-        ``not_modelled``, :data:`PEAK_NOT_MODELLED`). Empty in a plan written without
-        it.
+    peak_scope : PeakScope or None
+        What ``predicted_peak_bytes`` counts, each phase's predicted peak and what it
+        leaves out (:class:`~.plan_sections.PeakScope`); None in a plan written without it.
     signals, memory_components : dict
         Evidence and the prediction's breakdown, as the diagnosis wrote them.
     fits : bool
@@ -124,23 +103,15 @@ class Plan:
         fits; None when none up to 1024 does.
     predicted_step_seconds : float or None
         The cost model's seconds per step for this plan on one device (what it counts:
-        :data:`COST_COUNTS`); None without a Hi-C decoder or in a version 1 plan.
-    cost_model : dict
-        ``counts`` (:data:`COST_COUNTS`), ``constants`` (rates in FLOP/s, the per-chunk
-        overhead and collective latency in seconds, the band width the overhead was
-        measured at), ``source`` (``"defaults"`` or the calibrated device), ``terms`` (the
-        prediction by term) and ``candidates`` (each chunk considered, ``null`` = one
-        block: predicted seconds, bytes needed with its transient scores, fits). Empty
-        without a Hi-C decoder or in a version 1 plan.
-    cpu : dict
-        For a run on CPU (:mod:`ampflow.amp.decide.cpu`): ``cores`` (of the allocation, from
-        ``devices.json``), ``processes`` (dp x tp), ``threads`` (torch threads per
-        process) and ``threads_source`` (``"plan"``: cores / processes; ``"train.threads"``:
-        the explicit setting; ``"default"``: 1, no cores known); the batch check:
-        ``batch_size``, ``host_need_bytes`` (all processes), ``host_available_bytes``,
-        ``host_budget_bytes``, ``host_fits`` (None: not checked) and
-        ``largest_fitting_batch`` (when it does not fit). Empty for a GPU run or in a
-        plan before version 3.
+        :data:`~.plan_sections.COST_COUNTS`); None without a Hi-C decoder or in a version 1 plan.
+    cost_model : CostSection or None
+        The step time's counts, constants, source, terms and the chunk candidates
+        weighed (:class:`~.plan_sections.CostSection`); None without a Hi-C decoder or
+        in a version 1 plan.
+    cpu : CpuSection or None
+        For a run on CPU: threads per process and the host-memory check of the batch
+        (:class:`~.plan_sections.CpuSection`, :mod:`ampflow.amp.decide.cpu`); None for a GPU
+        run or in a plan before version 3.
     device : str
         ``"cpu"`` or ``"cuda"``: where the plan trains, decided with it (its budget, its
         ``cpu`` section and the job's allocation are for that device): ``train.device``
@@ -168,10 +139,10 @@ class Plan:
     fits: bool = True
     recommended_devices: int | None = None
     min_fitting_devices: int | None = None
-    peak_scope: dict = field(default_factory=dict)
+    peak_scope: PeakScope | None = None
     predicted_step_seconds: float | None = None
-    cost_model: dict = field(default_factory=dict)
-    cpu: dict = field(default_factory=dict)
+    cost_model: CostSection | None = None
+    cpu: CpuSection | None = None
     device: str = ""
     reasons: tuple[str, ...] = ()
     path: str | None = field(default=None, compare=False, repr=False)
@@ -218,8 +189,7 @@ class Plan:
     @property
     def threads(self) -> int | None:
         """Torch threads per process for a run on CPU; None when the plan gives none."""
-        t = (self.cpu or {}).get("threads")
-        return int(t) if t else None
+        return self.cpu.threads if self.cpu else None
 
     @property
     def source(self) -> str:
@@ -244,10 +214,10 @@ class Plan:
             "fits": self.fits,
             "recommended_devices": self.recommended_devices,
             "min_fitting_devices": self.min_fitting_devices,
-            "peak_scope": self.peak_scope,
+            "peak_scope": self.peak_scope.to_dict() if self.peak_scope else {},
             "predicted_step_seconds": self.predicted_step_seconds,
-            "cost_model": self.cost_model,
-            "cpu": self.cpu,
+            "cost_model": self.cost_model.to_dict() if self.cost_model else {},
+            "cpu": self.cpu.to_dict() if self.cpu else {},
             "device": self.device,
             "reasons": list(self.reasons),
         }
@@ -274,11 +244,11 @@ class Plan:
             inputs = PlanInputs(**(d.get("inputs") or {}))
             kw = {k: d[k] for k in ("version", "signals", "chunk_size", "key_first", "predicted_peak_bytes",
                                      "M_base_bytes", "M_stratum_bytes", "n_strata", "memory_components", "fits",
-                                     "recommended_devices", "min_fitting_devices", "peak_scope", "predicted_step_seconds",
-                                     "cost_model", "cpu", "device") if k in d}  # fmt: skip
-            for key in ("cost_model", "cpu"):
-                if key in kw and kw[key] is None:
-                    kw[key] = {}
+                                     "recommended_devices", "min_fitting_devices", "predicted_step_seconds",
+                                     "device") if k in d}  # fmt: skip
+            # a section written empty (``{}``; ``null`` in some older plans) is absent
+            sections = {"peak_scope": PeakScope, "cost_model": CostSection, "cpu": CpuSection}
+            kw.update({k: section.from_dict(d[k]) for k, section in sections.items() if d.get(k)})
             if "device" in kw and kw["device"] is None:
                 kw["device"] = ""
             return cls(

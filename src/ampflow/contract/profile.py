@@ -1,17 +1,17 @@
-"""The profile's contract (``profile.json``): its ``train`` section, the config it was made
-with, its hash, and reading and writing it.
+"""The profile's contract (``profile.json``): the typed :class:`Profile` its readers see,
+its ``train`` section, the config it was made with, its hash, and reading and writing it.
 
-:func:`ampflow.amp.profile.profile_data` builds a profile from a data folder's metadata;
-the signals, the memory model and the diagnosis read it. What they need of the model and
-training settings is read here, with the defaults of :mod:`.config`, so no stage restates
-a default.
+:func:`ampflow.amp.profile.profile_data` builds a profile (a JSON object) from a data
+folder's metadata; the signals, the memory and cost models and the diagnosis read it as a
+:class:`Profile` (:func:`as_profile`). What they need of the model and training settings
+is read here, with the defaults of :mod:`.config`, so no stage restates a default.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..base.atomic import write_text_atomic
 from ..base.errors import InputError, read_json
@@ -46,14 +46,151 @@ class ProfileTrain:
         return asdict(self)
 
 
-def model_config(profile: dict) -> ModelConfig:
+def model_config(profile: Profile | dict) -> ModelConfig:
     """The model settings a profile was made with."""
-    return ModelConfig.from_dict(profile.get("model"))
+    return profile.model if isinstance(profile, Profile) else ModelConfig.from_dict(profile.get("model"))
 
 
-def train_settings(profile: dict) -> ProfileTrain:
+def train_settings(profile: Profile | dict) -> ProfileTrain:
     """The training settings a profile was made with."""
-    return ProfileTrain.from_dict(profile.get("train"))
+    return profile.train if isinstance(profile, Profile) else ProfileTrain.from_dict(profile.get("train"))
+
+
+@dataclass(frozen=True)
+class ModalityProfile:
+    """One modality of a profile (``modalities.<name>``), as the h5ad metadata gave it.
+
+    A count the profile does not hold is None (a hand-written profile may give only some):
+    each reader says what it takes in its place. The Hi-C fields are None for RNA.
+
+    Attributes
+    ----------
+    n_features, n_cells, nnz : int or None
+        Features (genes, or Hi-C features over all strata), cells and stored values.
+    prob_model, x_encoding : str or None
+        The likelihood the decoder uses and the matrix's encoding.
+    sources : dict or None
+        Which values were inferred, and from what.
+    n_strata, n_anchors : int or None
+        Hi-C: distance strata and anchors (bins) per stratum.
+    features_per_stratum : tuple of int or None
+        Hi-C: features of each stratum.
+    attention, window, heads : bool, int, int or None
+        Hi-C: the decoder's settings the profile was made with.
+    resolution : int or None
+        Hi-C: bin size in bp.
+    """
+
+    n_features: int | None = None
+    n_cells: int | None = None
+    nnz: int | None = None
+    prob_model: str | None = None
+    x_encoding: str | None = None
+    sources: dict | None = None
+    n_strata: int | None = None
+    n_anchors: int | None = None
+    features_per_stratum: tuple[int, ...] | None = None
+    attention: bool | None = None
+    window: int | None = None
+    heads: int | None = None
+    resolution: int | None = None
+
+    @classmethod
+    def from_dict(cls, d, name: str) -> ModalityProfile:
+        key = f"modalities.{name}"
+        if not isinstance(d, dict):
+            raise InputError("must be a JSON object", key=key, value=type(d).__name__)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise InputError(f"unknown key(s); known: {sorted(known)}", key=key, value=unknown)
+        read = {"features_per_stratum": lambda v: tuple(int(x) for x in v), "sources": dict, "attention": bool,
+                "prob_model": str, "x_encoding": str}  # fmt: skip
+        kw = {}
+        for k, v in d.items():
+            try:
+                kw[k] = None if v is None else read.get(k, int)(v)
+            except (TypeError, ValueError) as e:
+                raise InputError(f"malformed ({type(e).__name__}: {e})", key=f"{key}.{k}", value=v) from None
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile as its readers see it (:func:`ampflow.amp.profile.profile_data` writes it).
+
+    Attributes
+    ----------
+    modalities : dict of str to ModalityProfile
+        ``rna`` and/or ``hic``, in the file's order.
+    n_nodes, n_edges : int
+        The guidance graph's size (0 when the profile gives none).
+    batch_key : str or None
+        The model's ``batch_key``.
+    n_batches : int
+        The batches the decoders are conditioned on (0: none).
+    model : ModelConfig
+        The model settings it was made with.
+    train : ProfileTrain
+        The training settings the memory model needs.
+    hash : str
+        :func:`profile_hash` of the JSON object it was read from (what a plan records).
+    """
+
+    modalities: dict[str, ModalityProfile] = field(default_factory=dict)
+    n_nodes: int = 0
+    n_edges: int = 0
+    batch_key: str | None = None
+    n_batches: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: ProfileTrain = field(default_factory=ProfileTrain)
+    hash: str = field(default="", compare=False)
+
+    @property
+    def rna(self) -> ModalityProfile | None:
+        return self.modalities.get("rna")
+
+    @property
+    def hic(self) -> ModalityProfile | None:
+        return self.modalities.get("hic")
+
+    def with_batch_size(self, batch_size: int) -> Profile:
+        """The same profile with ``train.batch_size`` set (the host-memory check weighs others)."""
+        return replace(self, train=replace(self.train, batch_size=int(batch_size)))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Profile:
+        """From ``profile.json``'s object: ``modalities``, ``model`` and ``train`` are required
+        (a missing one is an InputError naming it); other sections take their defaults.
+        The sections the profile adds for the reader (``signals``, ``memory``, ``inputs``,
+        ``data_dir``, ``version``) are not read."""
+        if not isinstance(d, dict):
+            raise InputError("a profile must be a JSON object", value=type(d).__name__)
+        for key in ("modalities", "model", "train"):
+            if key not in d:
+                raise InputError("profile lacks a required section", key=key)
+        mods = d["modalities"]
+        if not isinstance(mods, dict):
+            raise InputError("must be a JSON object", key="modalities", value=type(mods).__name__)
+        graph, batches = d.get("graph") or {}, d.get("batches") or {}
+        try:
+            counts = {"n_nodes": int(graph.get("n_nodes", 0)), "n_edges": int(graph.get("n_edges", 0)),
+                      "n_batches": int(batches.get("n_batches", 0))}  # fmt: skip
+        except (TypeError, ValueError, AttributeError) as e:
+            raise InputError(f"malformed graph or batches section ({type(e).__name__}: {e})", key="graph/batches") from None
+        return cls(
+            modalities={name: ModalityProfile.from_dict(m, name) for name, m in mods.items()},
+            batch_key=batches.get("key"),
+            model=ModelConfig.from_dict(d.get("model")),
+            train=ProfileTrain.from_dict(d.get("train")),
+            hash=profile_hash(d),
+            **counts,
+        )
+
+
+def as_profile(profile: Profile | dict) -> Profile:
+    """``profile`` as a :class:`Profile` (a JSON object is read with :meth:`Profile.from_dict`)."""
+    return profile if isinstance(profile, Profile) else Profile.from_dict(profile)
 
 
 def canonical_json(profile: dict) -> str:
@@ -72,5 +209,5 @@ def write_profile(path, profile: dict) -> None:
 
 
 def read_profile(path) -> dict:
-    """``profile.json``; a missing file or bad JSON is an InputError naming it."""
+    """``profile.json``'s object; a missing file or bad JSON is an InputError naming it."""
     return read_json(path, "profile")

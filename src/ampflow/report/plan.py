@@ -103,17 +103,18 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
         columns=["component", "bytes", "share (%)"],
     )
     other = [r for r in plan.reasons if r.split(":", 1)[0] not in why]
-    cands = (plan.cost_model or {}).get("candidates") or []
+    cost = plan.cost_model
+    cands = cost.candidates if cost else ()
     chosen = plan.chunk_size or None
     candidates = pd.DataFrame(
         [
             (
-                f"{c['chunk']}" if c.get("chunk") else "one block (no chunk)",
-                "-" if c.get("seconds") is None else f"{c['seconds']:.3g}",
-                human_bytes(c.get("need_bytes", 0)),
-                human_bytes(c.get("transient_bytes", 0)),
-                "yes" if c.get("fits") else "no",
-                "chosen" if c.get("chunk") == chosen else "",
+                f"{c.chunk}" if c.chunk else "one block (no chunk)",
+                "-" if c.seconds is None else f"{c.seconds:.3g}",
+                human_bytes(c.need_bytes),
+                human_bytes(c.transient_bytes),
+                "yes" if c.fits else "no",
+                "chosen" if c.chunk == chosen else "",
             )
             for c in cands
         ],
@@ -131,7 +132,7 @@ def plan_page(plan: Plan, path, name: str = "") -> Path:
         *(
             [
                 "<h2>Chunk candidates (cost model)</h2>",
-                f"<p>{esc((plan.cost_model or {}).get('counts', ''))}. Bytes needed: the predicted peak plus one query block's transient attention scores.</p>",
+                f"<p>{esc(cost.counts if cost else '')}. Bytes needed: the predicted peak plus one query block's transient attention scores.</p>",
                 html_table(candidates, row_class=lambda r: "good" if r["choice"] == "chosen" else ""),
             ]
             if len(candidates)

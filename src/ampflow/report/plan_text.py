@@ -28,61 +28,61 @@ def device_text(plan: Plan) -> str:
 
 def threads_text(plan: Plan) -> str:
     """Threads per process, where the figure comes from and the cores it divides."""
-    cpu = plan.cpu or {}
-    if not cpu.get("threads"):
+    cpu = plan.cpu
+    if cpu is None or not cpu.threads:
         return "not planned (GPU run, or a plan before version 3)"
-    why = {"plan": "cores / processes", "train.threads": "train.threads, explicit", "default": "no cores recorded"}.get(cpu.get("threads_source"), "")
-    cores = f"{cpu['cores']} cores, " if cpu.get("cores") else ""
-    return f"{cpu['threads']} per process ({cores}{cpu.get('processes', plan.world)} process(es); {why})"
+    why = {"plan": "cores / processes", "train.threads": "train.threads, explicit", "default": "no cores recorded"}.get(cpu.threads_source, "")
+    cores = f"{cpu.cores} cores, " if cpu.cores else ""
+    return f"{cpu.threads} per process ({cores}{cpu.processes} process(es); {why})"
 
 
 def host_memory_text(plan: Plan) -> str:
     """The host-memory check of the batch (CPU runs)."""
-    cpu = plan.cpu or {}
-    if not cpu:
+    cpu = plan.cpu
+    if cpu is None:
         return "not checked (GPU run)"
-    need = human_bytes(cpu.get("host_need_bytes", 0))
-    if cpu.get("host_fits") is None:
-        return f"batch {cpu.get('batch_size')} needs {need}; not checked (no available memory recorded)"
-    budget = human_bytes(cpu.get("host_budget_bytes", 0))
-    if cpu["host_fits"]:
-        return f"batch {cpu.get('batch_size')} needs {need} of {budget}: fits"
-    best = cpu.get("largest_fitting_batch")
+    need = human_bytes(cpu.host_need_bytes)
+    if cpu.host_fits is None:
+        return f"batch {cpu.batch_size} needs {need}; not checked (no available memory recorded)"
+    budget = human_bytes(cpu.host_budget_bytes or 0)
+    if cpu.host_fits:
+        return f"batch {cpu.batch_size} needs {need} of {budget}: fits"
+    best = cpu.largest_fitting_batch
     alt = f"; batch {best} would" if best else "; no batch would"
-    return f"batch {cpu.get('batch_size')} needs {need} of {budget}: does NOT fit{alt}"
+    return f"batch {cpu.batch_size} needs {need} of {budget}: does NOT fit{alt}"
 
 
 def step_text(plan: Plan) -> str:
     """The predicted seconds per step and where the cost model's constants come from."""
     if plan.predicted_step_seconds is None:
         return "not predicted"
-    source = plan.cost_model.get("source", "")
+    source = plan.cost_model.source if plan.cost_model else ""
     return f"{plan.predicted_step_seconds:.3g} s (Hi-C decoder, cost model{'; ' + source if source else ''})"
 
 
 def peak_counts_text(plan: Plan) -> str:
-    return ", ".join(plan.peak_scope.get("counts", ())) or "not stated"
+    return ", ".join(plan.peak_scope.counts if plan.peak_scope else ()) or "not stated"
 
 
 def peak_leaves_out_text(plan: Plan) -> str:
     """The left-out terms, with their bytes where the plan has them."""
-    out = plan.peak_scope.get("leaves_out") or {}
-    if not out:
+    scope = plan.peak_scope
+    if scope is None:
         return "not stated"
     parts = []
-    if "data_batch_bytes" in out:  # a plan of an earlier version, which left the batch out
-        parts.append(f"the data batch ({human_bytes(out['data_batch_bytes'])})")
-    transient = {k: v for k, v in (out.get("transient_bytes") or {}).items() if v}
+    if scope.left_out_batch_bytes is not None:  # a plan of an earlier version, which left the batch out
+        parts.append(f"the data batch ({human_bytes(scope.left_out_batch_bytes)})")
+    transient = {k: v for k, v in scope.left_out_transient_bytes.items() if v}
     if transient:
         parts.append("short-lived " + ", ".join(f"{k.replace('_', ' ')} ({human_bytes(v)})" for k, v in sorted(transient.items())))
-    return "; ".join(parts + list(out.get("not_modelled", ())))
+    return "; ".join(parts + list(scope.not_modelled)) or "not stated"
 
 
 def peak_phase_text(plan: Plan) -> str:
     """The predicted peak of each phase of the step, the largest marked."""
-    phases, peak = plan.peak_scope.get("phases") or {}, plan.peak_scope.get("peak_phase")
-    if not phases:
+    if plan.peak_scope is None or not plan.peak_scope.phases:
         return "not stated"
+    phases, peak = plan.peak_scope.phases, plan.peak_scope.peak_phase
     return ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}{' (peak)' if k == peak else ''}" for k, v in phases.items())
 
 

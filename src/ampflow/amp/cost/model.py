@@ -48,7 +48,7 @@ from pathlib import Path
 from ...base.atomic import write_text_atomic
 from ...base.errors import InputError, read_json
 from ...contract.attention_blocks import band_groups, band_width, block_rows
-from ...contract.profile import model_config, train_settings
+from ...contract.profile import Profile, as_profile
 from ...contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 
 CALIBRATION_VERSION = 2
@@ -228,19 +228,21 @@ class StepShape:
         return len(self.features_per_stratum)
 
     @classmethod
-    def from_profile(cls, profile: dict) -> StepShape | None:
+    def from_profile(cls, profile: Profile | dict) -> StepShape | None:
         """From a profile (None without Hi-C). Strata without a feature count are taken
         as ``n_anchors`` features."""
-        hic = profile.get("modalities", {}).get("hic")
-        if not hic:
+        profile = as_profile(profile)
+        hic = profile.hic
+        if hic is None:
             return None
-        cfg = model_config(profile)
-        n = int(hic.get("n_anchors", 0))
-        L = int(hic.get("n_strata", len(hic.get("features_per_stratum", [])) or 1))
-        fps = [int(x) for x in hic.get("features_per_stratum", [])][:L]
-        fps += [n] * (L - len(fps))
-        return cls(n, tuple(fps), int(hic.get("window", cfg.window)), cfg.heads, cfg.D, cfg.latent_dim, cfg.ffn_mult,
-                   bool(hic.get("attention", cfg.attention)), int(train_settings(profile).batch_size))  # fmt: skip
+        cfg = profile.model
+        n = int(hic.n_anchors or 0)
+        given = list(hic.features_per_stratum or ())
+        L = int(hic.n_strata if hic.n_strata is not None else (len(given) or 1))
+        fps = given[:L] + [n] * (L - len(given[:L]))
+        window = cfg.window if hic.window is None else int(hic.window)
+        attention = cfg.attention if hic.attention is None else bool(hic.attention)
+        return cls(n, tuple(fps), window, cfg.heads, cfg.D, cfg.latent_dim, cfg.ffn_mult, attention, int(profile.train.batch_size))
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,7 @@ def step_cost(shape: StepShape, constants: CostConstants, names=(), dp: int = 1,
     return StepCost(att_s + dense_s + overhead + coll_s, att_s, dense_s, overhead, coll_s, blocks, collectives)
 
 
-def cost_for_profile(profile: dict, names, dp: int, tp: int, chunk: int, constants: CostConstants = DEFAULT_CONSTANTS) -> StepCost | None:
+def cost_for_profile(profile: Profile | dict, names, dp: int, tp: int, chunk: int, constants: CostConstants = DEFAULT_CONSTANTS) -> StepCost | None:
     """:func:`step_cost` for a profile (None without Hi-C): the signature the diagnosis calls."""
     shape = StepShape.from_profile(profile)
     return None if shape is None else step_cost(shape, constants, names, dp, tp, chunk)

@@ -19,12 +19,12 @@ profile, ``devices.json`` and the calibration.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from ...base.progress import human_bytes
 from ...contract.config import TrainConfig
-from ...contract.profile import train_settings
+from ...contract.plan_sections import CpuSection
+from ...contract.profile import Profile, train_settings
 
 
 def threads_per_process(cores: int, processes: int) -> int:
@@ -51,19 +51,13 @@ class BatchNeed:
     need: int
 
 
-def _with_batch(profile: dict, batch_size: int) -> dict:
-    out = copy.deepcopy(profile)
-    out.setdefault("train", {})["batch_size"] = int(batch_size)
-    return out
-
-
-def batch_need(profile: dict, batch_size: int, processes: int, per_process) -> BatchNeed:
+def batch_need(profile: Profile, batch_size: int, processes: int, per_process) -> BatchNeed:
     """Bytes ``batch_size`` needs on the host; ``per_process(profile) -> bytes`` gives one
     process's (peak, transient scores and data batch for that profile)."""
-    return BatchNeed(int(batch_size), int(processes) * int(per_process(_with_batch(profile, batch_size))))
+    return BatchNeed(int(batch_size), int(processes) * int(per_process(profile.with_batch_size(batch_size))))
 
 
-def largest_fitting_batch(profile: dict, processes: int, per_process, available: int, upto: int) -> int | None:
+def largest_fitting_batch(profile: Profile, processes: int, per_process, available: int, upto: int) -> int | None:
     """The largest batch size in ``[2, upto]`` whose host bytes fit ``available`` (the
     bytes grow with the batch, so a bisection); None when not even 2 fits."""
     lo, hi = 2, int(upto)
@@ -78,12 +72,13 @@ def largest_fitting_batch(profile: dict, processes: int, per_process, available:
     return lo
 
 
-def cpu_plan(profile: dict, train: TrainConfig, host: dict | None, processes: int, budget_fraction: float, per_process) -> tuple[dict, list[str]]:
-    """The plan's ``cpu`` section and its reasons; ``({}, [])`` when the run trains on a GPU.
+def cpu_plan(profile: Profile, train: TrainConfig, host: dict | None, processes: int, budget_fraction: float,
+             per_process) -> tuple[CpuSection | None, list[str]]:  # fmt: skip
+    """The plan's ``cpu`` section and its reasons; ``(None, [])`` when the run trains on a GPU.
 
     Parameters
     ----------
-    profile : dict
+    profile : Profile
     train : TrainConfig
         ``device`` and ``threads`` (the batch size is the profile's).
     host : dict or None
@@ -98,7 +93,7 @@ def cpu_plan(profile: dict, train: TrainConfig, host: dict | None, processes: in
         profile's batch (predicted peak, which counts the data batch, and transient scores).
     """
     if not trains_on_cpu(train.device, host):
-        return {}, []
+        return None, []
     cpu = (host or {}).get("cpu") or {}
     cores = cpu.get("cores")
     reasons = []
@@ -142,4 +137,4 @@ def cpu_plan(profile: dict, train: TrainConfig, host: dict | None, processes: in
                                "the batch size changes what the model learns).")  # fmt: skip
     else:
         reasons.append(f"host memory: not checked (devices.json records no available memory); batch {batch} needs {human_bytes(need)}.")
-    return section, reasons
+    return CpuSection(**section), reasons

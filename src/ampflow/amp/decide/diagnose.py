@@ -47,8 +47,9 @@ from dataclasses import dataclass, field
 from ...base.errors import InputError
 from ...base.progress import human_bytes
 from ...contract.config import TrainConfig
-from ...contract.plan import COST_COUNTS, PEAK_COUNTS, PEAK_NOT_MODELLED, PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
-from ...contract.profile import model_config, profile_hash, train_settings
+from ...contract.plan import PLAN_VERSION, MeshShape, Plan, PlanInputs, PlannedStrategy
+from ...contract.plan_sections import ChunkCandidate, CostSection, CpuSection, PeakScope
+from ...contract.profile import Profile, as_profile, model_config, train_settings
 from ...contract.strategies import HIDDEN_PARALLEL
 from ..cost.model import DEFAULT_CONSTANTS, SECONDS_DIGITS, CostConstants, cost_for_profile, describe, sig
 from ..memory.cuda import DEFAULT_CAPABILITY, cuda_overheads, plan_budget
@@ -74,12 +75,6 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _check_profile(profile: dict) -> None:
-    for key in ("modalities", "model", "train"):
-        if key not in profile:
-            raise InputError("profile lacks a required section", key=key)
-
-
 @dataclass(frozen=True)
 class Candidate:
     """One setting of the chunk (0: one block) on one mesh: the bytes it needs (the
@@ -96,8 +91,8 @@ class Candidate:
     def label(self) -> str:
         return f"chunk {self.chunk}" if self.chunk else "one block (no chunk)"
 
-    def to_dict(self) -> dict:
-        return {"chunk": self.chunk or None, "seconds": self.seconds, "need_bytes": self.need, "transient_bytes": self.transient, "fits": self.fits}
+    def to_contract(self) -> ChunkCandidate:
+        return ChunkCandidate(self.chunk or None, self.seconds, self.need, self.transient, self.fits)
 
 
 class _Planner:
@@ -189,8 +184,8 @@ def _secs(c: Candidate) -> str:
 
 def _decide(profile, signals, devices, budget, planner: _Planner) -> _Decision:
     """Strategy names, reasons, mesh, chunk and estimate for ``devices`` devices."""
-    hic = profile["modalities"].get("hic", {})
-    chunks = _chunk_candidates(int(hic.get("n_anchors", 0))) if hic else []
+    hic = profile.hic
+    chunks = _chunk_candidates(int(hic.n_anchors or 0)) if hic is not None else []
     options = [0, *chunks]  # one block first: the fastest when it fits
     strategies = {s.name: s for s in ordered()}
 
@@ -254,30 +249,28 @@ def _decide(profile, signals, devices, budget, planner: _Planner) -> _Decision:
     return _Decision(names, reasons, {"dp": devices // tp, "tp": tp}, chunk, fits, est, cands if uses_chunk else [], chunk_reason)
 
 
-def data_batch_bytes(profile: dict, dp: int) -> int:
+def data_batch_bytes(profile: Profile | dict, dp: int) -> int:
     """Bytes of one device's input batch: ``ceil(B / dp) x (G + F)`` counts in the run's
     dtype, dense (as the trainer builds it; every tp rank holds all features of it)."""
-    mods = profile["modalities"]
+    profile = as_profile(profile)
     train = train_settings(profile)
-    width = sum(int(mods.get(m, {}).get("n_features", 0)) for m in ("rna", "hic"))
+    width = sum(int(m.n_features or 0) for m in (profile.rna, profile.hic) if m is not None)
     return -(-int(train.batch_size) // int(dp)) * width * DTYPE_BYTES.get(train.dtype, 4)
 
 
-def peak_scope(profile: dict, dp: int, est) -> dict:
+def peak_scope(profile: Profile | dict, dp: int, est) -> PeakScope:
     """What ``predicted_peak_bytes`` counts, each phase's predicted peak and what the
-    peak leaves out (JSON, integers only).
+    peak leaves out (:class:`~ampflow.contract.plan_sections.PeakScope`).
 
-    ``leaves_out`` names what no profile can tell
-    (:data:`~ampflow.contract.plan.PEAK_NOT_MODELLED`); the data batch is counted, and its
-    bytes are given as ``data_batch_bytes``.
+    It leaves out what no profile can tell
+    (:data:`~ampflow.contract.plan_sections.PEAK_NOT_MODELLED`); the data batch is
+    counted, and its bytes are given as ``data_batch_bytes``.
     """
-    return {
-        "counts": list(PEAK_COUNTS),
-        "phases": {k: int(v) for k, v in (getattr(est, "phases", None) or {}).items()},
-        "peak_phase": str(getattr(est, "peak_phase", "")),
-        "data_batch_bytes": data_batch_bytes(profile, dp),
-        "leaves_out": {"not_modelled": list(PEAK_NOT_MODELLED)},
-    }
+    return PeakScope(
+        phases={k: int(v) for k, v in (getattr(est, "phases", None) or {}).items()},
+        peak_phase=str(getattr(est, "peak_phase", "")),
+        data_batch_bytes=data_batch_bytes(profile, dp),
+    )
 
 
 def plan_device(train: TrainConfig | None, host: dict | None) -> tuple[str, str]:
@@ -327,14 +320,15 @@ def _budget(device_memory: int, budget_fraction: float, device: str) -> tuple[in
     )
 
 
-def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None,
+def diagnose(profile: Profile | dict, devices: int, device_memory: int, budget_fraction: float = 0.9, settings=None, estimate=None,
              constants: CostConstants | None = None, train: TrainConfig | None = None, host: dict | None = None) -> Plan:  # fmt: skip
     """The plan for running ``profile``'s configuration on ``devices`` devices.
 
     Parameters
     ----------
-    profile : dict
-        From :func:`ampflow.amp.profile.profile_data` (signals are re-evaluated here).
+    profile : Profile or dict
+        From :func:`ampflow.amp.profile.profile_data` (a JSON object is read as a
+        :class:`~ampflow.contract.profile.Profile`; signals are re-evaluated here).
     devices : int
     device_memory : int
         Bytes per device.
@@ -343,7 +337,8 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     settings : dict, optional
         Signal thresholds (e.g. ``dimensionality_ratio``).
     estimate : callable, optional
-        ``estimate(profile, names, dp, tp, chunk) -> Estimate``; default the analytic
+        ``estimate(profile, names, dp, tp, chunk) -> Estimate`` (``profile`` a
+        :class:`~ampflow.contract.profile.Profile`); default the analytic
         memory model.
     constants : CostConstants, optional
         The cost model's constants (:func:`ampflow.amp.cost.model.read_calibration`);
@@ -358,7 +353,8 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     """
     from ..memory.predict import estimate_for_profile
 
-    _check_arguments(profile, devices, device_memory, budget_fraction)
+    profile = as_profile(profile)  # an InputError names a missing or malformed section
+    _check_arguments(devices, device_memory, budget_fraction)
     estimate = estimate or estimate_for_profile
     constants = (constants or DEFAULT_CONSTANTS).rounded()
     signals = evaluate_signals(profile, settings)
@@ -380,7 +376,7 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     return Plan(
         version=PLAN_VERSION,
         inputs=PlanInputs(
-            profile_hash=profile_hash(profile),
+            profile_hash=profile.hash,
             devices=devices,
             device_memory_bytes=int(device_memory),
             budget_fraction=budget_fraction,
@@ -394,7 +390,7 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
         predicted_peak_bytes=int(est.total),
         M_base_bytes=int(est.base),
         M_stratum_bytes=int(est.per_stratum),
-        n_strata=int(profile["modalities"].get("hic", {}).get("n_strata", 0)),
+        n_strata=int(profile.hic.n_strata or 0) if profile.hic is not None else 0,
         memory_components={k: int(v) for k, v in sorted(est.components.items())},
         fits=bool(dec.fits),
         recommended_devices=recommended,
@@ -408,8 +404,7 @@ def diagnose(profile: dict, devices: int, device_memory: int, budget_fraction: f
     )
 
 
-def _check_arguments(profile: dict, devices: int, device_memory: int, budget_fraction: float) -> None:
-    _check_profile(profile)
+def _check_arguments(devices: int, device_memory: int, budget_fraction: float) -> None:
     if devices < 1:
         raise InputError("must be >= 1", key="devices", value=devices)
     if device_memory <= 0:
@@ -418,7 +413,7 @@ def _check_arguments(profile: dict, devices: int, device_memory: int, budget_fra
         raise InputError("must be in (0, 1]", key="budget_fraction", value=budget_fraction)
 
 
-def _fewest_devices(profile: dict, signals: list, devices: int, fits: bool, budget: int, planner: _Planner) -> int | None:
+def _fewest_devices(profile: Profile, signals: list, devices: int, fits: bool, budget: int, planner: _Planner) -> int | None:
     """The fewest devices with which a plan fits: powers of two, and the devices given
     when they fit (a count such as 6 may fit where 4 does not and 8 is more than given);
     None when no count up to :data:`MAX_RECOMMENDED` fits."""
@@ -466,12 +461,12 @@ def _outcome_reasons(dec, planner: _Planner, step, seconds, constants: CostConst
     return reasons
 
 
-def _cpu_section(profile: dict, dec, estimate, constants: CostConstants, train: TrainConfig | None, host: dict | None,
-                 budget_fraction: float) -> tuple[dict, list[str]]:  # fmt: skip
-    """The plan's ``cpu`` section and its reasons (:func:`~.cpu.cpu_plan`); empty without
+def _cpu_section(profile: Profile, dec, estimate, constants: CostConstants, train: TrainConfig | None, host: dict | None,
+                 budget_fraction: float) -> tuple[CpuSection | None, list[str]]:  # fmt: skip
+    """The plan's ``cpu`` section and its reasons (:func:`~.cpu.cpu_plan`); None without
     ``train`` and ``host``."""
     if train is None and host is None:
-        return {}, []
+        return None, []
     dp, tp = dec.mesh["dp"], dec.mesh["tp"]
 
     def per_process(p: dict) -> int:
@@ -482,21 +477,20 @@ def _cpu_section(profile: dict, dec, estimate, constants: CostConstants, train: 
 
     cpu, reasons = cpu_plan(profile, train or TrainConfig(), host, dp * tp, budget_fraction, per_process)
     timed = re.search(r"calibrated on cpu \((\d+) threads?\)", constants.source or "")
-    if cpu and timed and int(timed.group(1)) != cpu["threads"]:
+    if cpu and timed and int(timed.group(1)) != cpu.threads:
         reasons.append(f"the cost model's constants were timed with {timed.group(1)} thread(s) per process, this plan "
-                       f"gives {cpu['threads']}: calibrate again with these threads for step times that hold.")  # fmt: skip
+                       f"gives {cpu.threads}: calibrate again with these threads for step times that hold.")  # fmt: skip
     return cpu, reasons
 
 
-def _cost_section(step, constants: CostConstants, dec) -> dict:
-    """The plan's ``cost_model`` section: the counts, constants and terms of the step
-    time, and the chunk candidates weighed; empty without a step time."""
+def _cost_section(step, constants: CostConstants, dec) -> CostSection | None:
+    """The plan's ``cost_model`` section: the constants and terms of the step time, and
+    the chunk candidates weighed; None without a step time."""
     if step is None:
-        return {}
-    return {
-        "counts": COST_COUNTS,
-        "constants": constants.to_dict(),
-        "source": constants.source,
-        "terms": step.to_dict(),
-        "candidates": [c.to_dict() for c in dec.candidates],
-    }
+        return None
+    return CostSection(
+        constants=constants.to_dict(),
+        source=constants.source,
+        terms=step.to_dict(),
+        candidates=tuple(c.to_contract() for c in dec.candidates),
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...base.errors import InputError
+from ...contract.profile import ModalityProfile, Profile, as_profile
 
 HIGH_INPUT_DIMENSIONALITY = "HIGH_INPUT_DIMENSIONALITY"
 ATTENTION_DECODER = "ATTENTION_DECODER"
@@ -18,11 +18,12 @@ HEAVY_DECOMPOSITION = "HEAVY_DECOMPOSITION"
 
 @dataclass(frozen=True)
 class Signal:
-    """``test(profile, settings) -> (raised, evidence)``; evidence is a JSON-able dict."""
+    """``test(profile, settings) -> (raised, evidence)``: ``profile`` a
+    :class:`~ampflow.contract.profile.Profile`; evidence is a JSON-able dict."""
 
     name: str
     summary: str
-    test: Callable[[dict, dict], tuple[bool, dict]]
+    test: Callable[[Profile, dict], tuple[bool, dict]]
 
 
 SIGNALS: dict[str, Signal] = {}
@@ -40,24 +41,24 @@ def unregister_signal(name: str) -> None:
     SIGNALS.pop(name, None)
 
 
-def _hic(profile: dict) -> dict | None:
-    return profile.get("modalities", {}).get("hic")
+def _strata(hic: ModalityProfile) -> int:
+    """The Hi-C decoder's strata; one where the profile gives none."""
+    return 1 if hic.n_strata is None else hic.n_strata
 
 
-def _high_input(profile: dict, settings: dict) -> tuple[bool, dict]:
-    mods = profile.get("modalities", {})
-    hic = _hic(profile)
+def _high_input(profile: Profile, settings: dict) -> tuple[bool, dict]:
+    hic = profile.hic
     if hic is None:
         return False, {"reason": "no Hi-C modality"}
-    others = {m: v["n_features"] for m, v in mods.items() if m != "hic"}
+    others = {m: v.n_features for m, v in profile.modalities.items() if m != "hic"}
     if not others:
         # Hi-C only: no ratio to take; S4 then follows the predicted peak (strategies.py)
-        return False, {"hic_features": hic["n_features"], "reason": "no other modality"}
+        return False, {"hic_features": hic.n_features, "reason": "no other modality"}
     other, n_other = max(others.items(), key=lambda kv: (kv[1], kv[0]))
-    ratio = hic["n_features"] / max(n_other, 1)
+    ratio = hic.n_features / max(n_other, 1)
     threshold = float(settings.get("dimensionality_ratio", DEFAULT_SETTINGS["dimensionality_ratio"]))
     return ratio >= threshold, {
-        "hic_features": hic["n_features"],
+        "hic_features": hic.n_features,
         "next_largest": other,
         "next_largest_features": n_other,
         "ratio": round(ratio, 4),
@@ -65,20 +66,20 @@ def _high_input(profile: dict, settings: dict) -> tuple[bool, dict]:
     }
 
 
-def _attention(profile: dict, settings: dict) -> tuple[bool, dict]:
-    hic = _hic(profile)
+def _attention(profile: Profile, settings: dict) -> tuple[bool, dict]:
+    hic = profile.hic
     if hic is None:
         return False, {"reason": "no Hi-C modality"}
-    on = bool(hic.get("attention")) and hic.get("n_strata", 1) > 1
-    return on, {"attention": bool(hic.get("attention")), "window": hic.get("window"), "n_strata": hic.get("n_strata")}
+    on = bool(hic.attention) and _strata(hic) > 1
+    return on, {"attention": bool(hic.attention), "window": hic.window, "n_strata": hic.n_strata}
 
 
-def _heavy(profile: dict, settings: dict) -> tuple[bool, dict]:
-    hic = _hic(profile)
+def _heavy(profile: Profile, settings: dict) -> tuple[bool, dict]:
+    hic = profile.hic
     if hic is None:
         return False, {"reason": "no Hi-C modality"}
-    blocks = (hic.get("n_strata", 1) - 1) if hic.get("attention") else 0
-    return blocks > 1, {"attention_strata": blocks, "n_strata": hic.get("n_strata")}
+    blocks = (_strata(hic) - 1) if hic.attention else 0
+    return blocks > 1, {"attention_strata": blocks, "n_strata": hic.n_strata}
 
 
 register_signal(Signal(HIGH_INPUT_DIMENSIONALITY, "Hi-C features / next-largest modality's features >= threshold", _high_input))
@@ -86,11 +87,10 @@ register_signal(Signal(ATTENTION_DECODER, "the Hi-C decoder uses attention", _at
 register_signal(Signal(HEAVY_DECOMPOSITION, "the decoder has more than one attention stratum", _heavy))
 
 
-def evaluate_signals(profile: dict, settings: dict | None = None) -> dict:
+def evaluate_signals(profile: Profile | dict, settings: dict | None = None) -> dict:
     """``{name: {"raised": bool, "summary": str, "evidence": {...}}}`` for every registered signal."""
     settings = {**DEFAULT_SETTINGS, **(settings or {})}
-    if "modalities" not in profile:
-        raise InputError("profile has no 'modalities'", key="modalities")
+    profile = as_profile(profile)
     out = {}
     for name in sorted(SIGNALS):
         sig = SIGNALS[name]

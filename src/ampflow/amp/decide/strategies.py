@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...base.progress import human_bytes
+from ...contract.profile import Profile
 from ...contract.strategies import CHUNKED_ATTENTION, DATA_PARALLEL, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIONALITY
 
@@ -20,7 +21,7 @@ from .signals import ATTENTION_DECODER, HEAVY_DECOMPOSITION, HIGH_INPUT_DIMENSIO
 class Context:
     """What a strategy's rule may look at."""
 
-    profile: dict
+    profile: Profile
     signals: dict  # name -> {"raised", "evidence", ...}
     devices: int
     budget: float  # bytes per device
@@ -35,12 +36,12 @@ class Context:
 
     @property
     def has_hic(self) -> bool:
-        return "hic" in self.profile.get("modalities", {})
+        return self.profile.hic is not None
 
     @property
     def hic_only(self) -> bool:
         """Hi-C is the only modality (a dataset without RNA)."""
-        return self.has_hic and len(self.profile.get("modalities", {})) == 1
+        return self.has_hic and len(self.profile.modalities) == 1
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from ...contract.profile import model_config, train_settings
+from ...contract.profile import ModalityProfile, Profile, as_profile, model_config, train_settings
 from ...contract.strategies import BUILT_IN, CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from .shapes import DTYPE_BYTES, OPTIMIZERS, PHASES, Estimate, ShapeSpec
 from .terms import (
@@ -323,7 +323,7 @@ def fit_linear(Ls, measured) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- profile adapters
-def spec_from_profile(profile: dict) -> ShapeSpec:
+def spec_from_profile(profile: Profile | dict) -> ShapeSpec:
     """The :class:`ShapeSpec` of a profile (:func:`ampflow.amp.profile.profile_data`).
 
     ``train`` gives the batch size, the run's dtype, the optimizer and whether any
@@ -332,25 +332,24 @@ def spec_from_profile(profile: dict) -> ShapeSpec:
     (``PairedModel`` with no genes); no Hi-C (no strata) describes an RNA branch and
     graph that the model has no form for, so that spec is an approximation.
     """
-    mods = profile.get("modalities", {})
-    rna, hic = mods.get("rna", {}), mods.get("hic", {})
+    profile = as_profile(profile)
+    rna, hic = profile.rna or ModalityProfile(), profile.hic or ModalityProfile()
     train = train_settings(profile)
     if train.dtype not in DTYPE_BYTES:
         raise ValueError(f"train dtype {train.dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     cfg = model_config(profile)
-    fps = [int(x) for x in hic.get("features_per_stratum", [])]
-    graph = profile.get("graph", {})
+    fps = list(hic.features_per_stratum or ())
     spec = ShapeSpec.from_model(
         cfg,
         batch_size=train.batch_size,
-        n_genes=int(rna.get("n_features", 0)),
+        n_genes=int(rna.n_features or 0),
         features_per_stratum=fps,
-        n_anchors=int(hic.get("n_anchors", fps[0] if fps else 0)),
-        n_nodes=int(graph.get("n_nodes", 0)),
-        n_edges=int(graph.get("n_edges", 0)),
+        n_anchors=int(hic.n_anchors if hic.n_anchors is not None else (fps[0] if fps else 0)),
+        n_nodes=profile.n_nodes,
+        n_edges=profile.n_edges,
         dtype_bytes=DTYPE_BYTES[train.dtype],
         cross=train.cross_reconstruction,
-        n_batches=int((profile.get("batches") or {}).get("n_batches", 0)),
+        n_batches=profile.n_batches,
     )
     optimizer = train.optimizer.lower()
     if optimizer != spec.optimizer:
@@ -358,7 +357,7 @@ def spec_from_profile(profile: dict) -> ShapeSpec:
     return spec
 
 
-def estimate_for_profile(profile: dict, names, dp: int, tp: int, chunk: int) -> Estimate:
+def estimate_for_profile(profile: Profile | dict, names, dp: int, tp: int, chunk: int) -> Estimate:
     """:func:`predict` for a profile under strategies ``names`` on a ``dp x tp`` mesh.
 
     The signature the diagnosis (:mod:`ampflow.amp.decide.diagnose`) calls. ``chunk`` counts
@@ -372,7 +371,7 @@ def estimate_for_profile(profile: dict, names, dp: int, tp: int, chunk: int) -> 
     return predict(spec_from_profile(profile), chunk=use_chunk, tp=int(tp), dp=int(dp), strategies=names)
 
 
-def profile_memory(profile: dict) -> dict:
+def profile_memory(profile: Profile | dict) -> dict:
     """The memory section of a profile: the single-device prediction with the model
     config's own ``chunk`` and ``key_first`` (JSON-serialisable, integers only).
 
@@ -385,6 +384,7 @@ def profile_memory(profile: dict) -> dict:
         ``M_base_bytes``, ``M_stratum_bytes`` (rounded mean), ``strata_bytes``,
         ``components`` (of the peak) and ``transient`` (bytes).
     """
+    profile = as_profile(profile)
     spec = spec_from_profile(profile)
     cfg = model_config(profile)
     est = predict(spec, chunk=cfg.chunk if cfg.attention else 0, key_first=cfg.key_first)
