@@ -44,6 +44,8 @@ def _section(cls, d, section: str, **convert):
     for k, v in d.items():
         try:
             kw[k] = convert[k](v) if k in convert and v is not None else v
+        except InputError:  # a nested section named its own key
+            raise
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise InputError(f"malformed ({type(e).__name__}: {e})", key=f"{section}.{k}", value=v) from None
     return cls(**kw)
