@@ -1,23 +1,40 @@
-"""Test doubles of an extraction worker process: hung, or slow to load its model.
+"""Test doubles of extraction: the pool in this process, workers that hang, load slowly,
+run out of memory or take their time.
+
+:class:`InlinePool` is the pool's interface without processes; a test puts it in the
+real pool's place with :func:`pool_class` (``ampflow.extract.run.WorkerPool`` replaced).
 
 The pool spawns each worker with ``ampflow.extract.pool.worker_main`` as its target; a test
-replaces that with one of these (``monkeypatch.setattr(pool, "worker_main", partial(...))``).
-A spawned process does not inherit the parent's patches, so each double patches, in its
-own process, what the real worker calls (``models.load_embedder``, ``worker.compute_chunk``)
-and then runs the real :func:`ampflow.extract.worker.worker_main`: the progress reporting
-and the pool's deadlines under test are the production ones.
+replaces that with one of the worker doubles here (``monkeypatch.setattr(pool,
+"worker_main", partial(...))``). A spawned process does not inherit the parent's patches,
+so each double patches, in its own process, what the real worker calls
+(``models.load_embedder``, ``worker.compute_chunk``, the ``Embedder``'s batches) and then
+runs the real :func:`ampflow.extract.worker.worker_main`: the progress reporting and the
+pool's deadlines under test are the production ones.
 
 Which worker misbehaves is decided by a file: the first worker to create ``hook``
 exclusively (``O_EXCL``) does, and writes into it what it is and where; the ones after
 it, finding the file, do not (``times`` > 1: files ``hook``, ``hook.1``, ... for that many
 workers).
+
+A command run as a process of its own (``ampflow extract``, Snakemake and the jobs it
+starts) gets its doubles from the environment :func:`doubles_env` makes: a
+``sitecustomize.py`` first on PYTHONPATH loads this file in every Python process, and
+where :data:`ENV` is set, patches the extraction modules as they are imported (as
+``fake_cuda.py`` does for torch).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import json
 import os
+import sys
 import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -99,3 +116,192 @@ def slow_loading_worker(wid, conn, job, seconds: float, hook: str | None = None,
 
     models.load_embedder = slow_load
     worker.worker_main(wid, conn, job)
+
+
+# ---------------------------------------------------------------- the pool in this process
+class InlinePool:
+    """The pool's interface without processes: one worker in the calling process.
+
+    Loaded models are kept per (folder, layers, device, spec) for the life of the
+    process. Deadlines are accepted for the pool's interface and ignored: a hang here
+    hangs the caller.
+    """
+
+    _models: dict = {}
+
+    def __init__(self, job, slots: list[str | None], max_attempts: int = 2, deadline: float = 0.0, load_deadline: float = 0.0):
+        self.job = job
+        self.device = "cpu" if slots[0] is None else "cuda"
+
+    def run(self, chunks: list[dict], progress=None) -> list[dict]:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.job.threads)
+        try:
+            return self._run(chunks, progress)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self, chunks: list[dict], progress) -> list[dict]:
+        from ampflow.extract.models import load_embedder
+        from ampflow.extract.worker import compute_chunk
+
+        key = (self.job.folder, self.job.layers, self.device, self.job.spec)
+        if key not in self._models:
+            self._models[key] = load_embedder(self.job.spec, self.job.folder, list(self.job.layers), device=self.device)
+        embedder = self._models[key]
+        cache = self.job.cache()
+        stats = Counter()
+
+        def on_batch(n: int, tokens: int, padded: int) -> None:
+            stats.update(tokens=tokens, padded_tokens=padded)
+            if progress is not None:
+                progress.update(n)
+
+        for c in chunks:
+            marker = compute_chunk(embedder, self.job, c, "inline", on_batch, cache)
+            stats.update(chunks=1, sequences=marker["n_sequences"], seconds=marker["seconds"], splits=len(marker["splits"]))
+        return [{"worker": "inline", **stats}]
+
+
+@contextmanager
+def pool_class(cls):
+    """Extraction jobs started inside run their chunks on ``cls`` instead of the
+    ``WorkerPool`` (None: the real one)."""
+    import pytest
+
+    from ampflow.extract import run
+
+    with pytest.MonkeyPatch.context() as m:
+        if cls is not None:
+            m.setattr(run, "WorkerPool", cls)
+        yield
+
+
+# ---------------------------------------------------------------- out of memory, slow chunks
+def out_of_memory_above(tokens: int, patch: Callable = setattr) -> None:
+    """Batches of more than ``tokens`` padded tokens (rows x longest row, packed or not)
+    raise ``torch.OutOfMemoryError`` before they run, as on a full GPU: the back-off is
+    tested on the CPU. ``patch``: ``monkeypatch.setattr`` in a test's process, plain
+    ``setattr`` in a process of the double's own."""
+    from ampflow.extract.models import Embedder
+
+    batch, packed = Embedder.embed_batch, Embedder.embed_packed
+
+    def check(rows: int, longest: int) -> None:
+        if rows * longest > tokens:
+            import torch
+
+            raise torch.OutOfMemoryError(f"injected: {rows} x {longest} tokens > {tokens}")
+
+    def embed_batch(self, members):
+        check(len(members), max(len(t.ids) for t in members))
+        return batch(self, members)
+
+    def embed_packed(self, members, rows):
+        check(len(rows), max(sum(len(members[j].ids) for j in r) for r in rows))
+        return packed(self, members, rows)
+
+    patch(Embedder, "embed_batch", embed_batch)
+    patch(Embedder, "embed_packed", embed_packed)
+
+
+def slow_chunks(seconds: float) -> None:
+    """Every worker of this process waits ``seconds`` after computing each chunk, before
+    saying it is done: a window to kill the job in."""
+    from ampflow.extract import worker
+
+    compute = worker.compute_chunk
+
+    def slow_compute(*args, **kwargs):
+        marker = compute(*args, **kwargs)
+        time.sleep(seconds)
+        return marker
+
+    worker.compute_chunk = slow_compute
+
+
+def oom_worker(wid, conn, job, tokens: int) -> None:
+    """The real worker, whose batches of more than ``tokens`` padded tokens run out of
+    memory (:func:`out_of_memory_above`)."""
+    from ampflow.extract import worker
+
+    out_of_memory_above(tokens)
+    worker.worker_main(wid, conn, job)
+
+
+# ---------------------------------------------------------------- doubles of other processes
+ENV = "AMPFLOW_TEST_EXTRACT_DOUBLES"  # JSON: {"chunk_delay": seconds, "oom_above": tokens}
+
+SITECUSTOMIZE = f"""\
+import os
+
+if os.environ.get({ENV!r}):
+    import importlib.util
+    import sys
+
+    _spec = importlib.util.spec_from_file_location("extract_doubles", {str(Path(__file__).resolve())!r})
+    _doubles = importlib.util.module_from_spec(_spec)
+    sys.modules["extract_doubles"] = _doubles
+    _spec.loader.exec_module(_doubles)
+    _doubles.patch_on_import(os.environ[{ENV!r}])
+"""
+
+# what each double patches: the module it waits for, and how
+_PATCHES = {"chunk_delay": ("ampflow.extract.worker", slow_chunks), "oom_above": ("ampflow.extract.models", out_of_memory_above)}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``patches[name]()`` right after module ``name`` is executed (the first time
+    it is imported); finds no module itself."""
+
+    def __init__(self, patches: dict[str, list[Callable]]):
+        self.patches = patches
+
+    def find_spec(self, name, path=None, target=None):
+        todo = self.patches.pop(name, None)
+        if todo is None:
+            return None
+        spec = next((s for f in sys.meta_path if f is not self and (s := f.find_spec(name, path, target)) is not None), None)
+        if spec is None or spec.loader is None:
+            return spec
+        real = spec.loader.exec_module
+
+        def exec_module(module):
+            real(module)
+            for patch in todo:
+                patch()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def patch_on_import(doubles: str) -> None:
+    """Install the doubles given as JSON (keys of :data:`_PATCHES`) in this process: each
+    at once where its module is imported already, else the moment it is."""
+    patches: dict[str, list[Callable]] = {}
+    for key, value in json.loads(doubles).items():
+        module, patch = _PATCHES[key]
+        patches.setdefault(module, []).append(lambda patch=patch, value=value: patch(value))
+    for module in [m for m in patches if m in sys.modules]:
+        for patch in patches.pop(module):
+            patch()
+    if patches:
+        sys.meta_path.insert(0, _AfterImport(patches))
+
+
+def doubles_env(folder: Path, env: dict | None = None, **doubles) -> dict:
+    """An environment (``env``, or this process's) in which every Python process has the
+    given doubles: ``chunk_delay=seconds`` (:func:`slow_chunks`), ``oom_above=tokens``
+    (:func:`out_of_memory_above`). The ``sitecustomize.py`` is written into ``folder``."""
+    unknown = set(doubles) - set(_PATCHES)
+    if unknown:
+        raise ValueError(f"no such double: {sorted(unknown)}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), *filter(None, [env.get("PYTHONPATH")])])
+    env[ENV] = json.dumps(doubles)
+    return env

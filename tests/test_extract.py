@@ -20,6 +20,7 @@ import anndata as ad
 import numpy as np
 import pytest
 import torch
+from extract_doubles import InlinePool, doubles_env, pool_class
 from extract_helpers import random_fasta, tiny_models_in
 
 from ampflow.base.errors import InputError
@@ -28,7 +29,7 @@ from ampflow.extract.cache import VectorCache
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.dnabert import DnabertModel
 from ampflow.extract.models import load_embedder, model_shape, resolve_layer
-from ampflow.extract.pool import InlinePool, choose_devices
+from ampflow.extract.pool import choose_devices
 from ampflow.extract.run import extract_fasta
 from ampflow.extract.weights import load_model
 
@@ -43,11 +44,11 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 def run(tmp_path, fasta, kind, folder, tag="run", pool=None, model=None, **settings):
     out = tmp_path / tag
     s = ExtractSettings.from_dict({"sequences_per_file": 10, "cpu_workers": 2, **settings})
-    kw = {"pool": pool} if pool is not None else {}
-    summary = extract_fasta(
-        fasta, ModelSpec(kind=kind, tiny=True, **(model or {})), f"{kind}_tiny", out / "work", out / "x.h5ad",
-        out / "report.tsv", out / "telemetry.jsonl", out / "progress.jsonl", settings=s, model_folder=folder, **kw,
-    )  # fmt: skip
+    with pool_class(pool):
+        summary = extract_fasta(
+            fasta, ModelSpec(kind=kind, tiny=True, **(model or {})), f"{kind}_tiny", out / "work", out / "x.h5ad",
+            out / "report.tsv", out / "telemetry.jsonl", out / "progress.jsonl", settings=s, model_folder=folder,
+        )  # fmt: skip
     return summary, out
 
 
@@ -333,11 +334,11 @@ def test_a_killed_worker_is_replaced_and_its_chunk_redone(tiny_models, tmp_path)
         str(BIN / "ampflow"), "extract", f"--input=in={fasta}", "--model-name", "esm2_tiny",
         "--model", json.dumps({"kind": "esm2", "tiny": True}), "--model-folder", str(tiny_models["esm2"]),
         "--settings", json.dumps({"sequences_per_file": 10, "cpu_workers": 2}), "--work", str(out / "work"),
-        "--cache", str(out / "work" / "cache"), "--record", str(out / "job.json"), "--chunk-delay", "1.0",
+        "--cache", str(out / "work" / "cache"), "--record", str(out / "job.json"),
     ]  # fmt: skip
     log = tmp_path / "killed.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    with open(log, "w") as fh:  # each worker waits 1 s after each chunk: a window to kill one in
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=doubles_env(tmp_path / "site", chunk_delay=1.0))
     try:
         deadline = time.monotonic() + 120
         while "model loaded" not in log.read_text():

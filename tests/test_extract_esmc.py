@@ -31,13 +31,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import workflow_copy
+from extract_doubles import InlinePool, out_of_memory_above, pool_class
 from extract_helpers import random_fasta
 
 from ampflow.base.errors import InputError
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.esmc import EsmcConfig, EsmcTokenizer, apply_rotary, read_config, rotary_tables, weights_file
 from ampflow.extract.models import load_embedder, model_shape, resolve_source
-from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 from ampflow.extract.tiny import ESMC_WEIGHTS, randomise_norms_, write_esmc
 from ampflow.extract.weights import load_model
@@ -335,12 +335,13 @@ def test_rotary_depends_on_relative_positions_only():
 def run(tmp_path, fasta, spec, folder=None, tag="run", pool=None, oom_above=None, **settings):
     out = tmp_path / tag
     s = ExtractSettings.from_dict({"sequences_per_file": 8, "cpu_workers": 2, "fasta": {"too_long": "window"}, **settings})
-    kw = {"pool": pool} if pool is not None else {}
-    job = extract_fasta(
-        fasta, spec, "esmc_tiny", out / "work", out / "x.h5ad", out / "report.tsv", out / "telemetry.jsonl",
-        out / "progress.jsonl", settings=s, windows=out / "w.h5ad", tokens=out / "t.h5" if spec.per_token else None, model_folder=folder,
-        oom_above=oom_above, **kw,
-    )  # fmt: skip
+    with pool_class(pool), pytest.MonkeyPatch.context() as m:
+        if oom_above is not None:
+            out_of_memory_above(oom_above, m.setattr)
+        job = extract_fasta(
+            fasta, spec, "esmc_tiny", out / "work", out / "x.h5ad", out / "report.tsv", out / "telemetry.jsonl",
+            out / "progress.jsonl", settings=s, windows=out / "w.h5ad", tokens=out / "t.h5" if spec.per_token else None, model_folder=folder,
+        )  # fmt: skip
     return job, out
 
 

@@ -5,7 +5,7 @@ Hangs and slow loads are test doubles of the worker process (``extract_doubles.p
 put in the pool's place with monkeypatch: the first worker to create the hook's file
 sleeps forever, before its chunk's first batch or before its model is loaded, or reads
 its weights slowly. The pool runs 2 (or 1) spawned CPU workers with a tiny ESM-2; every
-result is compared with an undisturbed run of :class:`~ampflow.extract.pool.InlinePool`.
+result is compared with an undisturbed run of :class:`~extract_doubles.InlinePool`.
 
 No test bounds its wall time: on a loaded node (``stress --cpu 4`` on 2 cores) starting a
 worker takes several times as long, and the deadlines, counted from the last progress,
@@ -23,12 +23,11 @@ from functools import partial
 import anndata as ad
 import numpy as np
 import pytest
-from extract_doubles import hanging_worker, slow_loading_worker
+from extract_doubles import InlinePool, hanging_worker, pool_class, slow_loading_worker
 from extract_helpers import random_fasta, tiny_models_in
 
 from ampflow.extract import pool as pool_module
 from ampflow.extract.config import ExtractSettings, ModelSpec
-from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 
 N = 300  # sequences; 25 per chunk: 12 chunks
@@ -44,13 +43,14 @@ def case(tmp_path_factory):
     return folder, fasta, ad.read_h5ad(out / "x.h5ad").X
 
 
-def run(tmp_path, fasta, folder, tag, cpu_workers=2, deadlines=None, **kw):
+def run(tmp_path, fasta, folder, tag, cpu_workers=2, deadlines=None, pool=None):
     out = tmp_path / tag
     settings = ExtractSettings.from_dict({"sequences_per_file": 25, "cpu_workers": cpu_workers, **(deadlines or {})})
-    summary = extract_fasta(
-        fasta, ModelSpec(kind="esm2", tiny=True), "esm2_tiny", out / "work", out / "x.h5ad", out / "report.tsv",
-        out / "telemetry.jsonl", settings=settings, model_folder=folder, **kw,
-    )  # fmt: skip
+    with pool_class(pool):
+        summary = extract_fasta(
+            fasta, ModelSpec(kind="esm2", tiny=True), "esm2_tiny", out / "work", out / "x.h5ad", out / "report.tsv",
+            out / "telemetry.jsonl", settings=settings, model_folder=folder,
+        )  # fmt: skip
     return summary["run"], out
 
 

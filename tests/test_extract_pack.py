@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from extract_doubles import InlinePool, pool_class
 from extract_helpers import random_fasta
 
 from ampflow.base.errors import InputError
 from ampflow.extract.batching import pack_rows, packed_padded_tokens, plan_packed
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.models import load_embedder
-from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_model
 from ampflow.extract.tiny import write_tiny
 
@@ -128,7 +128,8 @@ def test_cache_with_packing_prepend_computes_one_reorder_none(folders, tmp_path,
     spec = ModelSpec(kind="esm2", tiny=True, pack=True)
 
     def run(tag):
-        job = extract_model({"a": {"fasta": fasta}}, spec, "esm", tmp_path / "work", tmp_path / tag, settings, model_folder=folders["esm2"], pool=InlinePool)
+        with pool_class(InlinePool):
+            job = extract_model({"a": {"fasta": fasta}}, spec, "esm", tmp_path / "work", tmp_path / tag, settings, model_folder=folders["esm2"])
         return job["run"]["computed"], job["run"]["cached"]
 
     assert run("first") == (300, 0)

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import logging
 import random
+from functools import partial
 from pathlib import Path
 
 import anndata as ad
 import h5py
 import numpy as np
 import pytest
+from extract_doubles import InlinePool, oom_worker, pool_class
 from extract_helpers import random_fasta, tiny_models_in
 
+from ampflow.extract import pool as pool_module
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.models import load_embedder
-from ampflow.extract.pool import InlinePool, WorkerPool
 from ampflow.extract.run import extract_model
 
 
@@ -61,7 +63,8 @@ def test_prepending_a_record_computes_one_sequence_and_shared_ones_are_reused(ti
 
     def run(inputs, tag):
         caplog.clear()
-        job = extract_model(inputs, spec, "esm", tmp_path / "work", tmp_path / tag, settings, model_folder=tiny_models["esm2"], pool=InlinePool)
+        with pool_class(InlinePool):
+            job = extract_model(inputs, spec, "esm", tmp_path / "work", tmp_path / tag, settings, model_folder=tiny_models["esm2"])
         line = [r.getMessage() for r in caplog.records if "to compute in" in r.getMessage()]
         return job["run"], line[0]
 
@@ -108,7 +111,7 @@ def test_two_inputs_fill_four_workers(tiny_models, tmp_path, caplog):
     settings = ExtractSettings(cpu_workers=4, cache=str(tmp_path / "cache"))  # sequences_per_file 10,000
     job = extract_model(
         {"a": {"fasta": a}, "b": {"fasta": b}}, ModelSpec(kind="esm2", tiny=True), "esm", tmp_path / "work", tmp_path / "out",
-        settings, model_folder=folder, pool=WorkerPool,
+        settings, model_folder=folder,
     )  # fmt: skip
     workers = job["run"]["workers"]
     counts = {w["worker"]: (w.get("chunks", 0), w.get("sequences", 0)) for w in workers}
@@ -135,10 +138,11 @@ def test_a_100kb_record_in_windows(tiny_models, tmp_path):
     fasta = write(tmp_path / "contigs.fa", [("contig1", contig), ("short1", short)])
     spec = ModelSpec(kind="dnabert_s", tiny=True, max_length=2000)
     settings = ExtractSettings(cpu_workers=1, cache=str(tmp_path / "cache"))
-    extract_model(
-        {"v": {"fasta": fasta, "policy": {"too_long": "window", "overlap": 200}}}, spec, "dna", tmp_path / "work", tmp_path / "out",
-        settings, model_folder=tiny_models["dnabert_s"], pool=InlinePool,
-    )  # fmt: skip
+    with pool_class(InlinePool):
+        extract_model(
+            {"v": {"fasta": fasta, "policy": {"too_long": "window", "overlap": 200}}}, spec, "dna", tmp_path / "work", tmp_path / "out",
+            settings, model_folder=tiny_models["dnabert_s"],
+        )  # fmt: skip
     w = ad.read_h5ad(tmp_path / "out" / "v.dna.windows.h5ad")
     starts = list(range(0, 100_000 - 2000, 1800)) + [98_000]
     assert list(w.obs["parent"]) == ["contig1"] * len(starts) + ["short1"]
@@ -163,10 +167,11 @@ def test_layers_poolings_and_tokens_in_one_pass(tiny_models, tmp_path):
     each, tokens.h5 each own token's vector per layer; all equal to one sequence alone."""
     fasta = random_fasta(tmp_path / "p.fa", "esm2", 30, seed=7, lengths=(5, 90))
     spec = ModelSpec(kind="esm2", tiny=True, layer=[1, -1], pooling=["mean", "bos"], per_token=True)
-    extract_model(
-        {"p": {"fasta": fasta}}, spec, "esm", tmp_path / "work", tmp_path / "out", ExtractSettings(cpu_workers=1),
-        model_folder=tiny_models["esm2"], pool=InlinePool,
-    )  # fmt: skip
+    with pool_class(InlinePool):
+        extract_model(
+            {"p": {"fasta": fasta}}, spec, "esm", tmp_path / "work", tmp_path / "out", ExtractSettings(cpu_workers=1),
+            model_folder=tiny_models["esm2"],
+        )  # fmt: skip
     a = ad.read_h5ad(tmp_path / "out" / "p.esm.h5ad")
     seqs = [s for _, s in records(fasta)]
     assert sorted(a.obsm) == ["L1.bos", "L1.mean", "L2.bos", "L2.mean"]
@@ -197,10 +202,13 @@ def test_injected_oom_splits_batches_and_changes_no_vector(tiny_models, tmp_path
     fasta = random_fasta(tmp_path / "p.fa", "esm2", 120, seed=8, lengths=(20, 46))
     spec = ModelSpec(kind="esm2", tiny=True, tokens_per_batch=4096)
 
-    def run(tag, **kw):
+    def run(tag, oom_above=None):
         settings = ExtractSettings(cpu_workers=2, cache=str(tmp_path / tag / "cache"))
-        job = extract_model({"p": {"fasta": fasta}}, spec, "esm", tmp_path / tag / "work", tmp_path / tag, settings,
-                            model_folder=tiny_models["esm2"], pool=WorkerPool, **kw)  # fmt: skip
+        with pytest.MonkeyPatch.context() as m:
+            if oom_above is not None:  # the spawned workers: each patches its own Embedder
+                m.setattr(pool_module, "worker_main", partial(oom_worker, tokens=oom_above))
+            job = extract_model({"p": {"fasta": fasta}}, spec, "esm", tmp_path / tag / "work", tmp_path / tag, settings,
+                                model_folder=tiny_models["esm2"])  # fmt: skip
         return job, ad.read_h5ad(tmp_path / tag / "p.esm.h5ad")
 
     _, plain = run("plain")
@@ -215,12 +223,14 @@ def test_injected_oom_splits_batches_and_changes_no_vector(tiny_models, tmp_path
 
 
 def _job_in_process(inputs, work, out, cache, folder, q):
+    from extract_doubles import InlinePool, pool_class
+
     from ampflow.extract.config import ExtractSettings, ModelSpec
-    from ampflow.extract.pool import InlinePool
     from ampflow.extract.run import extract_model
 
-    job = extract_model(inputs, ModelSpec(kind="esm2", tiny=True), "esm", work, out, ExtractSettings(cpu_workers=1, cache=cache),
-                        model_folder=folder, pool=InlinePool)  # fmt: skip
+    with pool_class(InlinePool):
+        job = extract_model(inputs, ModelSpec(kind="esm2", tiny=True), "esm", work, out, ExtractSettings(cpu_workers=1, cache=cache),
+                            model_folder=folder)  # fmt: skip
     q.put(job["run"]["computed"])
 
 

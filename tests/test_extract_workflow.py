@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import workflow_copy
+from extract_doubles import InlinePool, doubles_env, pool_class
 from extract_helpers import random_fasta, tiny_models_in
 
 from ampflow.base.errors import InputError
 from ampflow.extract.config import ExtractSettings, ModelSpec
-from ampflow.extract.pool import InlinePool
 from ampflow.extract.run import extract_fasta
 
 pytestmark = pytest.mark.slow
@@ -78,8 +78,9 @@ def test_sigkill_mid_run_then_rerun(tmp_path):
     target = TARGET.format(dataset="demo")
 
     log = open(tmp_path / "killed.log", "w")
+    # the workers wait 0.4 s after each chunk: a window to kill the job in
     proc = subprocess.Popen(
-        snakemake_cmd(target), cwd=root, env=env(AMPFLOW_EXTRACT_CHUNK_DELAY="0.4"),
+        snakemake_cmd(target), cwd=root, env=doubles_env(tmp_path / "site", env(), chunk_delay=0.4),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
@@ -176,12 +177,13 @@ def test_real_fasta_files_under_each_policy(shared_data, tiny_models, tmp_path):
             settings = ExtractSettings.from_dict({"sequences_per_file": 64, "fasta": values})
             args = (path, ModelSpec(kind=kind, tiny=True), kind, out.parent / "work", out / "x.h5ad", out / "r.tsv", out / "t.jsonl")
             if policy == "default" and f["duplicates"]:
-                with pytest.raises(InputError) as e:
-                    extract_fasta(*args, settings=settings, model_folder=tiny_models[kind], pool=InlinePool)
+                with pytest.raises(InputError) as e, pool_class(InlinePool):
+                    extract_fasta(*args, settings=settings, model_folder=tiny_models[kind])
                 assert str(path) in str(e.value) and "duplicate" in str(e.value)
                 table.append((path.name, policy, "fails: " + str(e.value).split(": ", 1)[0].rsplit("/", 1)[-1]))
                 continue
-            extract_fasta(*args, settings=settings, model_folder=tiny_models[kind], pool=InlinePool)
+            with pool_class(InlinePool):
+                extract_fasta(*args, settings=settings, model_folder=tiny_models[kind])
             a = ad.read_h5ad(out / "x.h5ad")
             report = pd.read_csv(out / "r.tsv", sep="\t", keep_default_na=False)
             counts = Counter(zip(report["problem"], report["action"]))

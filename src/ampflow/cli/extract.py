@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -11,7 +10,6 @@ log = logging.getLogger("ampflow")
 
 
 def cmd_extract(a):
-    import os
     import signal
 
     from ..base.errors import InputError
@@ -22,7 +20,6 @@ def cmd_extract(a):
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     spec = ModelSpec.from_dict(json.loads(a.model))
     settings = ExtractSettings.from_dict(json.loads(a.settings) if a.settings else {})
-    delay = float(os.environ.get("AMPFLOW_EXTRACT_CHUNK_DELAY", a.chunk_delay))
     inputs = {}
     for item in a.input:
         name, sep, fasta = item.partition("=")
@@ -33,7 +30,7 @@ def cmd_extract(a):
         if name not in inputs:
             raise InputError(f"no --input of that name (inputs: {sorted(inputs)})", key="--policies", value=name)
         inputs[name]["policy"] = policy
-    compute_model(inputs, spec, a.model_name, a.work, a.cache, settings, model_folder=a.model_folder, record=a.record, delay=delay)
+    compute_model(inputs, spec, a.model_name, a.work, a.cache, settings, model_folder=a.model_folder, record=a.record)
 
 
 def cmd_extract_outputs(a):
@@ -66,8 +63,6 @@ def add_commands(sub) -> None:
     s.add_argument("--work", required=True, help="the model's work folder: splits, queue, telemetry")
     s.add_argument("--cache", required=True, help="the vector cache folder (may be shared between jobs)")
     s.add_argument("--record", required=True, help="JSON of the job (model, layers, cache, inputs) that extract-outputs reads")
-    # tests: seconds each worker waits after a chunk, a window to kill the job in
-    s.add_argument("--chunk-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_extract)
 
     s = sub.add_parser("extract-outputs", help="one input's h5ad, report, telemetry and progress from the vector cache")

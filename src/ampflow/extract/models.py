@@ -204,9 +204,6 @@ class Embedder:
         self.dim = model.config.hidden_size
         self._autocast = None if self.dtype == "float32" else getattr(torch, self.dtype)
         self._char_vocab = None
-        # tests only: batches of more padded tokens than this raise torch.OutOfMemoryError,
-        # as a full GPU would (the back-off is tested on the CPU)
-        self.inject_oom_above: int | None = None
         from transformers import EsmTokenizer
 
         if isinstance(tokenizer, EsmTokenizer) or getattr(tokenizer, "char_level", False):
@@ -278,8 +275,6 @@ class Embedder:
             return self.embed_batch(batch)
         lens = [len(t.ids) for t in batch]
         s = max(sum(lens[j] for j in r) for r in rows)
-        if self.inject_oom_above is not None and len(rows) * s > self.inject_oom_above:
-            raise torch.OutOfMemoryError(f"injected: {len(rows)} x {s} tokens > {self.inject_oom_above}")
         ids = torch.full((len(rows), s), self.pad_id, dtype=torch.long)
         seg = torch.zeros((len(rows), s), dtype=torch.long)
         pos = torch.zeros((len(rows), s), dtype=torch.long)
@@ -330,8 +325,6 @@ class Embedder:
         import torch
 
         s = max(len(t.ids) for t in batch)
-        if self.inject_oom_above is not None and len(batch) * s > self.inject_oom_above:
-            raise torch.OutOfMemoryError(f"injected: {len(batch)} x {s} tokens > {self.inject_oom_above}")
         ids = torch.full((len(batch), s), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), s), dtype=torch.long)
         own = torch.zeros((len(batch), s), dtype=torch.bool)

@@ -39,7 +39,7 @@ from multiprocessing.connection import wait
 
 from ..base.errors import InputError
 from ..base.progress import Progress
-from .worker import Job, compute_chunk, worker_main
+from .worker import Job, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -439,50 +439,3 @@ class WorkerPool:
             s = out.setdefault(w.label, Counter())
             s.update(w.stats)
         return [{"worker": label, **{k: (round(v, 3) if isinstance(v, float) else v) for k, v in s.items()}} for label, s in out.items()]
-
-
-class InlinePool:
-    """The pool's interface without processes: one worker in the calling process.
-
-    For tests and debugging (a debugger sees the model code). Loaded models are kept
-    per (folder, layer, device) for the life of the process.
-    """
-
-    _models: dict = {}
-
-    def __init__(self, job: Job, slots: list[str | None], max_attempts: int = 2, deadline: float = 0.0, load_deadline: float = 0.0):
-        # deadlines are accepted for the pool's interface and ignored: a hang here hangs
-        # the caller, which is what a debugger wants
-        self.job = job
-        self.device = "cpu" if slots[0] is None else "cuda"
-
-    def run(self, chunks: list[dict], progress: Progress | None = None) -> list[dict]:
-        import torch
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(self.job.threads)
-        try:
-            return self._run(chunks, progress)
-        finally:
-            torch.set_num_threads(threads)
-
-    def _run(self, chunks: list[dict], progress: Progress | None) -> list[dict]:
-        from .models import load_embedder
-
-        key = (self.job.folder, self.job.layers, self.device, self.job.spec)
-        if key not in self._models:
-            self._models[key] = load_embedder(self.job.spec, self.job.folder, list(self.job.layers), device=self.device)
-        embedder = self._models[key]
-        embedder.inject_oom_above = self.job.oom_above
-        cache = self.job.cache()
-        stats = Counter()
-
-        def on_batch(n: int, tokens: int, padded: int) -> None:
-            stats.update(tokens=tokens, padded_tokens=padded)
-            if progress is not None:
-                progress.update(n)
-
-        for c in chunks:
-            marker = compute_chunk(embedder, self.job, c, "inline", on_batch, cache)
-            stats.update(chunks=1, sequences=marker["n_sequences"], seconds=marker["seconds"], splits=len(marker["splits"]))
-        return [{"worker": "inline", **stats}]

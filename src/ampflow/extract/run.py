@@ -90,9 +90,6 @@ def compute_model(
     settings: ExtractSettings | None = None,
     model_folder=None,
     record=None,
-    delay: float = 0.0,
-    oom_above: int | None = None,
-    pool=WorkerPool,
 ) -> dict:
     """Put every sequence of every input into the vector cache with one model; the job
     record (also written to ``record``, what :func:`write_outputs` reads).
@@ -113,13 +110,11 @@ def compute_model(
         Chunk size, FASTA policies, devices, workers (defaults: ExtractSettings()).
     model_folder
         Where the model is, when not ``spec.source`` (tiny models built by the workflow).
-    delay, oom_above
-        Tests only: seconds each worker waits after a chunk; batches of more padded
-        tokens than ``oom_above`` run out of memory. (Hung or slow workers are test
-        doubles of the worker process, patched in by the tests: ``tests/extract_doubles.py``.)
-    pool
-        The pool class: :class:`~ampflow.extract.pool.WorkerPool` (processes), or
-        :class:`~ampflow.extract.pool.InlinePool` (this process; tests, debugging).
+    record
+        Where to write the job record as JSON (atomically), if given.
+
+    The sequences to compute go to a :class:`~ampflow.extract.pool.WorkerPool`, one
+    worker process per slot of ``settings`` (GPUs or CPU workers).
     """
     settings = settings or ExtractSettings()
     work = Path(work)
@@ -159,12 +154,9 @@ def compute_model(
             sampler = GpuSampler(work / "telemetry.jsonl", slots if device == "cuda" else [], settings.telemetry_interval)
             sampler.start()
             try:
-                job = Job(
-                    spec, str(folder), tuple(layers), str(work), str(cache.dir.parent), ident, device, settings.threads,
-                    delay, oom_above,
-                )  # fmt: skip
+                job = Job(spec, str(folder), tuple(layers), str(work), str(cache.dir.parent), ident, device, settings.threads)
                 meter = Progress(todo, "sequences", log)
-                workers = pool(job, slots, settings.max_attempts, settings.deadline, settings.load_deadline).run(chunks, meter)
+                workers = WorkerPool(job, slots, settings.max_attempts, settings.deadline, settings.load_deadline).run(chunks, meter)
             finally:
                 gpu = sampler.stop()
             for w in workers:

@@ -80,8 +80,6 @@ class Job:
     ident: dict
     device: str = "cpu"  # cpu | cuda (the worker's one visible GPU)
     threads: int = 1
-    delay: float = 0.0  # seconds to wait after each chunk (tests: a window to kill in)
-    oom_above: int | None = None  # tests: batches of more padded tokens run out of memory
 
     @property
     def chunk_dir(self) -> Path:
@@ -228,7 +226,6 @@ def worker_main(wid: int, conn, job: Job) -> None:
         turn = load_turn(Path(job.work) / "model-load.lock", progress) if job.device == "cuda" else nullcontext()
         with turn:
             embedder = load_embedder(job.spec, job.folder, list(job.layers), device=job.device)
-        embedder.inject_oom_above = job.oom_above
         cache = job.cache()
         info = {"label": label, "load_seconds": round(time.monotonic() - t0, 2), **progress.counters()}
         log.info("model loaded in %.1f s on %s (%s)", info["load_seconds"], job.device, embedder.dtype)
@@ -242,8 +239,6 @@ def worker_main(wid: int, conn, job: Job) -> None:
                 logging.shutdown()
                 os._exit(0)
             marker = compute_chunk(embedder, job, chunk, label, on_batch, cache)
-            if job.delay:
-                time.sleep(job.delay)
             send(("done", wid, chunk["name"], {k: marker[k] for k in ("n_sequences", "seconds", "tokens", "padded_tokens", "splits")}))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the parent went away
