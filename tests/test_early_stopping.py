@@ -17,6 +17,7 @@ import pytest
 import scipy.sparse as sp
 import torch
 from synthetic_shapes import synthetic_features, synthetic_graph
+from trainer_doubles import StoppingTrainer
 
 from ampflow.base.errors import InputError
 from ampflow.contract.config import EarlyStoppingConfig, ModelConfig, TrainConfig
@@ -119,7 +120,7 @@ def test_resume_stops_where_an_uninterrupted_run_stops(data, tmp_path):
     assert Trainer(data, MODEL, cfg, ref).fit() is True
     n_steps = json.loads((ref / "metrics.jsonl").read_text().splitlines()[-1])["step"]
     for stop in (7, n_steps // 2, n_steps - 3):
-        assert Trainer(data, MODEL, cfg, out, stop_after=stop).fit() is False
+        assert StoppingTrainer(data, MODEL, cfg, out, stop_after=stop).fit() is False
     assert Trainer(data, MODEL, cfg, out).fit() is True
     a = torch.load(ref / "model.pt", weights_only=True)["state_dict"]
     b = torch.load(out / "model.pt", weights_only=True)["state_dict"]

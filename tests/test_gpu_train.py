@@ -3,7 +3,7 @@ without a GPU): the CPU case proves the test's own code (device moves, the one-r
 groups, the comparisons) on every machine, so that on a GPU node only the device can
 fail.
 
-* the Trainer end to end: trained, killed (``stop_after``) and resumed, outputs written,
+* the Trainer end to end: trained, killed (the test double ``StoppingTrainer``) and resumed, outputs written,
   metrics rows with the allocator's peaks (``peak_source`` ``cuda`` with the requested
   and reserved peaks and the base). Determinism: on CPU the resumed run equals the
   uninterrupted one bit for bit. On CUDA the trainer itself (``train.deterministic``,
@@ -81,6 +81,8 @@ def _rows(out: Path) -> list[dict]:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_trainer_trains_is_killed_and_resumes(device, tmp_path):
+    from trainer_doubles import StoppingTrainer
+
     from ampflow.contract.config import LossWeights, ModelConfig, StageConfig, TrainConfig
     from ampflow.train.trainer import MEASURED_STEPS, Trainer
 
@@ -99,7 +101,7 @@ def test_trainer_trains_is_killed_and_resumes(device, tmp_path):
             a = Trainer(data, ModelConfig(), cfg, tmp_path / "a")
             assert a.device.type == device
             assert a.fit() is True
-            assert Trainer(data, ModelConfig(), cfg, tmp_path / "b", stop_after=5).fit() is False
+            assert StoppingTrainer(data, ModelConfig(), cfg, tmp_path / "b", stop_after=5).fit() is False
             assert Trainer(data, ModelConfig(), cfg, tmp_path / "b").fit() is True
         if device == "cuda":
             assert torch.are_deterministic_algorithms_enabled() and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import MODEL, SETTINGS, assert_same_model, metrics, prepare
+from trainer_doubles import stop_env
 
 from ampflow.contract.config import TrainConfig
 from ampflow.contract.plan import Plan
@@ -62,14 +63,20 @@ def plan_file(tmp_path_factory) -> Path:
     return p
 
 
-def train(data_dir: Path, out: Path, plan: Path, *extra: str, launch: bool = True) -> subprocess.CompletedProcess:
+def train(data_dir: Path, out: Path, plan: Path, *extra: str, launch: bool = True, stop_after: int | None = None) -> subprocess.CompletedProcess:
     args = ["train", "--data", data_dir, "--out", out, "--model", json.dumps(DP_MODEL.to_dict()),
             "--train", json.dumps(DP_SETTINGS), "--plan", plan, *extra]  # fmt: skip
     if launch:  # `ampflow train --launch` starts torchrun itself
         cmd = [sys.executable, "-m", "ampflow.cli", *args, "--launch"]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ampflow.cli", *args]
-    return subprocess.run([str(x) for x in cmd], capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(x) for x in cmd], capture_output=True, text=True, timeout=300, env=_env(out, stop_after))
+
+
+def _env(out: Path, stop_after: int | None) -> dict | None:
+    """With ``stop_after``: every training process is killed after that step (the test
+    double :mod:`trainer_doubles`); else this process's environment."""
+    return None if stop_after is None else stop_env(Path(f"{out}.doubles"), stop_after)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +155,7 @@ def test_only_rank0_writes(dp_run):
 
 def test_dp_kill_and_resume_bit_identical(dp_run, data_dir, plan_file, tmp_path):
     out = tmp_path / "resumed"
-    res = train(data_dir, out, plan_file, "--stop-after", "4", launch=False)
+    res = train(data_dir, out, plan_file, launch=False, stop_after=4)
     assert res.returncode == 0, res.stderr[-4000:]
     assert not (out / "model.pt").exists()
     res = train(data_dir, out, plan_file, launch=False)
@@ -175,7 +182,7 @@ TP_PLAN = {
 TP_SETTINGS = {**DP_SETTINGS, "dtype": "float64"}
 
 
-def train_tp(data_dir: Path, out: Path, plan: Path, *extra: str, processes: int = 2) -> subprocess.CompletedProcess:
+def train_tp(data_dir: Path, out: Path, plan: Path, *extra: str, processes: int = 2, stop_after: int | None = None) -> subprocess.CompletedProcess:
     """``ampflow train`` with the trainer's own model (dropout on), under torchrun or not."""
     args = ["train", "--data", data_dir, "--out", out, "--model", json.dumps(MODEL.to_dict()),
             "--train", json.dumps(TP_SETTINGS), "--plan", plan, *extra]  # fmt: skip
@@ -183,7 +190,7 @@ def train_tp(data_dir: Path, out: Path, plan: Path, *extra: str, processes: int 
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m", "ampflow.cli", *args]
     else:
         cmd = [sys.executable, "-m", "ampflow.cli", *args]
-    return subprocess.run([str(x) for x in cmd], capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(x) for x in cmd], capture_output=True, text=True, timeout=300, env=_env(out, stop_after))
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +228,7 @@ def test_tp_run_follows_one_process(tp_run, data_dir, tp_plan, tmp_path):
 
 def test_tp_kill_and_resume_bit_identical(tp_run, data_dir, tp_plan, tmp_path):
     out = tmp_path / "resumed"
-    res = train_tp(data_dir, out, tp_plan, "--stop-after", "4")
+    res = train_tp(data_dir, out, tp_plan, stop_after=4)
     assert res.returncode == 0, res.stderr[-4000:]
     res = train_tp(data_dir, out, tp_plan)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -232,7 +239,7 @@ def test_tp_kill_and_resume_bit_identical(tp_run, data_dir, tp_plan, tmp_path):
 
 def test_tp_checkpoint_resumes_in_one_process(tp_run, data_dir, tp_plan, tmp_path):
     out = tmp_path / "moved"
-    res = train_tp(data_dir, out, tp_plan, "--stop-after", "6")
+    res = train_tp(data_dir, out, tp_plan, stop_after=6)
     assert res.returncode == 0, res.stderr[-4000:]
     res = train_tp(data_dir, out, tp_plan, processes=1)
     assert res.returncode == 0, res.stderr[-4000:]

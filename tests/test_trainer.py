@@ -30,6 +30,7 @@ import scipy.sparse as sp
 import torch
 import yaml
 from helpers import MODEL, SETTINGS, assert_same_model, load_model, metrics, prepare
+from trainer_doubles import StoppingTrainer
 
 from ampflow.base.errors import InputError
 from ampflow.cli import main
@@ -67,7 +68,7 @@ def paired(data_dir):
 
 
 def fit(paired, out: Path, stop_after: int | None = None) -> bool:
-    return Trainer(paired, MODEL, TRAIN, out, stop_after=stop_after).fit()
+    return StoppingTrainer(paired, MODEL, TRAIN, out, stop_after=stop_after).fit()
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +175,7 @@ def test_outputs(paired, reference):
 # ------------------------------------------------------------------ metrics while training
 def watched_fit(paired, out: Path, stop_after: int | None = None) -> tuple[bool, list[list[int]]]:
     """Train, reading ``metrics.jsonl`` before every step: the steps it held each time."""
-    trainer = Trainer(paired, MODEL, TRAIN, out, stop_after=stop_after)
+    trainer = StoppingTrainer(paired, MODEL, TRAIN, out, stop_after=stop_after)
     seen, step = [], trainer._train_step
 
     def watch(*args, **kwargs):
@@ -218,7 +219,7 @@ def test_runs_with_the_plans_threads(paired, tmp_path, configured, planned, expe
     cfg = dataclasses.replace(TRAIN, threads=configured)
     before = torch.get_num_threads()
     try:
-        assert Trainer(paired, MODEL, cfg, tmp_path / "run", stop_after=2, plan=Plan(cpu=cpu)).fit() is False
+        assert StoppingTrainer(paired, MODEL, cfg, tmp_path / "run", stop_after=2, plan=Plan(cpu=cpu)).fit() is False
     finally:
         torch.set_num_threads(before)  # the other tests' numbers assume theirs
     assert [r["threads"] for r in metrics(tmp_path / "run")] == [expected, expected]
@@ -606,7 +607,7 @@ def test_checkpoints_of_another_run_are_not_resumed(paired, reference, tmp_path,
     """After the settings change, old checkpoints are deleted and training starts fresh."""
     out = tmp_path / "run"
     other = dataclasses.replace(MODEL, hidden_dim=16)
-    Trainer(paired, other, TRAIN, out, stop_after=7).fit()
+    StoppingTrainer(paired, other, TRAIN, out, stop_after=7).fit()
     assert checkpoint.list_checkpoints(out / "checkpoints")
     with caplog.at_level(logging.WARNING):
         fit(paired, out)

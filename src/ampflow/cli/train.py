@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 
@@ -18,7 +17,7 @@ def cmd_train(a):
     train_cfg = TrainConfig.from_dict(json.loads(a.train) if a.train else {})
     plan = Plan.read(a.plan) if a.plan else None
     relaunch = [x for x in a.argv if x != "--launch"] if a.launch else None
-    return run_training(a.data, a.out, model_cfg, train_cfg, plan, name=a.name, stop_after=a.stop_after, relaunch_argv=relaunch, split=a.split)
+    return run_training(a.data, a.out, model_cfg, train_cfg, plan, name=a.name, relaunch_argv=relaunch, split=a.split)
 
 
 def cmd_evaluate(a):
@@ -53,7 +52,6 @@ def add_commands(sub) -> None:
         "without it (or under torchrun) train in this process",
     )  # fmt: skip
     s.add_argument("--split", default=None, help="qc/split.tsv: its held-out cells are not trained on (the data files' obs['split'] must agree)")
-    s.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: stop as if killed
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser(

@@ -183,7 +183,7 @@ def launch(n: int, argv: list[str], device: str = "auto") -> int:
 
 
 def run_training(data_dir, out_dir, model_cfg: ModelConfig, train_cfg: TrainConfig, plan: Plan | None = None,
-                 name: str = "", stop_after: int | None = None, relaunch_argv: list[str] | None = None, split=None) -> int:  # fmt: skip
+                 name: str = "", relaunch_argv: list[str] | None = None, split=None) -> int:  # fmt: skip
     """Train one configuration; an exit status.
 
     The device is the plan's when it records one, else ``train.device``'s
@@ -217,7 +217,7 @@ def run_training(data_dir, out_dir, model_cfg: ModelConfig, train_cfg: TrainConf
             "training %s: %d cells (%d held out), %d genes, %d Hi-C features in %d strata",
             name or out_dir, data.n_cells, data.n_cells - len(data.train_rows), data.rna.shape[1], data.hic.shape[1], data.n_strata,
         )  # fmt: skip
-        Trainer(data, model_cfg, train_cfg, out_dir, name=name, stop_after=stop_after, plan=plan).fit()
+        Trainer(data, model_cfg, train_cfg, out_dir, name=name, plan=plan).fit()
     finally:
         if world > 1:
             dist.destroy_process_group()

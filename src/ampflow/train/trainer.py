@@ -132,7 +132,7 @@ class Trainer:
     """
 
     def __init__(self, data: PairedData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir, name: str = "",
-                 stop_after: int | None = None, plan: Plan | None = None):  # fmt: skip
+                 plan: Plan | None = None):  # fmt: skip
         self.data, self.model_cfg, self.cfg = data, model_cfg, train_cfg
         self.plan = plan or Plan()
         self.mesh = plan_mesh(plan)
@@ -140,7 +140,6 @@ class Trainer:
         self.out = Path(out_dir)
         self.ckpt_dir = self.out / "checkpoints"
         self.name = name or self.out.name
-        self.stop_after = stop_after  # testing aid: stop (as if killed) after this many steps
         # the plan's device when it records one (a plan for cuda without a GPU is refused),
         # else train.device's
         device, source = run_device(train_cfg, plan)
@@ -398,7 +397,7 @@ class Trainer:
         return row
 
     def fit(self) -> bool:
-        """Train to the end (resuming if checkpoints exist). Returns False if stopped early."""
+        """Train to the end (resuming if checkpoints exist); True when the outputs are written."""
         resumed = self._resume()
         main = self.rank == 0
         metrics_path = self._metrics_file(resumed) if main else Path(os.devnull)
@@ -449,8 +448,6 @@ class Trainer:
                             if main:
                                 os.fsync(mfh.fileno())
                             self._save_checkpoint()
-                        if self.stop_after is not None and self.step >= self.stop_after:
-                            return False
                     if math.isnan(row["loss"]["total"]):
                         raise FloatingPointError(f"loss became NaN at step {self.step} ({stage_name}, epoch {epoch})")
                     if stop:
