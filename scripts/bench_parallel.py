@@ -131,7 +131,8 @@ def main() -> None:
             metrics = train(work, data, mesh_plan(plan, dp, tp), a.steps, f"world{world}")
             timed = metrics[2:] or metrics
             step_s = statistics.median(r["seconds"] for r in timed)
-            peaks = [max(r.get("rank_peak_bytes", [r["peak_bytes"]])[i] for r in metrics) for i in range(dp * tp)]
+            measured = [r for r in metrics if "peak_bytes" in r]  # the trainer measures its first steps
+            peaks = [max(r.get("rank_peak_bytes", [r["peak_bytes"]])[i] for r in measured) for i in range(dp * tp)]
             rows[world] = (dp, tp, step_s, peaks)
         s1, p1 = rows[1][2], max(rows[1][3])
         print(f"\n{'world':>5} {'dp x tp':>8} {'step s':>8} {'x world 1':>9} {'peak MiB per rank':>24} {'x world 1':>9}")
@@ -152,7 +153,7 @@ def main() -> None:
             gpu = train(work, data, mesh_plan(plan, 1, 1), a.steps, "gpu", device="cuda")
             print(
                 f"\nGPU, one process: median step {statistics.median(r['seconds'] for r in gpu[2:]):.4f} s,"
-                f" peak {max(r['peak_bytes'] for r in gpu) / 2**20:.1f} MiB"
+                f" peak {max(r['peak_bytes'] for r in gpu if 'peak_bytes' in r) / 2**20:.1f} MiB"
             )
         else:
             print("\nno CUDA device: the NCCL smoke run and the largest-fitting-configuration figures are skipped")

@@ -19,23 +19,22 @@ workers).
 
 A command run as a process of its own (``ampflow extract``, Snakemake and the jobs it
 starts) gets its doubles from the environment :func:`doubles_env` makes: a
-``sitecustomize.py`` first on PYTHONPATH loads this file in every Python process, and
-where :data:`ENV` is set, patches the extraction modules as they are imported (as
-``fake_cuda.py`` does for torch).
+``sitecustomize.py`` first on PYTHONPATH (:mod:`process_doubles`) loads this file in
+every Python process where :data:`ENV` is set, and :func:`install` patches the extraction
+modules as they are imported.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import json
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+
+from process_doubles import after_import, process_env
 
 
 def claim(hook: str, times: int, what: str) -> bool:
@@ -234,74 +233,23 @@ def oom_worker(wid, conn, job, tokens: int) -> None:
 # ---------------------------------------------------------------- doubles of other processes
 ENV = "AMPFLOW_TEST_EXTRACT_DOUBLES"  # JSON: {"chunk_delay": seconds, "oom_above": tokens}
 
-SITECUSTOMIZE = f"""\
-import os
-
-if os.environ.get({ENV!r}):
-    import importlib.util
-    import sys
-
-    _spec = importlib.util.spec_from_file_location("extract_doubles", {str(Path(__file__).resolve())!r})
-    _doubles = importlib.util.module_from_spec(_spec)
-    sys.modules["extract_doubles"] = _doubles
-    _spec.loader.exec_module(_doubles)
-    _doubles.patch_on_import(os.environ[{ENV!r}])
-"""
-
 # what each double patches: the module it waits for, and how
 _PATCHES = {"chunk_delay": ("ampflow.extract.worker", slow_chunks), "oom_above": ("ampflow.extract.models", out_of_memory_above)}
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``patches[name]()`` right after module ``name`` is executed (the first time
-    it is imported); finds no module itself."""
-
-    def __init__(self, patches: dict[str, list[Callable]]):
-        self.patches = patches
-
-    def find_spec(self, name, path=None, target=None):
-        todo = self.patches.pop(name, None)
-        if todo is None:
-            return None
-        spec = next((s for f in sys.meta_path if f is not self and (s := f.find_spec(name, path, target)) is not None), None)
-        if spec is None or spec.loader is None:
-            return spec
-        real = spec.loader.exec_module
-
-        def exec_module(module):
-            real(module)
-            for patch in todo:
-                patch()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def patch_on_import(doubles: str) -> None:
+def install(doubles: str) -> None:
     """Install the doubles given as JSON (keys of :data:`_PATCHES`) in this process: each
     at once where its module is imported already, else the moment it is."""
-    patches: dict[str, list[Callable]] = {}
     for key, value in json.loads(doubles).items():
         module, patch = _PATCHES[key]
-        patches.setdefault(module, []).append(lambda patch=patch, value=value: patch(value))
-    for module in [m for m in patches if m in sys.modules]:
-        for patch in patches.pop(module):
-            patch()
-    if patches:
-        sys.meta_path.insert(0, _AfterImport(patches))
+        after_import(module, lambda _module, patch=patch, value=value: patch(value))
 
 
 def doubles_env(folder: Path, env: dict | None = None, **doubles) -> dict:
     """An environment (``env``, or this process's) in which every Python process has the
     given doubles: ``chunk_delay=seconds`` (:func:`slow_chunks`), ``oom_above=tokens``
-    (:func:`out_of_memory_above`). The ``sitecustomize.py`` is written into ``folder``."""
+    (:func:`out_of_memory_above`) (:func:`process_doubles.process_env`)."""
     unknown = set(doubles) - set(_PATCHES)
     if unknown:
         raise ValueError(f"no such double: {sorted(unknown)}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join([str(folder), *filter(None, [env.get("PYTHONPATH")])])
-    env[ENV] = json.dumps(doubles)
-    return env
+    return process_env(folder, env, **{ENV: json.dumps(doubles)})

@@ -9,57 +9,25 @@ meant to leave the GPUs alone must not.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from process_doubles import after_import, process_env
 
 ENV = "AMPFLOW_FAKE_CUDA_GPUS"
 
-SITECUSTOMIZE = f"""\
-import os
-import sys
 
-_N = os.environ.get({ENV!r})
-if _N is not None:
-    import importlib.abc
-    import importlib.util
+def install(value: str) -> None:
+    """In this process: torch reports ``int(value)`` CUDA GPUs, from its import on."""
+    n = int(value)
 
-    _N = int(_N)
+    def patch(torch):
+        torch.cuda.is_available = lambda: n > 0
+        torch.cuda.device_count = lambda: n
 
-    def _patch(torch):
-        torch.cuda.is_available = lambda: _N > 0
-        torch.cuda.device_count = lambda: _N
-
-    class _FakeCudaFinder(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name != "torch":
-                return None
-            sys.meta_path.remove(self)  # find the real torch, once
-            spec = importlib.util.find_spec("torch")
-            if spec is None or spec.loader is None:
-                return spec
-            real = spec.loader.exec_module
-
-            def exec_module(module):
-                real(module)
-                _patch(module)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    if "torch" in sys.modules:
-        _patch(sys.modules["torch"])
-    else:
-        sys.meta_path.insert(0, _FakeCudaFinder())
-"""
+    after_import("torch", patch)
 
 
 def fake_cuda_env(folder: Path, gpus: int, env: dict | None = None) -> dict:
     """An environment in which every Python process sees ``gpus`` CUDA GPUs (torch's
     view; NVML, and so ``ampflow devices``, still sees the real ones)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join([str(folder), *filter(None, [env.get("PYTHONPATH")])])
-    env[ENV] = str(int(gpus))
-    return env
+    return process_env(folder, env, **{ENV: int(gpus)})

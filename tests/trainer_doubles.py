@@ -8,18 +8,17 @@ kill. Its :meth:`fit` returns False then, as a run that did not finish.
 
 A training run in processes of its own (``ampflow train``, torchrun's ranks) gets the same
 from the environment :func:`stop_env` makes: a ``sitecustomize.py`` first on PYTHONPATH
-loads this file in every Python process, and where :data:`ENV` is set, makes the real
-``Trainer`` stop so the moment ``ampflow.train.trainer`` is imported. ``ampflow train``
+(:mod:`process_doubles`) loads this file in every Python process where :data:`ENV` is set,
+and :func:`install` makes the real ``Trainer`` stop so the moment ``ampflow.train.trainer``
+is imported. ``ampflow train``
 then exits 0, as after any ``fit()`` (the next run resumes).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import os
-import sys
 from pathlib import Path
+
+from process_doubles import after_import, process_env
 
 ENV = "AMPFLOW_TEST_STOP_AFTER"
 
@@ -78,66 +77,15 @@ def __getattr__(name):  # StoppingTrainer without importing torch at collection
     raise AttributeError(name)
 
 
-SITECUSTOMIZE = f"""\
-import os
-
-if os.environ.get({ENV!r}):
-    import importlib.util
-    import sys
-
-    _spec = importlib.util.spec_from_file_location("trainer_doubles", {str(Path(__file__).resolve())!r})
-    _doubles = importlib.util.module_from_spec(_spec)
-    sys.modules["trainer_doubles"] = _doubles
-    _spec.loader.exec_module(_doubles)
-    _doubles.stop_on_import(int(os.environ[{ENV!r}]))
-"""
-
 _MODULE = "ampflow.train.trainer"
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``patch(module)`` right after ``ampflow.train.trainer`` is executed; finds no
-    module itself."""
-
-    def __init__(self, patch):
-        self.patch = patch
-
-    def find_spec(self, name, path=None, target=None):
-        if name != _MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        real = spec.loader.exec_module
-
-        def exec_module(module):
-            real(module)
-            self.patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-def stop_on_import(steps: int) -> None:
+def install(steps: str) -> None:
     """Make this process's ``Trainer`` stop after ``steps`` steps, now or when imported."""
-
-    def patch(module):
-        make_stopping(module.Trainer, steps)
-
-    if _MODULE in sys.modules:
-        patch(sys.modules[_MODULE])
-    else:
-        sys.meta_path.insert(0, _AfterImport(patch))
+    after_import(_MODULE, lambda module: make_stopping(module.Trainer, int(steps)))
 
 
 def stop_env(folder: Path, steps: int, env: dict | None = None) -> dict:
     """An environment (``env``, or this process's) in which every training process stops
-    after ``steps`` steps; the ``sitecustomize.py`` is written into ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join([str(folder), *filter(None, [env.get("PYTHONPATH")])])
-    env[ENV] = str(int(steps))
-    return env
+    after ``steps`` steps (:func:`process_doubles.process_env`)."""
+    return process_env(folder, env, **{ENV: int(steps)})
