@@ -12,8 +12,8 @@ rule profile:
         "../../envs/ampflow.yaml"
     params:
         data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
-        model=json_arg("model"),
-        train=json_arg("train"),
+        model=shell_json(config["model"]),
+        train=shell_json(config["train"]),
     shell:
         "ampflow profile {params.data} --model {params.model} --train {params.train}"
         " --out {output} > {log} 2>&1"
@@ -35,7 +35,7 @@ rule diagnose:
         memory=config["amp"]["device_memory_gb"],
         fraction=config["amp"]["budget_fraction"],
         ratio=config["amp"]["dimensionality_ratio"],
-        train=json_arg("train"),
+        train=shell_json(config["train"]),
     shell:
         "ampflow diagnose {input.profile} --devices {params.devices}"
         " --device-memory {params.memory} --devices-file {input.devices} --train {params.train}"
@@ -67,23 +67,23 @@ rule train:
     # memory from plan.json and config "cluster"; <TBD> in a dry run before the plan exists
     resources:
         # a GPU plan's partition; none for a CPU plan (the profile's default applies)
-        **gpu_partition(train_resource("slurm_partition")),
-        gpu=train_resource("gpu", 0),
-        nodes=train_resource("nodes"),
-        tasks=train_resource("tasks"),
-        mpi=train_resource("mpi"),
-        cpus_per_gpu=train_resource("cpus_per_gpu"),
-        cpus_per_task=train_resource("cpus_per_task"),
-        slurm_extra=train_resource("slurm_extra"),
-        mem_mb=train_resource("mem_mb"),
+        **SIZING.gpu_partition(SIZING.train_resource("slurm_partition")),
+        gpu=SIZING.train_resource("gpu", 0),
+        nodes=SIZING.train_resource("nodes"),
+        tasks=SIZING.train_resource("tasks"),
+        mpi=SIZING.train_resource("mpi"),
+        cpus_per_gpu=SIZING.train_resource("cpus_per_gpu"),
+        cpus_per_task=SIZING.train_resource("cpus_per_task"),
+        slurm_extra=SIZING.train_resource("slurm_extra"),
+        mem_mb=SIZING.train_resource("mem_mb"),
         runtime=720,
     params:
         data=lambda wc: f"{RESULTS}/data/{wc.cfg}",
         # checkpoints live beside the declared outputs, not among them: Snakemake
         # deletes a failed job's outputs, and a re-run resumes from the checkpoints
         out=lambda wc: f"{RESULTS}/train/{wc.cfg}",
-        model=json_arg("model"),
-        train=json_arg("train"),
+        model=shell_json(config["model"]),
+        train=shell_json(config["train"]),
     # --launch: a plan of dp x tp > 1 processes trains under torchrun (--standalone on
     # one node; across the nodes of a SLURM job, one torchrun per node through the job's
     # own srun, c10d rendezvous on the first node); one process per GPU, gloo on CPU,

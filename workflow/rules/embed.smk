@@ -22,7 +22,7 @@ rule embed:
         f"{LOGS}/embed.{{cfg}}.log",
     conda:
         "../../envs/ampflow.yaml"
-    threads: embed_threads()
+    threads: SIZING.embed_threads(train_cores())
     resources:
         mem_mb=8000,
         runtime=60,
@@ -37,15 +37,15 @@ rule embed:
 rule embed_cells:
     input:
         model=rules.train.output.model,
-        rna=embed_input("rna") if HAS_RNA else [],
-        hic=embed_input("hic"),
+        rna=PATHS.embed_input(EMBED_SETS, "rna") if HAS_RNA else [],
+        hic=PATHS.embed_input(EMBED_SETS, "hic"),
     output:
         f"{RESULTS}/embed/{{cfg}}/{{cells}}/embeddings.h5ad",
     log:
         f"{LOGS}/embed.{{cfg}}.{{cells}}.log",
     conda:
         "../../envs/ampflow.yaml"
-    threads: embed_threads()
+    threads: SIZING.embed_threads(train_cores())
     resources:
         mem_mb=8000,
         runtime=60,
@@ -79,7 +79,7 @@ rule embed_bin_cells:
         resolutions=" ".join(str(bp) for bp in RESOLUTIONS.values()),
         # outside the declared outputs, as bin_cells': a grown sheet bins only its new cells
         cache=lambda wc: f"{RESULTS}/embed/cells/{wc.cells}/binned/.cache",
-        naming=naming_args(),
+        naming=naming_args(config["genome"], config["pairs"]),
     shell:
         "ampflow bin-cells --sheet {input.sheet} --chromsizes {input.chromsizes}"
         " --resolutions {params.resolutions} --out-scool {output.scool}"
@@ -119,7 +119,7 @@ rule embed_qc_cells:
     conda:
         "../../envs/ampflow.yaml"
     params:
-        qc=qc_args(),
+        qc=qc_args(config["qc"]),
         # without RNA, cells pass on their contacts alone (as rule qc_cells)
         rna=lambda wc, input: rna_arg("--rna-stats", input.rna),
     shell:
@@ -164,7 +164,7 @@ rule embed_strata:
         runtime=60,
     params:
         strata=lambda wc: TRAIN_CONFIGS[wc.cfg]["strata"],
-        chroms=chromosomes_arg(),
+        chroms=chromosomes_arg(config["genome"]["chromosomes"]),
     shell:
         "ampflow strata --scool {input.scool} --qc {input.qc}"
         " --chromsizes {input.chromsizes} {params.chroms} --strata {params.strata}"

@@ -30,9 +30,10 @@ rule tiny_model:
 rule extract:
     input:
         fasta=lambda wc: [
-            EXTRACT_INPUTS[n]["fasta"] for n in extract_model_inputs(wc.model)
+            EXTRACT_INPUTS[n]["fasta"]
+            for n in extract_model_inputs(EXTRACT_INPUTS, wc.model)
         ],
-        model=lambda wc: extract_model_input(wc.model),
+        model=lambda wc: extract_model_input(EXTRACT_MODELS, wc.model),
     output:
         record=f"{RESULTS}/extract/{{model}}.job.json",
     log:
@@ -53,12 +54,12 @@ rule extract:
         mem_mb=16000,
         runtime=1440,
     params:
-        inputs=lambda wc: extract_input_args(wc.model),
+        inputs=lambda wc: extract_input_args(EXTRACT_INPUTS, wc.model),
         work=lambda wc: f"{RESULTS}/extract/work/{wc.model}",
         cache=EXTRACT_SETTINGS.cache or f"{RESULTS}/extract/cache",
-        model=lambda wc: extract_model_arg(wc.model),
-        folder=lambda wc: extract_folder_arg(wc.model),
-        settings=extract_settings_arg(),
+        model=lambda wc: shell_json(EXTRACT["models"][wc.model]),
+        folder=lambda wc: extract_folder_arg(EXTRACT_MODELS, wc.model),
+        settings=extract_settings_arg(EXTRACT),
     shell:
         "ampflow extract {params.inputs} --model-name {wildcards.model} --model {params.model}"
         " {params.folder} --settings {params.settings} --work {params.work}"

@@ -29,7 +29,7 @@ rule bin_block:
             block_sheet(wc.block)["cell_id"], block_sheet(wc.block)["pairs"]
         ),
         resolutions=" ".join(str(bp) for bp in RESOLUTIONS.values()),
-        naming=naming_args(),
+        naming=naming_args(config["genome"], config["pairs"]),
     shell:
         "ampflow bin-block --sheet {params.sheet} --block {wildcards.block}"
         " --block-cells {params.block_cells} --digest {params.digest}"
@@ -42,8 +42,12 @@ rule bin_block:
 # are) and their contact counts into the QC input
 rule gather_blocks:
     input:
-        scool=[f"{block_folder(b)}/{res}.scool" for b in BLOCKS for res in RESOLUTIONS],
-        stats=[f"{block_folder(b)}/contacts.tsv" for b in BLOCKS],
+        scool=[
+            f"{PATHS.block_folder(b)}/{res}.scool"
+            for b in BLOCKS
+            for res in RESOLUTIONS
+        ],
+        stats=[f"{PATHS.block_folder(b)}/contacts.tsv" for b in BLOCKS],
     output:
         scool=[f"{RESULTS}/binned/{res}.scool" for res in RESOLUTIONS],
         stats=f"{RESULTS}/qc/contacts.tsv",
@@ -102,7 +106,7 @@ rule qc_cells:
         mem_mb=need_mem_mb("qc_cells"),
         runtime=need_runtime("qc_cells"),
     params:
-        qc=qc_args(),
+        qc=qc_args(config["qc"]),
         # without RNA, cells pass on their contacts alone
         rna=rna_arg("--rna-stats", f"{RESULTS}/qc/rna.tsv"),
     shell:
@@ -126,7 +130,7 @@ rule split_cells:
     params:
         holdout=config["evaluate"]["holdout"],
         seed=config["evaluate"]["seed"],
-        label=label_arg(),
+        label=label_arg(config["evaluate"]["label_key"], CELLS.columns, logger.info),
     shell:
         "ampflow split-cells --qc {input} --holdout {params.holdout} {params.label}"
         " --seed {params.seed} --out {output} > {log} 2>&1"
@@ -176,7 +180,7 @@ rule strata:
         runtime=need_runtime("strata"),
     params:
         strata=lambda wc: TRAIN_CONFIGS[wc.cfg]["strata"],
-        chroms=chromosomes_arg(),
+        chroms=chromosomes_arg(config["genome"]["chromosomes"]),
         min_cells=config["hic"]["min_cells"],
         min_count=config["hic"]["min_count"],
     shell:
@@ -206,7 +210,7 @@ if HAS_RNA:
             runtime=need_runtime("rna_data"),
         params:
             n_top=config["rna"]["n_top_genes"],
-            naming=naming_args(),
+            naming=naming_args(config["genome"], config["pairs"]),
         shell:
             "ampflow rna-data --counts {input.counts} --qc {input.qc}"
             " --genes {input.genes} --chromsizes {input.chromsizes}"
@@ -230,7 +234,7 @@ rule graph:
         mem_mb=need_mem_mb("graph"),
         runtime=need_runtime("graph"),
     params:
-        chroms=chromosomes_arg(),
+        chroms=chromosomes_arg(config["genome"]["chromosomes"]),
         upstream=config["graph"]["promoter_upstream"],
         quantile=config["graph"]["contact_quantile"],
         # Hi-C only: anchors and their contact edges, no genes
@@ -258,11 +262,11 @@ rule devices:
     threads: train_cores()
     # one node's share of amp.devices' GPUs (config "cluster"), or none for a CPU run
     resources:
-        **CLUSTER.gpu_resources(devices_gpus()),
+        **SIZING.devices_resources(),
         runtime=10,
     params:
-        model=json_arg("model"),
-        train=json_arg("train"),
+        model=shell_json(config["model"]),
+        train=shell_json(config["train"]),
         processes=config["amp"]["devices"],
     # the calibration times with the threads the plan will give each process
     shell:

@@ -46,7 +46,7 @@ rule report_qc:
         out=lambda wc, output: Path(output.contacts).parent,
         label=config["evaluate"]["label_key"],
         dataset=DATASET,
-        qc=qc_args(),
+        qc=qc_args(config["qc"]),
     shell:
         "ampflow report-qc --qc {input.qc} --scool {input.scool} --out-dir {params.out}"
         " --label-key {params.label} --dataset {params.dataset} {params.qc} > {log} 2>&1"

@@ -14,16 +14,24 @@ share of processes each (``--gpus-per-node``), one task per node, and its comman
 on the first node without the plugin's ``srun -n1`` (the ``mpi`` resource), where
 ``ampflow train --launch`` starts one ``torchrun`` per node itself
 (:mod:`ampflow.train.launch`). CPU plans: one node; threads and memory from the plan.
+
+:class:`JobSizing` holds the policy by which the workflow sizes its devices, train and
+embed jobs from the config (and, for the train job, the plan) while it is parsed:
+``workflow/rules/*.smk`` only look up the config and the host and call it.
+
 Torch-free: the workflow imports it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..base.errors import InputError
-from .config import AUTO_DEVICES, AUTO_THREADS
+from .config import AUTO_DEVICES, AUTO_THREADS, check_amp_devices
+from .plan import Plan
 
 MB = 1 << 20
 #: Host memory (MB) of one CPU training process beyond what the plan's batch check
@@ -197,3 +205,68 @@ def gpu_partition(offer: ClusterOffer, train_device: str, value) -> dict:
     if trains_on_gpus(offer, train_device) and offer.gpu_partition:
         return {"slurm_partition": value}
     return {}
+
+
+@dataclass(frozen=True)
+class JobSizing:
+    """The config's figures that size the devices, train and embed jobs, and the rules
+    above applied to them; the workflow builds one from its config while it is parsed.
+
+    Attributes
+    ----------
+    offer : ClusterOffer
+        What a GPU node offers (config ``cluster``).
+    threads : int or "auto"
+        ``train.threads``.
+    device : str
+        ``train.device`` (``cpu``, ``cuda`` or ``auto``).
+    amp_devices : int, str or "auto"
+        ``amp.devices`` as the config gives it (an integer, possibly as text).
+    """
+
+    offer: ClusterOffer
+    threads: int | str = AUTO_THREADS
+    device: str = "auto"
+    amp_devices: int | str = AUTO_DEVICES
+
+    @classmethod
+    def from_config(cls, config: dict) -> JobSizing:
+        """From a workflow config's sections ``cluster``, ``train`` and ``amp``; an
+        InputError for a bad ``cluster`` key, then for a bad ``amp.devices``."""
+        offer = ClusterOffer.from_dict(config["cluster"])
+        check_amp_devices(config["amp"]["devices"])
+        return cls(offer, config["train"]["threads"], config["train"]["device"], config["amp"]["devices"])
+
+    def train_cores(self, visible_gpus: int, snakemake_cores: int | None, cpu_count: int) -> int:
+        """Cores the train and devices jobs reserve (:func:`train_cores`) for the
+        processes :func:`planned_devices` counts with ``visible_gpus`` on this host."""
+        devices = planned_devices(self.amp_devices, visible_gpus, self.offer)
+        return train_cores(self.threads, devices, snakemake_cores, cpu_count)
+
+    def embed_threads(self, train_job_cores: int) -> int:
+        """Threads of an embedding job (:func:`embed_threads`)."""
+        return embed_threads(self.threads, train_job_cores)
+
+    def devices_resources(self) -> dict:
+        """Resources of the devices job: one node's share of ``amp.devices``' GPUs
+        (:func:`devices_job_gpus`) with their CPUs, memory and partition; none for a
+        CPU run."""
+        return self.offer.gpu_resources(devices_job_gpus(self.offer, self.device, self.amp_devices))
+
+    def gpu_partition(self, value) -> dict:
+        """``{"slurm_partition": value}`` for a run on GPUs with a GPU partition, else
+        empty (:func:`gpu_partition`)."""
+        return gpu_partition(self.offer, self.device, value)
+
+    def train_resource(self, name: str, default=None) -> Callable:
+        """A Snakemake resource function ``(wildcards, input)`` of the train job: resource
+        ``name`` of :func:`train_allocation` for the plan ``input.plan`` and this offer,
+        ``default`` where the allocation does not set it. Before the plan exists (a dry
+        run) it raises FileNotFoundError, which Snakemake shows as ``<TBD>``."""
+
+        def value(wildcards, input):
+            if not Path(input.plan).exists():
+                raise FileNotFoundError(2, "no plan yet", input.plan)
+            return train_allocation(Plan.read(input.plan), self.offer).resources().get(name, default)
+
+        return value
