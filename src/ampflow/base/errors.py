@@ -76,3 +76,22 @@ def reject_unknown_keys(d: dict, cls, key: str) -> None:
     unknown = sorted(set(d) - known)
     if unknown:
         raise InputError(f"unknown key(s); known: {sorted(known)}", key=key, value=unknown)
+
+
+def read_fields(cls, d, key: str, **convert):
+    """``cls(**d)`` for a JSON object ``d`` holding fields of the dataclass ``cls``: not an
+    object, an unknown key or a value ``convert[name]`` cannot read is an InputError naming
+    ``key`` (``key.name`` for a value); None is kept as None. An InputError a converter
+    raises (a nested section naming its own key) passes unchanged."""
+    if not isinstance(d, dict):
+        raise InputError("must be a JSON object", key=key, value=type(d).__name__)
+    reject_unknown_keys(d, cls, key)
+    kw = {}
+    for name, v in d.items():
+        try:
+            kw[name] = convert[name](v) if name in convert and v is not None else v
+        except InputError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise InputError(f"malformed ({type(e).__name__}: {e})", key=f"{key}.{name}", value=v) from None
+    return cls(**kw)

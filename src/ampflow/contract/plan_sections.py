@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from ..base.errors import InputError
+from ..base.errors import InputError, read_fields
 
 #: What the predicted peak counts: the allocator's peak of a steady-state training step
 #: (after the first optimizer step), what the trainer measures as ``peak_bytes``
@@ -29,26 +29,6 @@ COST_COUNTS = (
     "feed-forward and decode FLOPs, a per-chunk overhead per attention call and query chunk, and the "
     "latency of the tp group's collectives; not the encoders, graph, likelihood or optimizer"
 )
-
-
-def _section(cls, d, section: str, **convert):
-    """``cls(**d)`` with the keys checked: an unknown key or a wrong value names
-    ``section.key``; ``convert`` maps a key to the function that reads its JSON value."""
-    if not isinstance(d, dict):
-        raise InputError("must be a JSON object", key=section, value=type(d).__name__)
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise InputError(f"unknown key(s); known: {sorted(names)}", key=section, value=unknown)
-    kw = {}
-    for k, v in d.items():
-        try:
-            kw[k] = convert[k](v) if k in convert and v is not None else v
-        except InputError:  # a nested section named its own key
-            raise
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
-            raise InputError(f"malformed ({type(e).__name__}: {e})", key=f"{section}.{k}", value=v) from None
-    return cls(**kw)
 
 
 def _int_map(d) -> dict[str, int]:
@@ -112,7 +92,7 @@ class PeakScope:
         if not isinstance(leaves, dict) or set(leaves) - set(known):
             raise InputError(f"must be an object with keys among {sorted(known)}", key="peak_scope.leaves_out", value=leaves)
         d.update({known[k]: v for k, v in leaves.items()})
-        return _section(cls, d, "peak_scope", counts=tuple, phases=_int_map, peak_phase=str, data_batch_bytes=int,
+        return read_fields(cls, d, "peak_scope", counts=tuple, phases=_int_map, peak_phase=str, data_batch_bytes=int,
                         not_modelled=tuple, left_out_batch_bytes=int, left_out_transient_bytes=_int_map)  # fmt: skip
 
 
@@ -133,7 +113,7 @@ class ChunkCandidate:
 
     @classmethod
     def from_dict(cls, d: dict, i: int = 0) -> ChunkCandidate:
-        return _section(cls, d, f"cost_model.candidates[{i}]", chunk=int, seconds=float, need_bytes=int, transient_bytes=int, fits=bool)
+        return read_fields(cls, d, f"cost_model.candidates[{i}]", chunk=int, seconds=float, need_bytes=int, transient_bytes=int, fits=bool)
 
 
 @dataclass(frozen=True)
@@ -176,7 +156,7 @@ class CostSection:
         def candidates(v):
             return tuple(ChunkCandidate.from_dict(c, i) for i, c in enumerate(v))
 
-        return _section(cls, d, "cost_model", counts=str, constants=dict, source=str, terms=dict, candidates=candidates)
+        return read_fields(cls, d, "cost_model", counts=str, constants=dict, source=str, terms=dict, candidates=candidates)
 
 
 #: Where a CPU run's threads per process come from.
@@ -231,4 +211,4 @@ class CpuSection:
     def from_dict(cls, d: dict) -> CpuSection:
         ints = dict.fromkeys(("cores", "processes", "threads", "batch_size", "host_need_bytes", "host_available_bytes",
                               "host_budget_bytes", "largest_fitting_batch"), int)  # fmt: skip
-        return _section(cls, d, "cpu", threads_source=str, host_fits=bool, **ints)
+        return read_fields(cls, d, "cpu", threads_source=str, host_fits=bool, **ints)

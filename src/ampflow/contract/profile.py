@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..base.atomic import write_text_atomic
-from ..base.errors import InputError, read_json
+from ..base.errors import InputError, read_fields, read_json
 from .config import ModelConfig, TrainConfig
 
 PROFILE_VERSION = 1
@@ -97,22 +97,9 @@ class ModalityProfile:
 
     @classmethod
     def from_dict(cls, d, name: str) -> ModalityProfile:
-        key = f"modalities.{name}"
-        if not isinstance(d, dict):
-            raise InputError("must be a JSON object", key=key, value=type(d).__name__)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InputError(f"unknown key(s); known: {sorted(known)}", key=key, value=unknown)
-        read = {"features_per_stratum": lambda v: tuple(int(x) for x in v), "sources": dict, "attention": bool,
-                "prob_model": str, "x_encoding": str}  # fmt: skip
-        kw = {}
-        for k, v in d.items():
-            try:
-                kw[k] = None if v is None else read.get(k, int)(v)
-            except (TypeError, ValueError) as e:
-                raise InputError(f"malformed ({type(e).__name__}: {e})", key=f"{key}.{k}", value=v) from None
-        return cls(**kw)
+        ints = dict.fromkeys(("n_features", "n_cells", "nnz", "n_strata", "n_anchors", "window", "heads", "resolution"), int)
+        return read_fields(cls, d, f"modalities.{name}", features_per_stratum=lambda v: tuple(int(x) for x in v), sources=dict,
+                           attention=bool, prob_model=str, x_encoding=str, **ints)  # fmt: skip
 
 
 @dataclass(frozen=True)

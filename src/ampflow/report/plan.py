@@ -29,7 +29,7 @@ import pandas as pd
 from ..amp.decide.strategies import STRATEGIES
 from ..base.progress import human_bytes
 from ..contract.plan import Plan
-from ..contract.profile import read_profile
+from ..contract.profile import Profile, as_profile, read_profile
 from ..contract.strategies import DATA_PARALLEL
 from .common import GIB, LIMIT_COLOUR, MIB, colour, esc, html_table, new_figure, note, read_jsonl, save_png, write_html
 from .plan_text import device_text, host_memory_text, peak_counts_text, peak_leaves_out_text, peak_phase_text, recommended_text, step_text, threads_text
@@ -205,12 +205,13 @@ class Prediction:
     total: int
 
 
-def predictions(plan: Plan, profile: dict, world: int) -> list[Prediction]:
+def predictions(plan: Plan, profile: Profile | dict, world: int) -> list[Prediction]:
     """The memory model's prediction for the plan, and for the run as it ran when its
     process count ``world`` differs from the plan's (the single-process savers S3/S4 of
     the plan, data parallel over ``world`` processes, no tensor parallelism)."""
     from ..amp.memory.predict import estimate_for_profile
 
+    profile = as_profile(profile)  # read once for the predictions below
     names = list(plan.names)
     dp, tp = plan.mesh.dp, plan.mesh.tp
     chunk = plan.chunk
