@@ -73,7 +73,7 @@ def _train(data: PairedData, batch_key, out) -> np.ndarray:
     model = ModelConfig(latent_dim=4, hidden_dim=32, heads=2, window=2, dropout=0.0, batch_key=batch_key)
     train = TrainConfig.from_dict({
         "seed": 0, "batch_size": 16, "checkpoint_every": 1000, "threads": 1, "device": "cpu",
-        "pretrain": {"epochs": 60, "lr": 0.02}, "finetune": {"epochs": 0, "lr": 0.01},
+        "pretrain": {"epochs": 60, "lr": 0.02}, "finetune": {"epochs": 0, "lr": 0.01}, "early_stopping": {"patience": 0},
     })  # fmt: skip
     Trainer(data, model, train, out).fit()
     return np.asarray(read_h5ad(out / "embeddings.h5ad").obsm["X_hic"])

@@ -136,7 +136,7 @@ def test_user_config_from_the_template_runs_to_the_end(root):
     """The same copied template (shorter training, the only change: a second file merged
     over it) runs the whole workflow to exit 0, writes the summary, and no extraction."""
     user_config(root, "mine_run", "my_run.yaml")
-    (root / "quick.yaml").write_text("train: {pretrain: {epochs: 2}, finetune: {epochs: 1}}\n")
+    (root / "quick.yaml").write_text("train: {pretrain: {epochs: 2}, finetune: {epochs: 1}, early_stopping: {patience: 0}}\n")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     cmd = [str(BIN / "snakemake"), "--profile", "profiles/local", "--cores", "2", "--configfile", "my_run.yaml", "quick.yaml"]
     r = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 CFG = "500kb_s4"
 SMALL = """
 configs: [{resolution: 500000, strata: 4}]
-train: {pretrain: {epochs: 3}, finetune: {epochs: 1}}
+train: {pretrain: {epochs: 3}, finetune: {epochs: 1}, early_stopping: {patience: 0}}
 amp: {devices: 1, device_memory_gb: 1.0}
 """
 KEYS = ("X_rna", "X_hic", "X_joint")

@@ -37,7 +37,7 @@ RESOLUTION, STRATA = 1_000_000, 5
 UNLABELLED = {"NA", "Unk"}
 MODEL = ModelConfig(latent_dim=16, hidden_dim=128, heads=2, window=4, dropout=0.1)
 TRAIN = {"seed": 0, "batch_size": 32, "threads": 2, "device": "cpu", "checkpoint_every": 1000,
-         "pretrain": {"epochs": 25, "lr": 0.002}, "finetune": {"epochs": 5, "lr": 0.0005}}  # fmt: skip
+         "pretrain": {"epochs": 25, "lr": 0.002}, "finetune": {"epochs": 5, "lr": 0.0005}, "early_stopping": {"patience": 0}}  # fmt: skip
 
 
 def test_gageseq_cortex_hic_only(shared_data, tmp_path):

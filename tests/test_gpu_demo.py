@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.dist]
 BIN = Path(sys.executable).parent
 CFG = "500kb_s10"
 # checkpoints every 2 steps: each holds RNG states, which a CPU run must not read from a GPU
-QUICK = "train: {pretrain: {epochs: 2}, finetune: {epochs: 1}, checkpoint_every: 2}\n"
+QUICK = "train: {pretrain: {epochs: 2}, finetune: {epochs: 1}, early_stopping: {patience: 0}, checkpoint_every: 2}\n"
 
 
 def snakemake(root: Path, target: str, env: dict | None = None) -> subprocess.CompletedProcess:

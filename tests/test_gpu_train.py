@@ -83,13 +83,13 @@ def _rows(out: Path) -> list[dict]:
 def test_trainer_trains_is_killed_and_resumes(device, tmp_path):
     from trainer_doubles import StoppingTrainer
 
-    from ampflow.contract.config import LossWeights, ModelConfig, StageConfig, TrainConfig
+    from ampflow.contract.config import EarlyStoppingConfig, LossWeights, ModelConfig, StageConfig, TrainConfig
     from ampflow.train.trainer import MEASURED_STEPS, Trainer
 
     data = _paired_data(tmp_path, 32)
     w = LossWeights()
     cfg = TrainConfig(device=device, batch_size=8, checkpoint_every=2, threads=1,
-                      pretrain=StageConfig(2, 2e-3, w), finetune=StageConfig(1, 5e-4, w))  # fmt: skip
+                      pretrain=StageConfig(2, 2e-3, w), finetune=StageConfig(1, 5e-4, w), early_stopping=EarlyStoppingConfig(patience=0))  # fmt: skip
     steps = 3 * math.ceil(32 / 8)
     caught: list = []
     # train.deterministic (default true): the trainer itself switches a CUDA run to

@@ -44,7 +44,16 @@ from ampflow.train.trainer import Trainer
 
 HIC_TERMS = {"hic_nll", "hic_kl", "graph_nll", "graph_kl", "total"}
 MODEL = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2)
-SETTINGS = {"seed": 0, "batch_size": 8, "checkpoint_every": 3, "threads": 1, "device": "cpu", "pretrain": {"epochs": 2}, "finetune": {"epochs": 1}}
+SETTINGS = {
+    "seed": 0,
+    "batch_size": 8,
+    "checkpoint_every": 3,
+    "threads": 1,
+    "device": "cpu",
+    "pretrain": {"epochs": 2},
+    "finetune": {"epochs": 1},
+    "early_stopping": {"patience": 0},
+}
 MIN_CONTACTS, MIN_CIS = 100, 0.5
 
 

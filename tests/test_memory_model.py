@@ -395,4 +395,4 @@ def test_shape_spec_validation():
     with pytest.raises(ValueError):
         _spec(3, D=30, heads=4)
     spec = ShapeSpec.from_model(ModelConfig(), 16, 10, [5, 4], 5, 15, 40)
-    assert spec.n_features == 9 and spec.D == 32 and spec.n_strata == 2
+    assert spec.n_features == 9 and spec.D == ModelConfig().latent_dim == 12 and spec.n_strata == 2

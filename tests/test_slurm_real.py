@@ -49,7 +49,7 @@ RESOLUTIONS = ("500kb", "250kb")
 TEST_CONFIG = """
 prepare: {block_cells: 20}
 cluster: {gpu_partition: gpu, gpus_per_node: 2, cpus_per_gpu: 1, mem_mb_per_gpu: 2000}
-train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, dtype: float64, checkpoint_every: 1, device: auto}
+train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, early_stopping: {patience: 0}, dtype: float64, checkpoint_every: 1, device: auto}
 amp: {device_memory_gb: 0.1220703125}
 extract:
   inputs:

@@ -593,7 +593,7 @@ def test_train_on_real_rna_matrix(shared_data, tmp_path):
     assert set(rna.var["chrom"]) <= set(sizes)
 
     out = tmp_path / "train"
-    train = {"pretrain": {"epochs": 2}, "finetune": {"epochs": 1}, "batch_size": 4, "device": "cpu"}
+    train = {"pretrain": {"epochs": 2}, "finetune": {"epochs": 1}, "early_stopping": {"patience": 0}, "batch_size": 4, "device": "cpu"}
     assert main(["train", "--data", str(data), "--out", str(out), "--train", json.dumps(train)]) == 0
     rows = metrics(out)
     assert [r["step"] for r in rows] == list(range(1, 3 * 3 + 1))

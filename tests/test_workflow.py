@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 # keeps the demo's plans (light: S1, dp 2; heavy: S1 S2 S4 S5, tp 2).
 QUICK_CONFIG = """
 prepare: {block_cells: 50}
-train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, dtype: float64}
+train: {pretrain: {epochs: 6}, finetune: {epochs: 1}, early_stopping: {patience: 0}, dtype: float64}
 amp: {device_memory_gb: 0.1220703125}
 """
 

@@ -26,7 +26,7 @@ CONFIG = """
 dataset: hiconly
 inputs: {cells: resources/demo/cells.tsv, rna: null, genes: null, chromsizes: resources/demo/chrom.sizes}
 configs: [{resolution: 1000000, strata: 4}]
-train: {pretrain: {epochs: 3}, finetune: {epochs: 1}, batch_size: 16}
+train: {pretrain: {epochs: 3}, finetune: {epochs: 1}, early_stopping: {patience: 0}, batch_size: 16}
 model: {hidden_dim: 32, latent_dim: 8}
 amp: {devices: 1, device_memory_gb: 1.0}
 pseudobulk: {resolutions: [2000000]}

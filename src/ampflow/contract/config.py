@@ -20,6 +20,12 @@ def batch_names(values) -> list[str]:
     return names if len(names) >= 2 else []
 
 
+#: ``model.hic_band_weight``: the weight of each stratum in the Hi-C encoder's input
+#: (:class:`ampflow.model.encoders.HiCInput`): the training cells' mean count per feature
+#: of the stratum, its square root, or none (every stratum alike).
+HIC_BAND_WEIGHTS = ("mean", "sqrt", "none")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes and switches of the paired model (config section ``model``).
@@ -36,9 +42,11 @@ class ModelConfig:
     share and cells of a batch training never saw embed all the same (as scGLUE's
     decoders do). A data file without the column, or with one batch, trains without it;
     None turns it off.
+    ``hic_band_weight`` and ``hic_diagonal`` say how the Hi-C encoder weighs the
+    strata and whether it reads stratum 0 (see :class:`~ampflow.model.encoders.HiCInput`).
     """
 
-    latent_dim: int = 32
+    latent_dim: int = 12
     private_dim: int | None = None
     hidden_dim: int = 256
     decoder_dim: int | None = None
@@ -52,8 +60,14 @@ class ModelConfig:
     neg_samples: int = 5
     graph_batch: int = 4096
     batch_key: str | None = "batch"
+    hic_band_weight: str = "mean"
+    hic_diagonal: bool = False
 
     def __post_init__(self):
+        if self.hic_band_weight not in HIC_BAND_WEIGHTS:
+            raise InputError(f"must be one of {', '.join(HIC_BAND_WEIGHTS)}", key="model.hic_band_weight", value=self.hic_band_weight)
+        if not isinstance(self.hic_diagonal, bool):
+            raise InputError("must be true or false", key="model.hic_diagonal", value=self.hic_diagonal)
         if self.batch_key is not None and (not isinstance(self.batch_key, str) or not self.batch_key):
             raise InputError("must be a column name or null", key="model.batch_key", value=self.batch_key)
         for name in ("latent_dim", "hidden_dim", "heads", "ffn_mult", "graph_batch"):
@@ -141,7 +155,7 @@ class EarlyStoppingConfig:
     """
 
     validation: float = 0.1
-    patience: int = 0
+    patience: int = 10
     min_delta: float = 1e-4
 
     def __post_init__(self):
@@ -263,8 +277,8 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "float32"
     deterministic: bool = True
-    pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 2e-3, LossWeights()))
-    finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 5e-4, LossWeights()))
+    pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 5e-3, LossWeights()))
+    finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
     def __post_init__(self):

@@ -26,7 +26,7 @@ from ..base.atomic import atomic_path
 from ..base.errors import InputError, require_file
 from ..contract.config import ModelConfig
 from ..contract.layout import DataFolder
-from ..model.encoders import Encoder, hic_input, rna_input
+from ..model.encoders import Encoder, HiCInput, rna_input
 from ..train.data import counts_matrix
 from ..train.embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 
@@ -115,9 +115,8 @@ class CellEncoders(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_genes: int, feature_stratum: torch.Tensor, n_strata: int):
         super().__init__()
-        self.n_strata = n_strata
         self.latent = cfg.latent_dim
-        self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
+        self.hic_input = HiCInput(feature_stratum, n_strata, cfg.hic_band_weight, cfg.hic_diagonal)
         self.has_rna = n_genes > 0  # a Hi-C-only model (no genes) has no RNA encoder
         if self.has_rna:
             self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, cfg.latent_dim, cfg.dropout)
@@ -125,13 +124,13 @@ class CellEncoders(nn.Module):
 
     @property
     def names(self) -> tuple[str, ...]:
-        return ("rna_encoder", "hic_encoder") if self.has_rna else ("hic_encoder",)
+        return ("hic_input", "rna_encoder", "hic_encoder") if self.has_rna else ("hic_input", "hic_encoder")
 
     @torch.no_grad()
     def forward(self, rna: torch.Tensor | None, hic: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """rna: (B, G), hic: (B, F) counts -> latent means (B, d) of each encoder (RNA:
         None without an RNA encoder)."""
-        h_loc, _ = self.hic_encoder(hic_input(hic, self.feature_stratum, self.n_strata))
+        h_loc, _ = self.hic_encoder(self.hic_input(hic))
         if not self.has_rna:
             return None, h_loc
         r_loc, _ = self.rna_encoder(rna_input(rna, rna.sum(1)))
@@ -176,6 +175,11 @@ def load_trained(model_path, device: str | torch.device = "cpu") -> TrainedModel
     stratum = torch.as_tensor(m["feature_stratum"], dtype=torch.long)
     if len(stratum) != len(m["features"]):
         raise InputError(f"{len(stratum)} feature strata for {len(m['features'])} features", path=path, key="feature_stratum")
+    if "hic_input.band_mean" not in m["state_dict"]:
+        raise InputError(
+            "the model predates the Hi-C input weighed by the training cells' strata, which embedding applies to new cells; "
+            "train it again with this version to embed with it", path=path, key="state_dict.hic_input.band_mean",
+        )  # fmt: skip
     enc = CellEncoders(cfg, len(m["genes"]), stratum, int(m["n_strata"])).to(device, dtype)
     for name in enc.names:
         prefix = f"{name}."

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..contract.config import HIC_BAND_WEIGHTS
 from ..contract.model_shapes import ENCODER_LAYERS, encoder_params
 from .layers import batch_norm_from, linear_from
 
@@ -52,17 +53,53 @@ def stratum_totals(counts: torch.Tensor, feature_stratum: torch.Tensor, n_strata
     return counts.new_zeros(counts.shape[0], n_strata).index_add_(1, feature_stratum, counts)
 
 
-def hic_input(counts: torch.Tensor, feature_stratum: torch.Tensor, n_strata: int) -> torch.Tensor:
-    """log1p(counts * 5e4 / library / s_k), s_k = the cell's own share of contacts in
-    stratum k, scaled so that every stratum's features average one.
+class HiCInput(nn.Module):
+    """The Hi-C encoder's input: ``log1p(count / m_ck * w_k)`` for a feature of stratum k
+    of cell c, with m_ck the cell's mean count over stratum k's features and w_k a weight
+    per stratum taken from the training cells.
 
-    That is per-cell, per-stratum depth normalisation: each cell's distance decay
-    (which varies from cell to cell and would otherwise dominate the input) is
-    divided out, and what remains is where in each stratum the contacts fall.
+    Dividing by m_ck takes out each cell's distance decay and depth (which vary from cell
+    to cell, with cycle and sequencing batch, and would otherwise dominate the input).
+    The weight puts back how much each stratum holds (BandNorm, Zheng et al. 2022, with
+    ``band_weight="mean"``): w_k = the training cells' mean of m_ck, so the near strata,
+    where the cell-type signal is, weigh most; ``"sqrt"`` takes its square root, ``"none"``
+    weighs every stratum alike (the input before this weight existed). Stratum 0 (the
+    diagonal: most of a cell's contacts and, alone, no cell-type signal) is read only
+    with ``diagonal``; otherwise its columns are zero. Measured on real cortex cells in
+    ``scripts/bench_science.py``.
 
-    counts: (B, F); feature_stratum: (F,) long -> (B, F).
+    ``band_mean`` (L,) is a buffer in the state dict, set once by :meth:`fit` from the
+    training cells and saved with the model, so that ``ampflow embed`` applies exactly
+    this transform to new cells and batches. Before :meth:`fit` it is all ones.
     """
-    totals = stratum_totals(counts, feature_stratum, n_strata)  # (B, L)
-    sizes = torch.bincount(feature_stratum, minlength=n_strata).to(counts.dtype)  # (L,)
-    per_feature = (sizes / totals.clamp_min(1.0))[:, feature_stratum]
-    return torch.log1p(counts * per_feature)
+
+    def __init__(self, feature_stratum: torch.Tensor, n_strata: int, band_weight: str = "mean", diagonal: bool = False):
+        super().__init__()
+        if band_weight not in HIC_BAND_WEIGHTS:
+            raise ValueError(f"band_weight must be one of {HIC_BAND_WEIGHTS}, not {band_weight!r}")
+        self.n_strata, self.band_weight, self.diagonal = n_strata, band_weight, diagonal
+        self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
+        self.register_buffer("sizes", torch.bincount(feature_stratum.long(), minlength=n_strata).double(), persistent=False)
+        self.register_buffer("band_mean", torch.ones(n_strata))
+
+    @torch.no_grad()
+    def fit(self, totals: torch.Tensor) -> None:
+        """Set ``band_mean`` from the training cells' contacts per stratum ``totals``
+        (n_cells, L), as the mean over cells of each cell's mean count per feature."""
+        if totals.shape[1] != self.n_strata or not len(totals):
+            raise ValueError(f"need (n_cells >= 1, {self.n_strata}) stratum totals, got {tuple(totals.shape)}")
+        mean = (totals.double() / self.sizes.cpu().clamp_min(1.0)).mean(0)
+        self.band_mean.copy_(mean.to(self.band_mean))
+
+    def weights(self) -> torch.Tensor:
+        """w_k (L,), stratum 0's zero without ``diagonal``."""
+        w = {"mean": self.band_mean, "sqrt": self.band_mean.clamp_min(0).sqrt(), "none": torch.ones_like(self.band_mean)}[self.band_weight]
+        if not self.diagonal:
+            w = torch.cat([w.new_zeros(1), w[1:]])
+        return w
+
+    def forward(self, counts: torch.Tensor) -> torch.Tensor:
+        """counts: (B, F) -> (B, F)."""
+        totals = stratum_totals(counts, self.feature_stratum, self.n_strata)  # (B, L)
+        per_stratum = self.sizes.to(counts.dtype) * self.weights().to(counts.dtype) / totals.clamp_min(1.0)
+        return torch.log1p(counts * per_stratum[:, self.feature_stratum])

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from ..contract.config import LossWeights, ModelConfig
 from .decoders import NBDecoder, StratifiedZINBDecoder
-from .encoders import Encoder, hic_input, rna_input, stratum_totals
+from .encoders import Encoder, HiCInput, rna_input, stratum_totals
 from .graph import GraphEncoder, graph_nll
 from .prob import kl_normal
 
@@ -77,6 +77,7 @@ class PairedModel(nn.Module):
         # parameter order and optimizer state are those of the Hi-C branch and the graph
         if self.has_rna:
             self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, d, cfg.dropout)
+        self.hic_input = HiCInput(feature_stratum, n_strata, cfg.hic_band_weight, cfg.hic_diagonal)
         self.hic_encoder = Encoder(len(feature_anchor), cfg.hidden_dim, d, cfg.dropout)
         if self.has_rna:
             self.rna_decoder = NBDecoder(n_genes, n_batches)
@@ -88,7 +89,7 @@ class PairedModel(nn.Module):
     def encode(self, rna: torch.Tensor, hic: torch.Tensor):
         """Cell latent distributions: ((loc, std) RNA, (loc, std) Hi-C), each (B, d);
         the RNA pair is None in the Hi-C-only model."""
-        h = self.hic_encoder(hic_input(hic, self.feature_stratum, self.n_strata))
+        h = self.hic_encoder(self.hic_input(hic))
         if not self.has_rna:
             return None, h
         return self.rna_encoder(rna_input(rna, rna.sum(1))), h
@@ -140,15 +141,15 @@ class PairedModel(nn.Module):
             u_rna = (r_loc + r_std * (torch.randn_like(r_std) if eps_rna is None else eps_rna)) if sample else r_loc
         u_hic = (h_loc + h_std * (torch.randn_like(h_std) if eps_hic is None else eps_hic)) if sample else h_loc
         v, v_loc, v_std = self.node_latents(sample, eps_nodes)
-        # the Hi-C decoder's keys come from the anchors' latent means: sampled ones put
-        # noise of the prior's size into every key, and the decoder learnt to ignore the
-        # cell latent (the graph loss still reads the samples)
+        # both decoders read the nodes' latent means: sampled ones put noise of the
+        # prior's size into every key and gene loading, and the decoders learnt to
+        # ignore the cell latent (the graph loss still reads the samples)
         v_anchors = v_loc[self.anchor_nodes]
         totals = stratum_totals(hic, self.feature_stratum, self.n_strata)
 
         terms = {}
         if self.has_rna:
-            v_genes, rna_lib = v[self.gene_nodes], rna.sum(1)
+            v_genes, rna_lib = v_loc[self.gene_nodes], rna.sum(1)
             terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib, cond).log_prob(rna).mean()
         terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, totals, hic, on_stratum, cond)
         if self.has_rna:

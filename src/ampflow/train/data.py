@@ -90,6 +90,12 @@ class PairedData:
         codes = torch.as_tensor(self.batch_codes[np.asarray(idx)], dtype=torch.long)
         return torch.nn.functional.one_hot(codes, len(self.batch_names)).to(dtype)
 
+    def stratum_totals(self, idx: np.ndarray) -> torch.Tensor:
+        """Contacts per stratum (len(idx), L) of rows ``idx``, summed in float64."""
+        stratum = self.feature_stratum.numpy()
+        onehot = sp.csr_matrix((np.ones(len(stratum)), (np.arange(len(stratum)), stratum)), shape=(len(stratum), self.n_strata))
+        return torch.as_tensor((self.hic[np.asarray(idx)].astype(np.float64) @ onehot).toarray())
+
     def batch(self, idx: np.ndarray, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense (B, G) and (B, F) count tensors for rows ``idx``."""
         return (

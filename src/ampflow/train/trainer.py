@@ -67,7 +67,11 @@ MEASURED_STEPS = 3
 
 
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
-    return PairedModel(cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches)
+    """The plain model for ``data``, its Hi-C input weighed by the training cells' strata
+    (:meth:`~ampflow.model.encoders.HiCInput.fit`; never the held-out cells)."""
+    model = PairedModel(cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches)
+    model.hic_input.fit(data.stratum_totals(data.train_rows))
+    return model
 
 
 def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) -> list[np.ndarray]:
@@ -160,15 +164,15 @@ class Trainer:
         self.generator = seed_everything(train_cfg.seed)
         self.dtype = getattr(torch, train_cfg.dtype)
         data.use_batches(model_cfg.batch_key)
-        # the plan's S3/S4 settings replace the config's; without a plan the model runs as built
-        self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), plan, self.mesh)
-        self.dp_step = DataParallelStep(self.mesh)
-        self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         # the cells it fits on; held-out ones (obs["split"]) are in no batch, so in no
         # loss, gradient or BatchNorm statistic, and are only embedded at the end
         self.train_rows = data.train_rows
         if len(self.train_rows) < 2:
             raise InputError(f"{len(self.train_rows)} training cell(s) of {data.n_cells}; training needs at least two", key="obs.split")
+        # the plan's S3/S4 settings replace the config's; without a plan the model runs as built
+        self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), plan, self.mesh)
+        self.dp_step = DataParallelStep(self.mesh)
+        self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         # early stopping sets a fixed subset of them aside to validate on
         self.train_rows, self.val_rows = validation_split(self.train_rows, train_cfg.early_stopping, train_cfg.seed)
         self.early = EarlyStopping(train_cfg.early_stopping)
