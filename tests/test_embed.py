@@ -159,6 +159,17 @@ def test_model_without_names(data_dir, trained, tmp_path, capsys):
     assert not (tmp_path / "e.h5ad").exists()
 
 
+def test_a_model_from_before_the_weighed_hic_input_is_refused_not_misread(data_dir, trained, tmp_path, capsys):
+    """Its encoder learnt another input transform: embedding with today's would give
+    other vectors without a word, so it is refused, naming the key and what to do."""
+    m = torch.load(trained / "model.pt", map_location="cpu", weights_only=True)
+    del m["state_dict"]["hic_input.band_mean"]
+    old = tmp_path / "old.pt"
+    torch.save(m, old)
+    err = run_error(capsys, "--model", old, "--data", data_dir, "--out", tmp_path / "e.h5ad")
+    assert f"{old}: state_dict.hic_input.band_mean: the model predates" in err and "train it again" in err
+    assert not (tmp_path / "e.h5ad").exists()
+
 def test_no_overlap(data_dir, trained, tmp_path, capsys):
     a = ad.read_h5ad(data_dir / "rna.h5ad")
     a.var_names = [f"other{i}" for i in range(a.n_vars)]

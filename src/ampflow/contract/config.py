@@ -61,7 +61,7 @@ class ModelConfig:
     graph_batch: int = 4096
     batch_key: str | None = "batch"
     hic_band_weight: str = "mean"
-    hic_diagonal: bool = False
+    hic_diagonal: bool = True
 
     def __post_init__(self):
         if self.hic_band_weight not in HIC_BAND_WEIGHTS:

@@ -64,16 +64,18 @@ class HiCInput(nn.Module):
     ``band_weight="mean"``): w_k = the training cells' mean of m_ck, so the near strata,
     where the cell-type signal is, weigh most; ``"sqrt"`` takes its square root, ``"none"``
     weighs every stratum alike (the input before this weight existed). Stratum 0 (the
-    diagonal: most of a cell's contacts and, alone, no cell-type signal) is read only
-    with ``diagonal``; otherwise its columns are zero. Measured on real cortex cells in
-    ``scripts/bench_science.py``.
+    diagonal: most of a cell's contacts and, alone, little cell-type signal) is read
+    with ``diagonal``, weighed like the others; otherwise its columns are zero. Which
+    of these the model defaults to was measured on real cortex cells the model never
+    trained on (``scripts/bench_science.py``: ablations ``band_none``, ``band_sqrt``,
+    ``no_diagonal``).
 
     ``band_mean`` (L,) is a buffer in the state dict, set once by :meth:`fit` from the
     training cells and saved with the model, so that ``ampflow embed`` applies exactly
     this transform to new cells and batches. Before :meth:`fit` it is all ones.
     """
 
-    def __init__(self, feature_stratum: torch.Tensor, n_strata: int, band_weight: str = "mean", diagonal: bool = False):
+    def __init__(self, feature_stratum: torch.Tensor, n_strata: int, band_weight: str = "mean", diagonal: bool = True):
         super().__init__()
         if band_weight not in HIC_BAND_WEIGHTS:
             raise ValueError(f"band_weight must be one of {HIC_BAND_WEIGHTS}, not {band_weight!r}")
