@@ -170,6 +170,7 @@ def test_a_model_from_before_the_weighed_hic_input_is_refused_not_misread(data_d
     assert f"{old}: state_dict.hic_input.band_mean: the model predates" in err and "train it again" in err
     assert not (tmp_path / "e.h5ad").exists()
 
+
 def test_no_overlap(data_dir, trained, tmp_path, capsys):
     a = ad.read_h5ad(data_dir / "rna.h5ad")
     a.var_names = [f"other{i}" for i in range(a.n_vars)]
