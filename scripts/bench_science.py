@@ -301,7 +301,7 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
                       f"{steps} steps in {seconds:.0f} s; {' / '.join(lines)}", flush=True)  # fmt: skip
     runs = f"{a.splits} split(s) x {len(a.train_seeds)} training seed(s)"
     _summary(rows, variants, f"Lee 2019, mean, sd and worst over {runs}; k-means with k = {len(np.unique(types))}")
-    return rows
+    return [{**r, "dataset": "lee"} for r in rows]
 
 
 def gageseq_splits(a, template: dict) -> list[dict]:
@@ -439,6 +439,63 @@ def run_workflow(dest: Path, config: dict, targets: list[str]) -> float:
 
 
 SECTIONS = ("lee", "lobo", "gageseq", "hires")
+#: Rows of the figure that are the model's latents (the rest are baselines).
+LATENTS = ("rna_latent", "hic_latent", "joint")
+
+
+def figure_bars(rows: list[dict]) -> list[tuple[str, list[tuple[str, list[float]]], list[float]]]:
+    """What the figure draws, per panel: its title, (method, ARIs over runs) pairs and the
+    shuffled-label 95th percentiles of those runs (the chance band)."""
+    table = pd.DataFrame(rows)
+    panels = []
+    if "dataset" not in table:
+        return panels
+    lee = table[table.dataset == "lee"]
+    for group, title in (("heldout", "Lee 2019, held-out cells"), ("all", "Lee 2019, all cells")):
+        if len(lee):
+            methods = [m for m in lee.method.unique() if m != "bandnorm_shuffled_labels"]
+            bars = [(m, lee[lee.method == m][f"{group}_ari"].dropna().tolist()) for m in methods]
+            panels.append((title, bars, lee[f"{group}_shuffled_p95"].dropna().tolist()))
+    lobo = table[table.dataset == "lobo"]
+    if len(lobo):
+        bars = [("model (embed)", lobo["ari"].tolist()), ("bandnorm on the batch", lobo["bandnorm_on_batch"].tolist())]
+        panels.append(("Lee 2019, each batch new to the model", bars, lobo["shuffled_p95"].tolist()))
+    gage = table[table.dataset == "gageseq"]
+    if len(gage):
+        bars = [(m, gage[gage.method == m]["heldout_ari"].tolist()) for m in gage.method.unique()]
+        panels.append(("GAGE-seq cortex, held-out cells", bars, gage["heldout_shuffled_p95"].dropna().tolist()))
+    hires = table[(table.dataset == "hires") & (table.get("group") == "heldout")] if "group" in table else table.iloc[:0]
+    if len(hires):
+        bars = [(m, hires[hires.method == m]["ari"].tolist()) for m in hires.method.unique()]
+        panels.append(("HiRES brain RNA, held-out cells", bars, hires["shuffled_p95"].tolist()))
+    return panels
+
+
+def write_figure(rows: list[dict], path: Path) -> None:
+    """One panel per dataset: k-means ARI of the latent and the baselines (bar = mean,
+    dots = runs) over the shuffled-label 95th percentile (grey band: chance)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = figure_bars(rows)
+    if not panels:
+        return
+    fig = Figure(figsize=(4.2 * len(panels), 4.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, (title, bars, chance) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        ax.axhspan(-0.05, max(chance) if chance else 0.0, color="0.85", label="shuffled labels, 95th pct")
+        for x, (name, values) in enumerate(bars):
+            ax.bar(x, np.mean(values) if values else 0.0, color="C0" if name.startswith("model") or name in LATENTS else "C7", alpha=0.8)
+            ax.plot([x] * len(values), values, "k.", ms=4)
+        ax.set_xticks(range(len(bars)), [name for name, _ in bars], rotation=40, ha="right", fontsize=8)
+        ax.set_ylim(-0.05, 1.0)
+        ax.set_ylabel("k-means ARI against cell type")
+        ax.set_title(title, fontsize=9)
+        if i == 0:
+            ax.legend(fontsize=7, loc="upper right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
 
 
 def main(argv=None) -> int:
@@ -452,11 +509,17 @@ def main(argv=None) -> int:
     ap.add_argument("--ablations", default="model", help=f"comma-separated, of {','.join(ABLATIONS)} (section lee)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--figure", type=Path, help="write the figure (latent vs baselines per dataset, chance band) here")
+    ap.add_argument("--from-json", type=Path, nargs="+", help="draw --figure from these --json-out files, running nothing")
     a = ap.parse_args(argv)
     a.lee = a.shared / "schic" / "lee2019_pfc_chr1"
     a.gageseq = a.shared / "schic" / "gageseq_cortex_chr1"
     a.genome_sizes = a.shared / "annotation" / "mm10.chrom.sizes"
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if a.from_json:
+        rows = [r for f in a.from_json for r in json.loads(f.read_text())]
+        write_figure(rows, a.figure or Path("bench_science.png"))
+        return 0
     if not (a.lee / "cells.tsv").is_file():
         print(f"skipped: {a.lee} not present")
         return 0
@@ -479,6 +542,8 @@ def main(argv=None) -> int:
         rows += hires_rna(a)
     if a.json_out:
         a.json_out.write_text(json.dumps(rows, indent=1, default=str))
+    if a.figure:
+        write_figure(rows, a.figure)
     return 0
 
 
