@@ -25,7 +25,9 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``band_none``: every stratum weighed alike (``model.hic_band_weight: none``: the input
   before the training cells' band means weighed it);
 * ``band_sqrt``: the square root of the band means;
-* ``no_diagonal``: the encoder does not read stratum 0 (``model.hic_diagonal: false``).
+* ``no_diagonal``: the encoder does not read stratum 0 (``model.hic_diagonal: false``);
+* ``hic_kl1``: the Hi-C latent's KL term at weight 1, the plain ELBO (``weights.hic_kl``,
+  20 by default).
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -54,7 +56,7 @@ Sections (``--sections``, all by default):
   the workflow) against the scanpy-style RNA baseline, and that control's verdict.
 
     PYTHONPATH=src python scripts/bench_science.py --splits 5 --train-seeds 0,1,2 --ablations model
-    PYTHONPATH=src python scripts/bench_science.py --sections lee --splits 5 --ablations band_none,band_sqrt,no_diagonal
+    PYTHONPATH=src python scripts/bench_science.py --sections lee --splits 5 --ablations hic_kl1,band_none,band_sqrt,no_diagonal
     PYTHONPATH=src python scripts/bench_science.py --sections lee --splits 2 --ablations model,sampled_keys,decay_head,no_loadings,full_key_scale,latent32,old
     PYTHONPATH=src python scripts/bench_science.py --sections lobo,gageseq,hires
 """
@@ -91,7 +93,7 @@ from ampflow.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")
+ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "hic_kl1", "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
@@ -99,6 +101,8 @@ CONFIG_ABLATIONS = {
     "no_diagonal": {"hic_diagonal": False},
     "latent32": {"latent_dim": 32},
 }
+#: Ablations that are loss weights of both training stages (``train.*.weights``).
+WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}}
 OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32")
 PERMUTATIONS = 200
 
@@ -292,7 +296,12 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
                 model_cfg.update(CONFIG_ABLATIONS[name])
             for seed in a.train_seeds:
                 train_cfg = {**_train_cfg(template, a), "seed": seed}
-                with ablated(names - set(CONFIG_ABLATIONS)):
+                for name in names & set(WEIGHT_ABLATIONS):
+                    for stage in ("pretrain", "finetune"):
+                        stage_cfg = dict(train_cfg.get(stage) or {})
+                        stage_cfg["weights"] = {**(stage_cfg.get("weights") or {}), **WEIGHT_ABLATIONS[name]}
+                        train_cfg[stage] = stage_cfg
+                with ablated(names - set(CONFIG_ABLATIONS) - set(WEIGHT_ABLATIONS)):
                     z, seconds, steps, lines = train_and_embed(data_dir, held, model_cfg, train_cfg, a.work / "runs" / f"{variant}-{split}-{seed}")
                 rows.append({"split": split, "train_seed": seed, "method": variant, "seconds": seconds, "steps": steps,
                              **_flat(score(z, types, batches, held))})  # fmt: skip

@@ -106,7 +106,7 @@ def test_alignment_pulls_only_the_shared_dimensions():
     model = PairedModel(cfg, 10, anchor, stratum, 3, synthetic_graph(10, 12, g)).double().eval()
     rna = torch.poisson(torch.full((6, 10), 3.0, dtype=F64), generator=g)
     hic = torch.poisson(torch.full((6, len(anchor)), 1.0, dtype=F64), generator=g)
-    weights = LossWeights(kl=0.0, graph=0.0, align=1.0, cross=0.0)
+    weights = LossWeights(kl=0.0, hic_kl=0.0, graph=0.0, align=1.0, cross=0.0)
     align = model(rna, hic, weights)["align"]
     align.backward()
     head = model.hic_encoder.loc.weight.grad  # (latent_dim, hidden)

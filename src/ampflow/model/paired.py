@@ -197,9 +197,9 @@ class PairedModel(nn.Module):
         """
         c, s = cell_scale, shared_scale
         if "rna_nll" not in terms:  # the Hi-C-only model: no RNA, alignment or cross terms
-            total = c * (terms["hic_nll"] + weights.kl * terms["hic_kl"])
+            total = c * (terms["hic_nll"] + weights.hic_kl * terms["hic_kl"])
             return total + s * (weights.graph * (terms["graph_nll"] + terms["graph_kl"]))
-        total = c * (terms["rna_nll"] + terms["hic_nll"] + weights.kl * (terms["rna_kl"] + terms["hic_kl"]))
+        total = c * (terms["rna_nll"] + terms["hic_nll"] + weights.kl * terms["rna_kl"] + weights.hic_kl * terms["hic_kl"])
         total = total + s * (weights.graph * (terms["graph_nll"] + terms["graph_kl"]))
         total = total + c * (weights.align * terms["align"])
         if weights.cross:
