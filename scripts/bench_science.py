@@ -148,11 +148,10 @@ def holdout(n: int, seed: int, share: float = 0.2) -> np.ndarray:
     return mask
 
 
-def input_pca(data_dir: Path, fit: np.ndarray, model_cfg: dict, n_comps: int = 20) -> np.ndarray:
+def input_pca(data, fit: np.ndarray, model_cfg: dict, n_comps: int = 20) -> np.ndarray:
     """PCA of the Hi-C encoder's own input (the template's transform, its band means from
-    the ``fit`` cells), axes fitted on those cells: what a model that learnt nothing
-    beyond its input would score."""
-    data = load_paired(data_dir)
+    the ``fit`` cells) of ``data`` (:func:`load_paired`), axes fitted on those cells: what a
+    model that learnt nothing beyond its input would score."""
     cfg = ModelConfig.from_dict(model_cfg)
     transform = HiCInput(data.feature_stratum, data.n_strata, cfg.hic_band_weight, cfg.hic_diagonal).double()
     transform.fit(data.stratum_totals(np.flatnonzero(fit)))
@@ -278,12 +277,13 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
     types, batches = sheet["cell_type"].to_numpy(), sheet["batch"].to_numpy()
     print(f"Lee 2019 shared cells: {hic.n_obs} cells x {hic.n_vars} features (1 Mb x 10 strata), "
           f"types {pd.Series(types).value_counts().to_dict()}, batches {pd.Series(batches).value_counts().to_dict()}")  # fmt: skip
+    paired_data = load_paired(data_dir)  # read once for every split's input PCA
     rows = []
     for split in range(a.splits):
         held = holdout(hic.n_obs, split)
         fit = ~held
         baselines = (("bandnorm", bandnorm_baseline(hic, fit)[0]), ("bandnorm_nolog", bandnorm_baseline(hic, fit, log1p=False)[0]),
-                     ("workflow_baseline", hic_baseline(hic, fit)[0]), ("input_pca", input_pca(data_dir, fit, template.get("model") or {})))  # fmt: skip
+                     ("workflow_baseline", hic_baseline(hic, fit)[0]), ("input_pca", input_pca(paired_data, fit, template.get("model") or {})))  # fmt: skip
         for name, z in baselines:
             rows.append({"split": split, "method": name, **_flat(score(z, types, batches, held))})
         rng = np.random.default_rng(split)

@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 import torch
 from dist_helpers import run_world
+from helpers import SETTINGS as FIXED_SCHEDULE
 from parallel_equivalence import CONFIGS, LR, SETS, WEIGHTS, _plan, _snapshot, assert_rank_matches
 from synthetic_shapes import synthetic_features, synthetic_graph
 
@@ -44,16 +45,8 @@ from ampflow.train.trainer import Trainer
 
 HIC_TERMS = {"hic_nll", "hic_kl", "graph_nll", "graph_kl", "total"}
 MODEL = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2)
-SETTINGS = {
-    "seed": 0,
-    "batch_size": 8,
-    "checkpoint_every": 3,
-    "threads": 1,
-    "device": "cpu",
-    "pretrain": {"epochs": 2},
-    "finetune": {"epochs": 1},
-    "early_stopping": {"patience": 0},
-}
+# the shared fixed schedule (keep_checkpoints 3 is the default), two epochs and one
+SETTINGS = {**FIXED_SCHEDULE, "pretrain": {"epochs": 2}, "finetune": {"epochs": 1}}
 MIN_CONTACTS, MIN_CIS = 100, 0.5
 
 
