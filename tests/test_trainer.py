@@ -616,24 +616,30 @@ def test_checkpoints_of_another_run_are_not_resumed(paired, reference, tmp_path,
     assert_same_metrics(out, reference)
 
 
-def test_deterministic_cuda_turns_on_torchs_switch_and_keeps_a_users_cublas_setting():
-    """``train.deterministic`` on CUDA: torch's deterministic algorithms (warn-only) and
-    the cuBLAS workspace its documentation requires, unless the user set one; off, it
-    changes nothing and says why runs may differ. Referee: torch's own switches."""
-    from ampflow.train.device import DETERMINISTIC_CUBLAS, use_deterministic_cuda
+def test_deterministic_turns_on_torchs_switch_and_keeps_a_users_cublas_setting():
+    """``train.deterministic``: torch's deterministic algorithms (warn-only) on CPU and
+    CUDA, and on CUDA the cuBLAS workspace its documentation requires, unless the user set
+    one; off, the switch is off and the log says why CUDA runs may differ. Referee: torch's
+    own switches."""
+    from ampflow.train.device import DETERMINISTIC_CUBLAS, use_deterministic
 
     was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     try:
-        torch.use_deterministic_algorithms(False)
+        torch.use_deterministic_algorithms(True)
         env: dict = {}
-        assert "differ" in use_deterministic_cuda(False, env)
+        assert "differ" in use_deterministic(False, True, env)
         assert env == {} and not torch.are_deterministic_algorithms_enabled()
-        why = use_deterministic_cuda(True, env)
+        why = use_deterministic(True, True, env)
         assert env == {"CUBLAS_WORKSPACE_CONFIG": DETERMINISTIC_CUBLAS} == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
         assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
         assert ":4096:8" in why
         users = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
-        assert ":16:8" in use_deterministic_cuda(True, users) and users == {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+        assert ":16:8" in use_deterministic(True, True, users) and users == {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+        # CPU: the switch alone, no cuBLAS setting
+        cpu: dict = {}
+        assert "thread count" in use_deterministic(False, False, cpu) and not torch.are_deterministic_algorithms_enabled()
+        assert "thread count" in use_deterministic(True, False, cpu) and torch.are_deterministic_algorithms_enabled()
+        assert cpu == {}
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 

@@ -272,10 +272,15 @@ class TrainConfig:
     repeat for identical inputs: the plan is a pure function of the profile,
     ``devices.json`` and the calibration.
 
-    ``deterministic`` (default true) makes a CUDA run repeat bit for bit on one machine:
-    deterministic algorithms (CUDA's ``index_add_``/scatter kernels otherwise add with
-    atomics in a varying order) and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` where unset. A CPU
-    run repeats either way.
+    ``deterministic`` (default true) turns on torch's deterministic algorithms. On CUDA
+    it makes a run repeat bit for bit on one machine (CUDA's ``index_add_``/scatter
+    kernels otherwise add with atomics in a varying order) and sets
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` where unset. On CPU a run repeats bit for bit for
+    a given thread count either way (the model gathers with ``index_select``, whose
+    backward adds in index order, not with indexing, whose backward adds with atomics
+    across threads); the switch makes any such atomic CPU kernel run serially. Different
+    thread counts give different roundings (matrix products split their sums by thread),
+    so the same ``threads`` is part of "the same run": ``auto`` takes it from the plan.
     """
 
     seed: int = 0

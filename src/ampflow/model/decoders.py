@@ -172,9 +172,9 @@ class StratifiedZINBDecoder(nn.Module):
         else:
             key, q = self.blocks[k - 1](v_anchors), u_D
         if self.key_first:
-            raw = q @ key[anchors].T
+            raw = q @ key.index_select(0, anchors).T
         else:
-            raw = (q @ key.T)[:, anchors]
+            raw = (q @ key.T).index_select(1, anchors)
         u_load = u if u_load is None else u_load
         return F.softplus(self.scale_lin[lo:hi]) * raw + u_load @ self.loading[lo:hi].T + self.bias[lo:hi]
 

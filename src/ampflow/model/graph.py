@@ -29,7 +29,7 @@ class GraphConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (n_nodes, d) -> (n_nodes, d)."""
-        msg = x[self.src] * self.coef.to(x.dtype).unsqueeze(1)
+        msg = x.index_select(0, self.src) * self.coef.to(x.dtype).unsqueeze(1)
         return torch.zeros_like(x).index_add_(0, self.dst, msg)
 
 
@@ -65,12 +65,12 @@ def graph_nll(v: torch.Tensor, src, dst, weight, sign, neg_samples: int, batch: 
     n_edges, n_nodes = src.numel(), v.shape[0]
     idx = torch.randint(n_edges, (min(batch, n_edges),), generator=generator)
     s, t, w, sg = src[idx], dst[idx], weight[idx].to(v.dtype), sign[idx].to(v.dtype)
-    pos_logit = sg * (v[s] * v[t]).sum(1)
+    pos_logit = sg * (v.index_select(0, s) * v.index_select(0, t)).sum(1)
     loss_pos = F.binary_cross_entropy_with_logits(pos_logit, torch.ones_like(pos_logit), weight=w, reduction="sum")
     if neg_samples:
         ns = s.repeat(neg_samples)
         nt = torch.randint(n_nodes, (ns.numel(),), generator=generator)
-        neg_logit = sg.repeat(neg_samples) * (v[ns] * v[nt]).sum(1)
+        neg_logit = sg.repeat(neg_samples) * (v.index_select(0, ns) * v.index_select(0, nt)).sum(1)
         loss_neg = F.binary_cross_entropy_with_logits(neg_logit, torch.zeros_like(neg_logit), reduction="sum")
     else:
         loss_neg = v.new_zeros(())

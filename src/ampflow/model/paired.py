@@ -144,12 +144,12 @@ class PairedModel(nn.Module):
         # both decoders read the nodes' latent means: sampled ones put noise of the
         # prior's size into every key and gene loading, and the decoders learnt to
         # ignore the cell latent (the graph loss still reads the samples)
-        v_anchors = v_loc[self.anchor_nodes]
+        v_anchors = v_loc.index_select(0, self.anchor_nodes)
         totals = stratum_totals(hic, self.feature_stratum, self.n_strata)
 
         terms = {}
         if self.has_rna:
-            v_genes, rna_lib = v_loc[self.gene_nodes], rna.sum(1)
+            v_genes, rna_lib = v_loc.index_select(0, self.gene_nodes), rna.sum(1)
             terms["rna_nll"] = -self.rna_decoder(u_rna, v_genes, rna_lib, cond).log_prob(rna).mean()
         terms["hic_nll"] = self.hic_decoder.mean_nll(u_hic, v_anchors, totals, hic, on_stratum, cond)
         if self.has_rna:

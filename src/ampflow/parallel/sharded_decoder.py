@@ -100,7 +100,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         if not self.hidden:
             return self.u_proj(u) if self.u_proj is not None else u
         u = copy_to_group(u, self.group)
-        return u @ self.u_proj.weight.T if self.u_proj is not None else u[:, self.channels]
+        return u @ self.u_proj.weight.T if self.u_proj is not None else u.index_select(1, self.channels)
 
     def _stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor, u_load: torch.Tensor) -> torch.Tensor:
         """Logits of this rank's features of stratum k: (B, |local piece of F_k|)."""
@@ -115,7 +115,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
             if self.features:  # partial over channels for the whole stratum; keep this rank's piece
                 full_lo = self.bounds[k]
                 partial = self._product(u_D, key, self.feature_anchor[self.bounds[k] : self.bounds[k + 1]])
-                raw = all_reduce_sum(partial, self.group)[:, self.local_features[lo:hi] - full_lo]
+                raw = all_reduce_sum(partial, self.group).index_select(1, self.local_features[lo:hi] - full_lo)
             else:
                 raw = reduce_from_group(self._product(u_D, key, self.feature_anchor[lo:hi]), self.group)
         loadings = copy_to_group(u_load, fg) @ self.loading[lo:hi].T
@@ -123,7 +123,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
 
     def _product(self, q: torch.Tensor, key: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """``q . key[anchors]^T`` (S4) or ``(q . key^T)[:, anchors]``: (B, len(anchors))."""
-        return q @ key[anchors].T if self.key_first else (q @ key.T)[:, anchors]
+        return q @ key.index_select(0, anchors).T if self.key_first else (q @ key.T).index_select(1, anchors)
 
     # ------------------------------------------------------------------ loss
     def mean_nll(self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum=None, cond=None) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Where a training run computes and how that device is set up: the plan's device (or
-``train.device``'s), the devices this node gives its processes, and CUDA's deterministic
+``train.device``'s), the devices this node gives its processes, and the deterministic
 mode (``train.deterministic``). Used by the launcher before torchrun starts anything and by
 the trainer in each process."""
 
@@ -62,17 +62,25 @@ def run_device(train: TrainConfig, plan: Plan | None) -> tuple[str, str]:
 DETERMINISTIC_CUBLAS = ":4096:8"
 
 
-def use_deterministic_cuda(on: bool, env=None) -> str:
-    """Switch a CUDA run to deterministic kernels (``train.deterministic``) and say how.
+def use_deterministic(on: bool, cuda: bool, env=None) -> str:
+    """Switch the run to deterministic kernels (``train.deterministic``) and say how.
 
-    Sets ``CUBLAS_WORKSPACE_CONFIG`` in ``env`` (default ``os.environ``) where unset, before
-    the run's first cuBLAS call, and turns on ``torch.use_deterministic_algorithms`` with
-    ``warn_only``: an operation with no deterministic CUDA kernel warns (once) instead of
-    stopping a training run. Process-wide, as torch's switch is: the trainer's process
-    trains one model."""
+    Turns on ``torch.use_deterministic_algorithms`` with ``warn_only`` (an operation with
+    no deterministic kernel warns, once, instead of stopping a training run) and, on CUDA,
+    sets ``CUBLAS_WORKSPACE_CONFIG`` in ``env`` (default ``os.environ``) where unset,
+    before the run's first cuBLAS call. On CPU the model's own gathers are deterministic
+    either way (``index_select``, whose backward adds in index order); the switch is the
+    safety net that makes any CPU ``index_put_(accumulate=True)``, which adds with
+    atomics across threads, run serially. Process-wide, as torch's switch is: the
+    trainer's process trains one model."""
     if not on:
-        return "train.deterministic is false: CUDA's atomic index_add_/scatter sums may differ from run to run"
+        torch.use_deterministic_algorithms(False)
+        if cuda:
+            return "train.deterministic is false: CUDA's atomic index_add_/scatter sums may differ from run to run"
+        return "train.deterministic is false: the model's CPU kernels still repeat for a thread count; torch's switch is off"
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    if not cuda:
+        return "deterministic algorithms on (train.deterministic): a run repeats bit for bit for a given thread count"
     env = os.environ if env is None else env
     env.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
-    torch.use_deterministic_algorithms(True, warn_only=True)
     return f"deterministic algorithms on, CUBLAS_WORKSPACE_CONFIG={env['CUBLAS_WORKSPACE_CONFIG']} (train.deterministic)"

@@ -52,7 +52,7 @@ from ..parallel.mesh import Mesh
 from ..parallel.parallelize import full_state, load_full_state, parallelize
 from . import checkpoint
 from .data import PairedData
-from .device import run_device, use_deterministic_cuda
+from .device import run_device, use_deterministic
 from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 from .measured_memory import measured_dp_step
@@ -156,8 +156,7 @@ class Trainer:
             "device: %s (%s; %d CUDA GPU(s) visible%s), %d process(es)",
             self.device.type, source, gpus, ", not used" if gpus and self.device.type == "cpu" else "", self.mesh.world,
         )  # fmt: skip
-        if self.device.type == "cuda":
-            log.info("determinism: %s", use_deterministic_cuda(train_cfg.deterministic))
+        log.info("determinism: %s", use_deterministic(train_cfg.deterministic, self.device.type == "cuda"))
         self.threads, why = run_threads(train_cfg, self.plan, self.device)
         torch.set_num_threads(self.threads)
         log.info("torch threads: %d per process (%s)", torch.get_num_threads(), why)
