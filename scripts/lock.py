@@ -113,7 +113,8 @@ def lock_lines(frozen: list[str], keep: dict[str, str]) -> tuple[list[str], list
     missing = set(keep) - {canonicalize_name(ln.split("==", 1)[0]) for ln in lines}
     if missing:
         raise SystemExit(f"lock: required but absent from pip freeze: {', '.join(sorted(missing))}")
-    return sorted(lines, key=str.lower), dropped
+    # pip freeze's order (by name), so that the lock and a freeze diff line by line
+    return sorted(lines, key=lambda ln: ln.split("==", 1)[0].lower()), dropped
 
 
 def main(argv: list[str] | None = None) -> int:
