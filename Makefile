@@ -1,11 +1,17 @@
-# Thin wrappers: each target creates/uses .venv and installs the project first.
-# An already installed torch (CPU or CUDA build) is kept: pip leaves a satisfied
-# requirement alone. To choose one explicitly: make test TORCH="torch==2.13.0".
+# Thin wrappers: each target creates/uses .venv and installs the project first: the exact
+# versions of requirements.lock, then ampflow itself with --no-deps, so nothing newer comes in.
+# An installed torch of the lock's release (CPU or CUDA build) is kept: pip leaves a
+# satisfied requirement alone. TORCH="<pip requirement>" installs that torch in place of the
+# lock's line (a CUDA build, another release): make install TORCH="torch==2.13.0+cu126".
+# `make lock` writes the lock anew from pyproject.toml's bounds (README: Versions).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.ampflow-installed
+LOCK := requirements.lock
 TORCH ?=
+# the throwaway virtualenv `make lock` resolves in
+LOCK_VENV ?= $(VENV)-lock
 DEMO_CELLS ?= 200
 CORES ?= all
 # the demo's configuration (config/config.yaml is the template for your own data) and
@@ -13,18 +19,33 @@ CORES ?= all
 DEMO_CONFIG ?= config/demo.yaml
 DATASET ?= demo
 
-.PHONY: install demo demo-gpu test lint bench gpu-check clean-demo
+.PHONY: install lock demo demo-gpu test lint bench gpu-check clean-demo
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	@if [ -n "$(TORCH)" ]; then $(BIN)/python -m pip install -q "$(TORCH)"; fi
-	$(BIN)/python -m pip install -q -e ".[test]"
+# the lock in one resolve (TORCH's requirement in place of its torch line), then ampflow
+# alone; pip check fails when the lock no longer meets pyproject.toml's bounds
+$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	$(if $(TORCH),grep -v '^torch==' $(LOCK) > $(VENV)/lock-without-torch.txt)
+	$(BIN)/python -m pip install -q $(if $(TORCH),"$(TORCH)" -r $(VENV)/lock-without-torch.txt,-r $(LOCK))
+	$(BIN)/python -m pip install -q --no-deps -e .
+	$(BIN)/python -m pip check
 	@touch $@
 
 install: $(STAMP)
+
+# requirements.lock anew: a throwaway virtualenv gets ampflow[test] at the newest releases
+# within pyproject.toml's bounds and the lock's torch (or TORCH's), and scripts/lock.py
+# freezes it. Then: git diff requirements.lock, match envs/*.yaml, make test.
+lock:
+	rm -rf $(LOCK_VENV)
+	$(PY) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOCK_VENV)/bin/python -m pip install -q "$(or $(TORCH),$(shell grep -m1 '^torch==' $(LOCK) 2>/dev/null),torch)" -e ".[test]"
+	$(LOCK_VENV)/bin/python scripts/lock.py $(LOCK)
+	rm -rf $(LOCK_VENV)
 
 # the workflow, then its HTML report (a zip: unzip it and open report/report.html), then
 # the per-configuration summary table once more, as the last lines of the log

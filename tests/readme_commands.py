@@ -8,7 +8,7 @@ the line before the block says why not::
 
 The copy gets every file git knows (tracked or not ignored) and, as ``.venv``, a link to
 the environment the tests run in, with its install stamp newer than ``pyproject.toml``
-so that ``make`` uses it as it is instead of installing again.
+and ``requirements.lock`` so that ``make`` uses it as it is instead of installing again.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _source_files(repo: Path) -> list[Path]:
     except (OSError, subprocess.CalledProcessError):
         files = [p.relative_to(repo) for name in ("workflow", "config", "profiles", "envs", "src", "scripts", "resources")
                  if (repo / name).exists() for p in (repo / name).rglob("*") if p.is_file()]  # fmt: skip
-        files += [Path(n) for n in ("README.md", "Makefile", "pyproject.toml") if (repo / n).exists()]
+        files += [Path(n) for n in ("README.md", "Makefile", "pyproject.toml", "requirements.lock") if (repo / n).exists()]
     return [f for f in files if (repo / f).is_file() and not f.parts[0].startswith(".venv")]
 
 
@@ -106,9 +106,10 @@ def fresh_copy(repo: Path, dest: Path) -> Path:
     stamp = venv / STAMP
     if not stamp.exists():  # installed by hand (pip install -e .): record it as make would
         stamp.touch()
-    # make compares the stamp with pyproject.toml: keep the copy's older than the stamp
+    # make compares the stamp with pyproject.toml and the lock: keep the copy's older than the stamp
     old = stamp.stat().st_mtime - 60
-    os.utime(dest / "pyproject.toml", (old, old))
+    for name in ("pyproject.toml", "requirements.lock"):
+        os.utime(dest / name, (old, old))
     return dest
 
 
