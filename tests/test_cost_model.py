@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import time
+from dataclasses import fields, replace
 
 import pytest
 import torch
+import torch.utils._pytree as pytree
 from helpers import mm10_profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.amp.cost import model as cm
 from ampflow.amp.cost.calibrate import calibrate
@@ -22,11 +26,12 @@ from ampflow.amp.decide.diagnose import _chunk_candidates, diagnose
 from ampflow.amp.memory.predict import estimate_for_profile
 from ampflow.base.errors import InputError
 from ampflow.cli import main
-from ampflow.contract.config import ModelConfig, TrainConfig
+from ampflow.contract.config import EarlyStoppingConfig, LossWeights, ModelConfig, StageConfig, TrainConfig, calibration_sections
 from ampflow.contract.plan import Plan
 from ampflow.contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 from ampflow.model.attention import local_attention_banded
 from ampflow.report.plan_text import step_text
+from ampflow.rules.args import calibration_args
 
 GIB = 2**30
 
@@ -200,3 +205,101 @@ def test_mm10_at_1mb_no_longer_gets_chunk_2048_unless_memory_forces_it(devices):
     budget = (need(p, s3, dp, 1, 2048) + need(p, s3, dp, 1, 0)) // 2
     forced = diagnose(p, devices, budget, 1.0)
     assert forced.chunk_size == 2048 and forced.fits and forced.mesh.dp == devices
+
+
+# ------------------------------------------------------------------ (e) what the calibration measures with
+class _OpLog(TorchDispatchMode):
+    """Every tensor operation the benchmark runs (forward and backward): its name, the
+    torch threads at the time, and its arguments' shapes, dtypes, devices and scalars."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = pytree.tree_leaves((args, kwargs))
+        self.ops.append((str(func), torch.get_num_threads(), tuple(map(_describe, leaves))))
+        return func(*args, **kwargs)
+
+
+def _describe(a):
+    if isinstance(a, torch.Tensor):
+        return ("tensor", tuple(a.shape), str(a.dtype), str(a.device))
+    if isinstance(a, (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return a
+    return type(a).__name__  # a generator: its address is not the measurement
+
+
+def _measured_with(model: ModelConfig, train: TrainConfig):
+    """What one small calibration ran, less its timings: its operations and the shape and
+    device it records."""
+    log = _OpLog()
+    with log:
+        doc = calibrate(model, train, anchors=32, blocks=2, reps=1)
+    return log.ops, {k: v for k, v in doc.items() if k not in ("measured", "constants")}
+
+
+# another value of every key (stages: of each of their keys), none of them the default
+MODEL_CHANGES = {
+    "latent_dim": [24], "private_dim": [2], "hidden_dim": [32], "decoder_dim": [8], "heads": [2], "window": [5],
+    "attention": [False], "chunk": [4], "key_first": [True], "ffn_mult": [3], "dropout": [0.2], "neg_samples": [3],
+    "graph_batch": [128], "batch_key": [None], "hic_band_weight": ["sqrt"], "hic_diagonal": [False],
+}  # fmt: skip
+STAGE = StageConfig(5, 0.01, LossWeights())
+TRAIN_CHANGES = {
+    "seed": [7], "batch_size": [16], "checkpoint_every": [9], "keep_checkpoints": [2], "threads": [2], "device": ["auto"],
+    "dtype": ["float64"], "deterministic": [False], "early_stopping": [EarlyStoppingConfig(patience=0)],
+    "pretrain": [replace(STAGE, epochs=50), replace(STAGE, lr=0.5), replace(STAGE, weights=LossWeights(align=3.0, hic_kl=1.0))],
+    "finetune": [replace(STAGE, epochs=50), replace(STAGE, lr=0.5), replace(STAGE, weights=LossWeights(kl=2.0, cross=1.0))],
+}  # fmt: skip
+
+
+def test_every_config_key_has_a_change_to_try():
+    """A key added to the sections must be placed: measured with or not."""
+    assert set(MODEL_CHANGES) == {f.name for f in fields(ModelConfig)}
+    assert set(TRAIN_CHANGES) == {f.name for f in fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("decoder_dim", [None, 16], ids=["D=latent", "D=decoder_dim"])
+def test_calibration_sections_hold_exactly_what_the_benchmark_runs_with(decoder_dim):
+    """Referee: the operations the benchmark runs (shapes, dtypes, devices, threads) and
+    the shape and device it records. From the sections alone it runs what it runs from
+    the whole config; one key changed changes what it runs exactly when it changes the
+    sections, so the devices rule (whose params they are) re-times the machine for every
+    change that matters and for no other."""
+    model = ModelConfig(latent_dim=12, decoder_dim=decoder_dim, hidden_dim=64, heads=4, window=3)
+    train = TrainConfig(device="cpu", threads=1, seed=3)
+    sections = calibration_sections(model, train)
+    base = _measured_with(model, train)
+    assert base[1]["shape"]["D"] == (decoder_dim or 12) and base[1]["device"] == "cpu (1 thread)"
+    from_sections = _measured_with(ModelConfig.from_dict(sections["model"]), TrainConfig.from_dict(sections["train"]))
+    assert from_sections == base
+    changes = [(ModelConfig, k, v) for k, vs in MODEL_CHANGES.items() for v in vs]
+    changes += [(TrainConfig, k, v) for k, vs in TRAIN_CHANGES.items() for v in vs]
+    moved = {}
+    for cls, key, value in changes:
+        m, t = (replace(model, **{key: value}), train) if cls is ModelConfig else (model, replace(train, **{key: value}))
+        moved[(cls.__name__, key, str(value))] = (calibration_sections(m, t) != sections, _measured_with(m, t) != base)
+    # train.device auto is CUDA where the job runs when a GPU is there: the sections keep
+    # it as given, though on a host without one it runs on the CPU like "cpu"
+    if not torch.cuda.is_available():
+        assert moved.pop(("TrainConfig", "device", "auto")) == (True, False)
+    assert [k for k, (in_sections, ran) in moved.items() if in_sections != ran] == []
+    # the keys that matter: D (latent_dim where no decoder_dim is set), heads, window, ffn_mult, threads
+    measured = sorted({k[1] for k, (in_sections, _) in moved.items() if in_sections})
+    expected = ["decoder_dim", "ffn_mult", "heads", "threads", "window"] + (["latent_dim"] if decoder_dim is None else [])
+    assert measured == sorted(expected)
+
+
+def test_the_calibrate_command_measures_the_same_from_the_rules_arguments(tmp_path):
+    """``ampflow calibrate`` given the devices rule's arguments (the sections of a whole
+    config) records the shape and device it records given the whole config."""
+    model = {"latent_dim": 16, "hidden_dim": 64, "heads": 2, "window": 3, "dropout": 0.2}
+    train = {"device": "cpu", "threads": 1, "seed": 5, "pretrain": {"epochs": 3, "lr": 0.01, "weights": {"align": 2.0}}}
+    docs = []
+    for i, args in enumerate([shlex.split(calibration_args(model, train)), ["--model", json.dumps(model), "--train", json.dumps(train)]]):
+        out = tmp_path / f"calibration{i}.json"
+        assert main(["calibrate", *args, "--anchors", "32", "--blocks", "2", "--reps", "1", "--out", str(out)]) == 0
+        docs.append({k: v for k, v in json.loads(out.read_text()).items() if k not in ("measured", "constants")})
+    assert docs[0] == docs[1] and docs[0]["shape"]["D"] == 16 and docs[0]["shape"]["heads"] == 2

@@ -317,9 +317,7 @@ def test_new_cells_embed_without_retraining(run_dir):
     targets = ["results/demo/embed/500kb_s10/new/embeddings.h5ad", "results/demo/embed/500kb_s10/embeddings.h5ad"]
     r = snakemake(run_dir, *args, "-n", *targets)
     assert r.returncode == 0, r.stderr[-3000:]
-    stats = [ln.split() for ln in (r.stdout + r.stderr).splitlines()]
-    jobs = {w[0] for w in stats if len(w) == 2 and w[1].isdigit() and not w[0].endswith(":")} - {"total"}  # job stats
-    assert jobs == {"embed", "embed_cells"}, r.stdout
+    assert dry_run_jobs(r) == {"embed", "embed_cells"}, r.stdout
     r = snakemake(run_dir, *args, *targets)
     assert r.returncode == 0, r.stderr[-3000:]
     trained = ad.read_h5ad(run_dir / "results/demo/train/500kb_s10/embeddings.h5ad")
@@ -331,6 +329,37 @@ def test_new_cells_embed_without_retraining(run_dir):
     assert cells.uns["ampflow"]["genes"]["missing"] == 0
     for key in ("X_rna", "X_hic", "X_joint"):  # a cell's vector does not depend on the cells beside it
         assert np.array_equal(cells.obsm[key], trained.obsm[key][::3]), key
+
+
+def dry_run_jobs(r: subprocess.CompletedProcess) -> dict[str, int]:
+    """The rules and job counts of a dry run's "Job stats" table."""
+    stats = [ln.split() for ln in (r.stdout + r.stderr).splitlines()]
+    return {w[0]: int(w[1]) for w in stats if len(w) == 2 and w[1].isdigit() and not w[0].endswith(":") and w[0] != "total"}
+
+
+@pytest.mark.parametrize(
+    ("change", "measured"),
+    [
+        ("train: {seed: 1}", False),
+        ("train: {pretrain: {epochs: 7, lr: 0.002, weights: {align: 10.0}}}", False),
+        ("model: {hidden_dim: 128}", False),  # the encoders' width: the benchmark times the decoder's kernel
+        ("model: {heads: 8}", True),
+    ],
+    ids=["seed", "schedule", "hidden_dim", "heads"],
+)
+def test_a_changed_config_times_the_machine_again_only_when_the_measurement_changes(run_dir, change, measured):
+    """After a finished run, one config value changed: every configuration is planned
+    again (diagnose takes the whole train section) and trained again; the devices job
+    (devices.json and the calibration) runs again only for a key the benchmark measures
+    with (contract.config.calibration_sections)."""
+    r = snakemake(run_dir, "--profile", "profiles/local", "-n")
+    assert r.returncode == 0 and dry_run_jobs(r) == {}, r.stdout  # nothing to do before
+    (run_dir / "config/change.yaml").write_text(change + "\n")
+    r = snakemake(run_dir, "--configfile", *QUICK[1:], "config/change.yaml", "--profile", "profiles/local", "-n")
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = dry_run_jobs(r)
+    assert jobs["diagnose"] == 2 and jobs["train"] == 2, r.stdout
+    assert ("devices" in jobs) == measured, jobs
 
 
 def test_nothing_to_do_then_only_new_cells_binned(run_dir):

@@ -25,6 +25,7 @@ from ampflow.devices import probe_devices
 from ampflow.contract.allocation import JobSizing
 from ampflow.contract.config import require_gpus
 from ampflow.rules.args import (
+    calibration_args,
     chromosomes_arg,
     extract_folder_arg,
     extract_input_args,

@@ -264,13 +264,16 @@ rule devices:
     resources:
         **SIZING.devices_resources(),
         runtime=10,
+    # Only what the measurement depends on (decoder heads, width, window and feed-forward
+    # shape; train.device and threads; the processes sharing the cores): Snakemake re-runs
+    # a job whose params changed, and a new seed, schedule, learning rate or loss weight
+    # re-plans (diagnose takes the whole sections) without timing the machine again.
     params:
-        model=shell_json(config["model"]),
-        train=shell_json(config["train"]),
+        calibration=calibration_args(config["model"], config["train"]),
         processes=config["amp"]["devices"],
     # the calibration times with the threads the plan will give each process
     shell:
         "(ampflow devices --cores {threads} --out {output.devices}"
-        " && ampflow calibrate --model {params.model} --train {params.train}"
+        " && ampflow calibrate {params.calibration}"
         " --devices-file {output.devices} --processes {params.processes}"
         " --out {output.calibration}) > {log} 2>&1"

@@ -106,10 +106,12 @@ def cmd_devices(a):
 def cmd_calibrate(a):
     from ..amp.cost.calibrate import calibrate
     from ..amp.cost.model import write_calibration
-    from ..contract.config import ModelConfig, TrainConfig
+    from ..contract.config import ModelConfig, TrainConfig, calibration_sections
 
     model = ModelConfig.from_dict(_settings(a.model, a.model_config, "model"))
     train = TrainConfig.from_dict(_settings(a.train, a.model_config, "train"))
+    # whole sections are welcome; the log says which of their settings are measured with
+    log.info("calibrating with %s", json.dumps(calibration_sections(model, train), sort_keys=True))
     threads = train.explicit_threads
     if threads is None and a.devices_file:
         from ..amp.decide.cpu import threads_per_process
@@ -161,7 +163,7 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("calibrate", help="time the attention kernel on the training device: the cost model's constants (JSON)")
     s.add_argument("--model-config", default=None, help="YAML/JSON with 'model' (and 'train') sections")
-    s.add_argument("--model", default="", help="model settings as JSON: heads, decoder width, window")
+    s.add_argument("--model", default="", help="model settings as JSON: heads, decoder width, window, ffn_mult (other keys are accepted and not used)")
     s.add_argument("--train", default="", help="training settings as JSON: device and threads")
     s.add_argument("--anchors", type=int, default=4096, help="sequence length timed")
     s.add_argument("--blocks", type=int, default=64, help="query chunks of the chunked timing")

@@ -338,6 +338,32 @@ class TrainConfig:
         return asdict(self)
 
 
+def calibration_sections(model: ModelConfig, train: TrainConfig) -> dict:
+    """The parts of the ``model`` and ``train`` sections that the cost model's calibration
+    (:func:`ampflow.amp.cost.calibrate.calibrate`) measures with, and nothing else.
+
+    The kernel it times has the decoder's heads, width ``D`` (``decoder_dim``, else the
+    latent size: given here resolved) and window, the matrix product the feed-forward
+    shape ``ffn_mult``; it runs on ``train.device`` (``auto`` is left as it is: it is
+    resolved on the node that runs the job) with ``train.threads``. Seeds, schedules,
+    learning rates, loss weights, the encoders' widths, the batch and ``train.dtype``
+    (the benchmark times float32) change nothing it measures. The ``devices`` rule hands
+    these to ``ampflow calibrate`` as its params, so that Snakemake times the machine
+    again only when one of them changes; the plan takes the whole sections.
+
+    Returns
+    -------
+    dict
+        ``{"model": {...}, "train": {...}}``: sections that
+        :meth:`ModelConfig.from_dict` and :meth:`TrainConfig.from_dict` read back into
+        configs that calibrate alike.
+    """
+    return {
+        "model": {"decoder_dim": model.D, "heads": model.heads, "window": model.window, "ffn_mult": model.ffn_mult},
+        "train": {"device": train.device, "threads": train.threads},
+    }
+
+
 @dataclass(frozen=True)
 class EvaluateConfig:
     """How the embedding is scored (config section ``evaluate``).

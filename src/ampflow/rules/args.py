@@ -13,6 +13,7 @@ import logging
 import shlex
 from collections.abc import Callable, Collection, Iterable
 
+from ..contract.config import ModelConfig, TrainConfig, calibration_sections
 from .targets import tiny_model_folder
 
 _LOG = logging.getLogger(__name__)
@@ -46,6 +47,16 @@ def qc_args(qc: dict) -> str:
     """The QC thresholds (config ``qc``) as ``--min-cis-fraction 0.5 --min-contacts N ...``,
     in the order of their keys."""
     return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in sorted(qc.items()))
+
+
+def calibration_args(model: dict, train: dict) -> str:
+    """``--model JSON --train JSON`` for ``ampflow calibrate``: of config ``model`` and
+    ``train`` (checked as the trainer checks them) only what the calibration measures with
+    (:func:`ampflow.contract.config.calibration_sections`). The ``devices`` rule's params:
+    a new seed, schedule, learning rate or loss weight leaves them as they were, so the
+    machine is not timed again for it."""
+    sections = calibration_sections(ModelConfig.from_dict(model), TrainConfig.from_dict(train))
+    return f"--model {shell_json(sections['model'])} --train {shell_json(sections['train'])}"
 
 
 def label_arg(key: str, columns: Collection[str], log: Callable[[str], None] = _LOG.info) -> str:
