@@ -19,8 +19,9 @@ from ampflow.train.trainer import MEASURED_STEPS
 
 pytestmark = pytest.mark.slow
 
-# 21 training steps (7 epochs of 3 batches of the ~93 training cells; a fifth of the 116
-# passing cells is held out): the workflow is under test here, not the fit. float64, so that the sharded runs can be compared with one process beyond the
+# 28 training steps (7 epochs of 4 batches of the 99 training cells; 17 of the 116
+# passing cells draw held out at 0.2): the workflow is under test here, not the fit.
+# float64, so that the sharded runs can be compared with one process beyond the
 # rounding drift that Adam amplifies in float32 (see test_train_dist). A float64 step holds
 # about twice the bytes of a float32 one, and AMP plans the dtype the run trains in. With
 # these 120 cells the float64 plans predict 73.9 MiB per device for the light configuration
