@@ -257,7 +257,8 @@ SETTINGS = {
 def prepare(paths: dict, work: Path, rna=None, genes=None, holdout: float | None = None, folder: str = "data") -> Path:
     """Run the prepare commands on a demo's files; return the data folder. With
     ``holdout`` the cells are split first (qc/split.tsv) and the data folder built with
-    the split, as the workflow does."""
+    the split, as the workflow does: split seed 1, under which six of a 24-cell demo's
+    cells draw held out at 0.2 or 0.25 (seed 0 draws two or three)."""
     rna, genes, sheet, sizes = rna or paths["rna"], genes or paths["genes"], paths["sheet"], paths["chromsizes"]
     data, scool = work / folder, work / "binned" / "1000000.scool"
     steps = [
@@ -277,7 +278,7 @@ def prepare(paths: dict, work: Path, rna=None, genes=None, holdout: float | None
     if holdout is not None:
         split = work / "qc" / "split.tsv"
         steps.insert(3, ["split-cells", "--qc", work / "qc" / "cells.tsv", "--holdout", holdout, "--label-key", "cell_type",
-                         "--seed", "0", "--out", split])  # fmt: skip
+                         "--seed", "1", "--out", split])  # fmt: skip
         for step in steps:
             if step[0] in ("strata", "rna-data"):
                 step += ["--split", split]

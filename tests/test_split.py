@@ -1,4 +1,5 @@
-"""Held-out cells: the split is stratified, deterministic and in proportion per label, and
+"""Held-out cells: each cell's split is its own (adding or removing cells moves no other),
+deterministic, binomial in share per label with a training cell kept in each, and
 the prepare steps that fit on cells (HVG choice, strata feature filter, the graph's
 pseudobulk) ignore held-out ones.
 
@@ -23,7 +24,7 @@ from ampflow.contract.config import EvaluateConfig
 from ampflow.contract.layout import training_rows
 from ampflow.demo import write_demo
 from ampflow.io.split import read_split, split_of
-from ampflow.prepare.split import heldout_count, split_cells
+from ampflow.prepare.split import binomial_tolerance, heldout_draw, split_cells
 
 SIZES = {"a": 1, "b": 2, "c": 3, "d": 7, "e": 10, "f": 25, "g": 40}
 
@@ -39,29 +40,80 @@ def qc_table(sizes=SIZES, failing: int = 5, seed: int = 0) -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------ the split itself
-@pytest.mark.parametrize("fraction", [0.2, 0.25, 0.5, 0.9])
-def test_stratified_proportions_hold_per_label(fraction):
+def labelled(sizes: dict, prefix: str = "cell") -> pd.DataFrame:
+    """A QC table of passing cells, ``sizes`` per label, ids ``{prefix}{label}-{i}``."""
+    ids = [f"{prefix}{lab}-{i}" for lab, n in sizes.items() for i in range(n)]
+    labels = [lab for lab, n in sizes.items() for _ in range(n)]
+    return pd.DataFrame({"pass": True, "cell_type": labels}, index=pd.Index(ids, name="cell_id"))
+
+
+def binomial_band(n: int, fraction: float) -> float:
+    """Three standard deviations of a binomial share of ``n`` draws."""
+    return 3 * (fraction * (1 - fraction) / n) ** 0.5
+
+
+#: many small labels (the guard acts on some) and a few large ones
+MIXED = {f"s{i}": 1 + i % 5 for i in range(60)} | {"big1": 300, "big2": 120}
+
+
+def test_the_draw_is_the_documented_hash():
+    """The draw is BLAKE2b(``seed:cell_id``), 53 bits: it must stay that across versions,
+    or every results folder's split moves. Referee: hashlib, on the documented recipe."""
+    import hashlib
+
+    for cell, seed in [("cell0001", 0), ("AAACGAA-1", 7), ("lee2019_035", 12345), ("é", 3)]:
+        digest = hashlib.blake2b(f"{seed}:{cell}".encode(), digest_size=8).digest()
+        assert heldout_draw(cell, seed) == (int.from_bytes(digest, "big") >> 11) / 2**53
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5])
+def test_added_cells_move_no_earlier_cell(fraction):
+    """New cells in old labels, and a new label: every earlier cell keeps its split,
+    apart from the one cell the guard kept in a label all of whose cells drew held out."""
+    before = labelled(MIXED)
+    more = {lab: 1 + i % 3 for i, lab in enumerate(MIXED)} | {"new": 80}
+    after = pd.concat([before, labelled(more, prefix="added")]).sample(frac=1, random_state=0)
+    a = split_cells(before, fraction, seed=5, label_key="cell_type")
+    b = split_cells(after, fraction, seed=5, label_key="cell_type")
+    assert len(b) == len(a) + sum(more.values()) and b.index.isin(a.index).sum() == len(a)
+    guarded = {lab for lab, ids in before.groupby("cell_type").groups.items() if all(heldout_draw(c, 5) < fraction for c in ids)}
+    moved = a.index[b[a.index].to_numpy() != a.to_numpy()]
+    assert guarded and len(moved), "the guard acts and moves cells, so the exception is exercised"
+    assert set(before.loc[moved, "cell_type"]) <= guarded
+    for cell in moved:  # at most the kept cell of each guarded label, and train -> heldout
+        assert a[cell] == "train" and b[cell] == "heldout"
+    assert before.loc[moved, "cell_type"].is_unique
+
+
+@pytest.mark.parametrize("fraction", [0.2, 0.5])
+def test_removed_cells_move_no_remaining_cell(fraction):
+    """Removing cells: every remaining cell keeps its split, except in a label whose
+    remaining cells had all been held out: the guard then moves exactly one of them (the
+    highest draw) to training. Referee: the split of the full table."""
+    full = labelled(MIXED)
+    a = split_cells(full, fraction, seed=2, label_key="cell_type")
+    kept = full.sample(frac=0.5, random_state=1)
+    b = split_cells(kept, fraction, seed=2, label_key="cell_type")
+    acted = 0
+    for label, ids in kept.groupby("cell_type").groups.items():
+        old, new = a[ids], b[ids]
+        if (old == "heldout").all():
+            acted += 1
+            (gained,) = new.index[new == "train"]
+            assert gained == max(ids, key=lambda c: heldout_draw(c, 2))
+            assert (new.drop(gained) == "heldout").all()
+        else:
+            assert new.equals(old), label
+    assert acted > 0, "the guard acts somewhere, so the exception is exercised"
+    assert len(kept) > 150
+
+
+def test_passing_cells_only_in_table_order():
     qc = qc_table()
-    split = split_cells(qc, fraction, seed=3, label_key="cell_type")
-    passing = qc.index[qc["pass"]]
-    assert list(split.index) == list(passing), "every passing cell, in table order"
-    assert set(split) <= {"train", "heldout"}
-    labels = qc.loc[split.index, "cell_type"]
-    for label, n in SIZES.items():
-        held = int((split[labels == label] == "heldout").sum())
-        expected = min(int(np.floor(fraction * n + 0.5)), n - 1)
-        assert held == expected == heldout_count(n, fraction), (label, n, held)
-        assert held < n, "every label keeps a training cell"
+    split = split_cells(qc, 0.25, seed=3, label_key="cell_type")
+    assert list(split.index) == list(qc.index[qc["pass"]]), "every passing cell, in table order"
+    assert set(split) == {"train", "heldout"}
     assert not split.index.isin(qc.index[~qc["pass"]]).any(), "failing cells are not split"
-    # a label of one cell stays in training
-    assert (split[labels == "a"] == "train").all()
-
-
-def test_round_half_up_at_the_default():
-    # 0.2 x 10 = 2, x 25 = 5, x 7 = 1.4 -> 1, x 3 = 0.6 -> 1, x 2 = 0.4 -> 0, x 1 -> 0
-    assert [heldout_count(n, 0.2) for n in (1, 2, 3, 7, 10, 25, 40)] == [0, 0, 1, 1, 2, 5, 8]
-    assert heldout_count(5, 0.5) == 2 + 1  # 2.5 rounds up
-    assert heldout_count(2, 0.9) == 1 and heldout_count(1, 0.9) == 0
 
 
 def test_deterministic_for_a_seed_and_independent_of_row_order():
@@ -70,15 +122,60 @@ def test_deterministic_for_a_seed_and_independent_of_row_order():
     shuffled = split_cells(qc_table(seed=1), 0.2, seed=7, label_key="cell_type")
     other = split_cells(qc_table(seed=0), 0.2, seed=8, label_key="cell_type")
     assert a.equals(b)
-    assert shuffled.sort_index().equals(a.sort_index())
+    assert list(shuffled.index) != list(a.index) and shuffled.sort_index().equals(a.sort_index())
     assert not other.sort_index().equals(a.sort_index())
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.2, 0.5, 0.9])
+def test_heldout_share_per_label_is_binomial(fraction):
+    """10,000 cells in four labels: each label's held-out share, and the whole table's,
+    within three binomial standard deviations of ``fraction``."""
+    sizes = {"w": 1000, "x": 2000, "y": 3000, "z": 4000}
+    qc = labelled(sizes)
+    split = split_cells(qc, fraction, seed=0, label_key="cell_type")
+    for label, n in sizes.items():
+        share = (split[qc["cell_type"] == label] == "heldout").mean()
+        assert abs(share - fraction) <= binomial_band(n, fraction), (label, share)
+        assert abs(share - fraction) <= binomial_tolerance(n, fraction)
+    assert abs((split == "heldout").mean() - fraction) <= binomial_band(len(qc), fraction)
+
+
+def test_every_label_keeps_a_training_cell():
+    """At 0.9, many labels of one to five cells draw all held out: each keeps exactly one
+    training cell, its highest draw; the other labels are left as drawn."""
+    qc = labelled({f"l{i}": 1 + i % 5 for i in range(300)})
+    split = split_cells(qc, 0.9, seed=4, label_key="cell_type")
+    guarded = 0
+    for label, ids in qc.groupby("cell_type").groups.items():
+        draws = {c: heldout_draw(c, 4) for c in ids}
+        train = set(split[ids].index[split[ids] == "train"])
+        assert train, label
+        if all(d < 0.9 for d in draws.values()):
+            guarded += 1
+            assert train == {max(draws, key=draws.get)}
+        else:
+            assert train == {c for c, d in draws.items() if d >= 0.9}
+    # 60 labels of each size n; a label is all held out with probability 0.9**n
+    expected = sum(60 * 0.9**n for n in range(1, 6))
+    assert abs(guarded - expected) <= 3 * sum(60 * 0.9**n * (1 - 0.9**n) for n in range(1, 6)) ** 0.5
+
+
+def test_labels_do_not_enter_the_draw():
+    """A relabelled cell keeps its draw: the same cells under other labels (or none) split
+    alike wherever the guard does not act (labels of 300 cells: never at 0.2)."""
+    qc = labelled({"p": 300, "q": 300})
+    relabelled = qc.assign(cell_type=np.where(np.arange(len(qc)) % 2, "p", "q"))
+    a = split_cells(qc, 0.2, seed=1, label_key="cell_type")
+    assert a.equals(split_cells(relabelled, 0.2, seed=1, label_key="cell_type"))
+    assert a.equals(split_cells(qc, 0.2, seed=1))
 
 
 def test_random_without_a_label_column():
     qc = qc_table().drop(columns="cell_type")
     split = split_cells(qc, 0.2, seed=0)
     n = int(qc["pass"].sum())
-    assert int((split == "heldout").sum()) == heldout_count(n, 0.2) == round(0.2 * n)
+    assert list(split.index) == list(qc.index[qc["pass"]]), "every passing cell, in table order"
+    assert abs((split == "heldout").mean() - 0.2) <= binomial_band(n, 0.2)
     assert split.equals(split_cells(qc, 0.2, seed=0))
 
 
@@ -103,9 +200,14 @@ def test_bad_values_name_key_and_value(kwargs, key, value):
 
 
 def test_too_few_training_cells_left():
-    qc = qc_table({"x": 2})
-    with pytest.raises(InputError, match="training needs at least two"):
-        split_cells(qc, 0.5, seed=0)
+    with pytest.raises(InputError, match="1 training cell\\(s\\) left of 1; training needs at least two") as e:
+        split_cells(qc_table({"x": 1}), 0.5, seed=0)
+    assert e.value.key == "evaluate.holdout"
+    # three cells that all draw held out at 0.9: the guard keeps one, too few to train on
+    ids = [c for c in (f"c{i}" for i in range(200)) if heldout_draw(c, 0) < 0.9][:3]
+    qc = pd.DataFrame({"pass": True}, index=pd.Index(ids, name="cell_id"))
+    with pytest.raises(InputError, match="1 training cell\\(s\\) left of 3"):
+        split_cells(qc, 0.9, seed=0)
 
 
 def test_evaluate_config_validates():
@@ -169,7 +271,8 @@ def test_read_split_names_the_bad_line(tmp_path):
 # ------------------------------------------------------------------ prepare ignores held-out cells
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> dict:
-    """A 24-cell demo binned, loaded, QC'd and split (a quarter held out, by cell type)."""
+    """A 24-cell demo binned, loaded, QC'd and split (each cell held out with chance 1/4;
+    seed 1 draws six, enough for the changes below to show; seed 0 would draw three)."""
     root = tmp_path_factory.mktemp("split")
     paths = write_demo(root / "demo", n_cells=24, seed=0, n_genes=300)
     w = root / "work"
@@ -180,7 +283,7 @@ def work(tmp_path_factory) -> dict:
         ["load-rna", paths["rna"], "--out", w / "rna/counts.h5ad", "--stats", w / "qc/rna.tsv"],
         ["qc-cells", "--sheet", paths["sheet"], "--contacts", w / "qc/contacts.tsv", "--rna-stats", w / "qc/rna.tsv",
          "--min-contacts", "100", "--min-umis", "10", "--min-genes", "5", "--out", w / "qc/cells.tsv"],
-        ["split-cells", "--qc", w / "qc/cells.tsv", "--holdout", "0.25", "--label-key", "cell_type", "--seed", "0",
+        ["split-cells", "--qc", w / "qc/cells.tsv", "--holdout", "0.25", "--label-key", "cell_type", "--seed", "1",
          "--out", w / "qc/split.tsv"],
     ]  # fmt: skip
     for step in steps:

@@ -42,7 +42,7 @@ from ampflow.io.genome import read_chromsizes
 from ampflow.io.split import read_split, write_split
 from ampflow.train import checkpoint
 from ampflow.train.data import PairedData, load_paired
-from ampflow.train.trainer import MEASURED_STEPS, Trainer
+from ampflow.train.trainer import MEASURED_STEPS, Trainer, epoch_batches
 
 TRAIN = TrainConfig.from_dict(SETTINGS)
 # 23 cells pass QC; batches of 8 -> 3 per epoch; 3 + 2 epochs
@@ -96,6 +96,18 @@ def assert_same_metrics(a: Path, b: Path) -> None:
 
 def no_temporaries(out: Path) -> list[Path]:
     return sorted(out.rglob(".tmp-*"))
+
+
+# ------------------------------------------------------------------ batches
+@pytest.mark.parametrize("batch_size", [2, 4, 8])
+def test_epoch_batches_cover_every_cell_once(batch_size):
+    """Every cell once per epoch, batches of at least two, for every remainder: a trailing
+    cell alone (n = k x batch_size + 1) joins the batch before it. Referee: range(n)."""
+    for n in range(2, 4 * batch_size + 3):
+        batches = epoch_batches(n, batch_size, 0, 0, 1)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(n)), n
+        assert all(len(b) >= 2 for b in batches) and all(len(b) <= batch_size + 1 for b in batches), n
+        assert len(batches) == max(1, n // batch_size if n % batch_size < 2 else n // batch_size + 1), n
 
 
 # ------------------------------------------------------------------ determinism

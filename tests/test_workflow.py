@@ -19,8 +19,9 @@ from ampflow.train.trainer import MEASURED_STEPS
 
 pytestmark = pytest.mark.slow
 
-# 21 training steps (7 epochs of 3 batches of the ~93 training cells; a fifth of the 116
-# passing cells is held out): the workflow is under test here, not the fit. float64, so that the sharded runs can be compared with one process beyond the
+# 28 training steps (7 epochs of 4 batches of the 99 training cells; 17 of the 116
+# passing cells draw held out at 0.2): the workflow is under test here, not the fit.
+# float64, so that the sharded runs can be compared with one process beyond the
 # rounding drift that Adam amplifies in float32 (see test_train_dist). A float64 step holds
 # about twice the bytes of a float32 one, and AMP plans the dtype the run trains in. With
 # these 120 cells the float64 plans predict 73.9 MiB per device for the light configuration
@@ -210,21 +211,25 @@ def test_paired_files_share_cells(run_dir):
 
 
 def test_heldout_cells_in_the_dag(run_dir):
-    """split_cells feeds rna_data, strata and train: a fifth of each cell type's passing
-    cells is held out, marked in every data file and embedding, and in no training step."""
+    """split_cells feeds rna_data, strata and train: each passing cell is held out on its
+    own draw at evaluate.holdout 0.2 (a binomial share per cell type, within three standard
+    deviations), every type keeps training cells, and the held-out cells are marked in
+    every data file and embedding, and in no training step."""
     from ampflow.io.split import read_split
     from ampflow.prepare.qc import passing_cells, read_qc
-    from ampflow.prepare.split import heldout_count
+    from ampflow.prepare.split import split_cells
     from ampflow.train.trainer import epoch_batches
 
     res = run_dir / "results/demo"
     qc = read_qc(res / "qc/cells.tsv")
     split = read_split(res / "qc/split.tsv")
     assert list(split.index) == passing_cells(qc)
+    assert split.equals(split_cells(qc, 0.2, seed=0, label_key="cell_type")), "the rule passes the evaluate section"
     labels = qc.loc[split.index, "cell_type"]
     for label in sorted(set(labels)):
         mine = split[labels == label]
-        assert (mine == "heldout").sum() == heldout_count(len(mine), 0.2), label
+        assert (mine == "train").any(), label
+        assert abs((mine == "heldout").mean() - 0.2) <= 3 * (0.2 * 0.8 / len(mine)) ** 0.5, label
     n_train = int((split == "train").sum())
     assert 0 < len(split) - n_train < len(split)
     for cfg in ("500kb_s10", "250kb_s12"):
@@ -364,17 +369,26 @@ def test_a_changed_config_times_the_machine_again_only_when_the_measurement_chan
 
 def test_nothing_to_do_then_only_new_cells_binned(run_dir):
     """118 cells are blocks of 50, 50 and 18; two appended cells re-bin the last block
-    only (its rows changed), and the outputs downstream of the gather."""
+    only (its rows changed), and the outputs downstream of the gather. The split is drawn
+    again and every earlier cell keeps its side (the demo's cell types, of about thirty
+    cells, each have training cells by their own draws, so the guard does not act)."""
+    from ampflow.io.split import read_split
+
     r = snakemake(run_dir, "--profile", "profiles/local", "-n")
     assert r.returncode == 0 and "Nothing to be done" in r.stdout + r.stderr
     blocks = run_dir / "results/demo/binned/blocks"
     before = {p.parent.name: p.stat().st_mtime_ns for p in blocks.glob("*/contacts.tsv")}
     assert sorted(before) == ["0000", "0001", "0002"]
+    split_path = run_dir / "results/demo/qc/split.tsv"
+    split_before, split_written = read_split(split_path), split_path.stat().st_mtime_ns
     (run_dir / "resources/demo/cells.full.tsv").replace(run_dir / "resources/demo/cells.tsv")
     r = snakemake(run_dir, "--profile", "profiles/local")
     assert r.returncode == 0, r.stderr[-3000:]
     after = {p.parent.name: p.stat().st_mtime_ns for p in blocks.glob("*/contacts.tsv")}
     assert [b for b in sorted(after) if after[b] != before[b]] == ["0002"]
     assert "binned and written 20/20 cells" in (run_dir / "logs/demo/bin_block/0002.log").read_text()
+    split_after = read_split(split_path)
+    assert split_path.stat().st_mtime_ns != split_written and split_before.index.isin(split_after.index).all()
+    assert split_after[split_before.index].equals(split_before)
     hic = ad.read_h5ad(run_dir / "results/demo/data/500kb_s10/hic.h5ad", backed="r")
     assert "cell0117" in hic.obs_names or "cell0118" in hic.obs_names

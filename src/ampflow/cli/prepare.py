@@ -394,8 +394,8 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser("split-cells", help="hold out a share of the passing cells from fitting (qc/split.tsv)")
     s.add_argument("--qc", required=True, help="qc/cells.tsv")
-    s.add_argument("--holdout", type=float, default=0.2, help="share of the passing cells held out, in [0, 1); 0: none")
-    s.add_argument("--label-key", default=None, help="QC-table column to stratify by (it must exist); default: a random draw")
+    s.add_argument("--holdout", type=float, default=0.2, help="expected share of the passing cells held out, in [0, 1); 0: none")
+    s.add_argument("--label-key", default=None, help="QC-table column whose labels each keep a training cell (must exist); default: none")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--out", required=True, help="TSV: cell_id, split (train or heldout)")
     s.set_defaults(func=cmd_split_cells)

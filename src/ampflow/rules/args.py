@@ -60,9 +60,9 @@ def calibration_args(model: dict, train: dict) -> str:
 
 
 def label_arg(key: str, columns: Collection[str], log: Callable[[str], None] = _LOG.info) -> str:
-    """``--label-key KEY`` for the split when the cell sheet has that column (the split
-    is then stratified by it); none otherwise, said in a ``log`` line: a random split,
-    and evaluation has no labels either."""
+    """``--label-key KEY`` for the split when the cell sheet has that column (each of its
+    labels then keeps a training cell); none otherwise, said in a ``log`` line: a split
+    without labels, and evaluation has no labels either."""
     if key in columns:
         return f"--label-key {shlex.quote(key)}"
     log(f"split: no column {key!r} in the cell sheet; a random split")

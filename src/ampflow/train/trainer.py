@@ -82,7 +82,10 @@ def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) ->
     perm = torch.randperm(n, generator=g).numpy()
     batches = [perm[i : i + batch_size] for i in range(0, n, batch_size)]
     if len(batches) > 1 and len(batches[-1]) < 2:
-        batches[-2] = np.concatenate([batches[-2], batches.pop()])
+        # pop first: ``batches[-2] = ...`` would name its target after the pop and write
+        # over the batch before the one meant
+        last = batches.pop()
+        batches[-1] = np.concatenate([batches[-1], last])
     return batches
 
 
