@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import anndata as ad
 import numpy as np
@@ -228,3 +229,32 @@ def test_legend_order_is_natural_or_categorical():
     assert _category_order(plain, set(plain)) == ["type_1", "type_2", "type_10"]
     cat = pd.Series(pd.Categorical(["b", "a"], categories=["b", "a", "unused"]))
     assert _category_order(cat, {"a", "b"}) == ["b", "a"]
+
+
+def test_umap_kernels_compile_once_per_machine_not_per_process(tmp_path):
+    """scanpy's kNN graph calls umap-learn kernels that umap-learn compiles without a disk
+    cache; :func:`cache_umap_kernels` turns it on. Referee: numba's own cache counters in
+    two fresh processes sharing an empty cache folder: the first compiles and saves, the
+    second loads and compiles nothing."""
+    import subprocess
+    import sys
+
+    code = (
+        "import json, numpy as np\n"
+        "from ampflow.evaluate.clusters import UMAP_KERNELS, _neighbors_adata\n"
+        "import umap.umap_ as u\n"
+        "_neighbors_adata(np.random.default_rng(0).normal(size=(30, 4)), 0)\n"
+        "print(json.dumps({n: [len(u.__dict__[n.rsplit('.', 1)[1]].stats.cache_hits), "
+        "len(u.__dict__[n.rsplit('.', 1)[1]].stats.cache_misses)] for n in UMAP_KERNELS}))\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert set(first) == {"umap.umap_.smooth_knn_dist", "umap.umap_.compute_membership_strengths"}
+    assert all(hits == 0 and misses >= 1 for hits, misses in first.values()), first
+    assert all(hits >= 1 and misses == 0 for hits, misses in second.values()), second
+    assert any(tmp_path.rglob("*.nbi")), "numba wrote no cache index"

@@ -12,6 +12,8 @@ together with FOSCTTM between ``X_rna`` and ``X_hic`` (see :mod:`.foscttm`).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import math
 
@@ -100,9 +102,36 @@ def _labels(adata: ad.AnnData, label_key: str | None) -> pd.Series | None:
 
 
 # ---------------------------------------------------------------- clustering
+#: umap-learn's numba kernels behind scanpy's kNN graph (its connectivities). umap-learn
+#: compiles them without numba's disk cache, so every process compiled them again: about
+#: 4 s, more than the whole scoring of a small dataset takes. (The UMAP layout's kernel,
+#: under 1 s, is left alone: one function behind two dispatchers, serial and parallel,
+#: whose cache entries would share a name.)
+UMAP_KERNELS = ("umap.umap_.smooth_knn_dist", "umap.umap_.compute_membership_strengths")
+
+
+@functools.cache
+def cache_umap_kernels() -> list[str]:
+    """Turn on numba's disk cache for :data:`UMAP_KERNELS` (what ``cache=True`` would have
+    done; the compiled code is the same); the names it could not cache, which then
+    compile per process as before (a missing kernel, or no writable cache folder)."""
+    missed = []
+    for name in UMAP_KERNELS:
+        module, attr = name.rsplit(".", 1)
+        try:
+            importlib.import_module(module).__dict__[attr].enable_caching()
+        except (ImportError, KeyError, AttributeError, RuntimeError):
+            missed.append(name)
+    if missed:
+        log.info("numba disk cache not available for %s: compiled in this process", ", ".join(missed))
+    return missed
+
+
 def _neighbors_adata(rep: np.ndarray, seed: int) -> ad.AnnData:
     """A private AnnData with a kNN graph on ``rep``, so the caller's object is untouched."""
     import scanpy as sc
+
+    cache_umap_kernels()
 
     rep = np.asarray(rep, dtype=np.float32)
     a = ad.AnnData(obs=pd.DataFrame(index=[str(i) for i in range(len(rep))]), obsm={"X_rep": rep})
