@@ -135,3 +135,26 @@ def test_make_demo_scores_a_joint_that_beats_each_modality(readme_run, cfg):
     control = held["shuffled_control"]["foscttm"]
     assert abs(control - 0.5) <= 3 / math.sqrt(12 * held["n_cells"]), (control, held["n_cells"])
     assert ari["joint"] >= max(ari["rna_latent"], ari["hic_latent"]) + 0.05, ari
+
+
+@pytest.mark.slow
+def test_new_cells_recipe_embeds_without_training(readme_run):
+    """The README's new-cells recipe, as run on the demo: its dry run's job table lists
+    embed jobs and no training (Snakemake's own table is the referee), and the run writes
+    one row per new cell that passed the embed side's QC, for every configuration."""
+    import anndata as ad
+    import pandas as pd
+
+    dest, proc, blocks = readme_run
+    block = next(b for b in blocks if b.runnable and "config/new-cells.yaml" in b.text)
+    out = split_output(proc.stdout)[block.line]
+    dry = out[: out.index("snakemake --profile profiles/local --configfile config/demo.yaml config/new-cells.yaml\n")]
+    table = re.search(r"Job stats:\n(.*?)\n\n", dry, re.S)
+    assert table, dry[-3000:]
+    jobs = {ln.split()[0] for ln in table.group(1).splitlines()[2:] if ln.strip() and not ln.startswith("total")}
+    assert "train" not in jobs and "embed_cells" in jobs and all(j.startswith("embed") or j == "all" for j in jobs), jobs
+    qc = pd.read_csv(dest / "results/demo/embed/cells/new/qc/cells.tsv", sep="\t", index_col="cell_id")
+    assert len(qc) == 5 and qc["pass"].any()
+    for cfg in ("500kb_s10", "250kb_s12"):
+        emb = ad.read_h5ad(dest / f"results/demo/embed/{cfg}/new/embeddings.h5ad")
+        assert list(emb.obs_names) == list(qc.index[qc["pass"]]), cfg
