@@ -13,6 +13,9 @@ TORCH ?=
 # the throwaway virtualenv `make lock` resolves in
 LOCK_VENV ?= $(VENV)-lock
 DEMO_CELLS ?= 200
+# pytest-xdist workers of `make test` (each test module, and the README's demo run with
+# the tests reading it, stays in one worker; tests/conftest.py); 0 runs in this process
+TEST_WORKERS ?= 2
 CORES ?= all
 # the demo's configuration (config/config.yaml is the template for your own data) and
 # its `dataset`: outputs under results/$(DATASET)/
@@ -63,7 +66,7 @@ demo-gpu:
 	$(MAKE) demo DEMO_CONFIG=config/demo-gpu.yaml DATASET=demo-gpu
 
 test: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # the workflow (snakemake --lint, snakefmt), the package (ruff, configured in
 # pyproject.toml) and its layers (import-linter's contracts in pyproject.toml)

@@ -15,6 +15,22 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(1, str(REPO / "scripts"))
 
 
+#: Session fixtures too costly to build once per worker: their tests form one group.
+SHARED_RUNS = ("readme_run",)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``) every test module
+    runs in one worker, so that its module-scoped workflow run is built once, and the
+    tests of a costly session fixture (the README's commands, ``make demo`` included) run
+    in one worker together."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        shared = next((f for f in SHARED_RUNS if f in getattr(item, "fixturenames", ())), None)
+        item.add_marker(pytest.mark.xdist_group(shared or item.path.name))
+
+
 def load_script(name: str):
     """``scripts/<name>.py`` as a module (scripts/ is no package)."""
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")

@@ -453,7 +453,7 @@ def write_demo(
         Processes writing pairs files (default: the usable cores, at most 8).
     """
     if n_cells < 8:
-        raise ValueError("the demo needs at least 8 cells")
+        raise InputError("the demo needs at least 8 cells", key="cells", value=n_cells)
     real = chromsizes is not None
     if genes_bed is not None and not real:
         raise InputError("real genes need real chromosome sizes: give chromsizes too", key="genes_bed", value=str(genes_bed))
