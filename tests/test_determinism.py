@@ -62,11 +62,15 @@ def train(data: PairedData, threads: int, deterministic: bool, out) -> dict[str,
 def test_training_twice_gives_every_parameter_identical(data, threads, deterministic, tmp_path):
     """With torch's deterministic switch (``train.deterministic``) and without it: the
     model's own kernels repeat, the switch is only a safety net on CPU."""
-    a = train(data, threads, deterministic, tmp_path / "a")
-    b = train(data, threads, deterministic, tmp_path / "b")
+    # two folders as two workflow runs have them: other parents, the same run name
+    a = train(data, threads, deterministic, tmp_path / "a" / "run")
+    b = train(data, threads, deterministic, tmp_path / "b" / "run")
     assert list(a) == list(b) and any(k.startswith("graph_encoder.") for k in a)
     differ = {k: float((a[k].double() - b[k].double()).abs().max()) for k in a if not torch.equal(a[k], b[k])}
     assert not differ, f"{threads} thread(s): parameters differ between two identical runs: {differ}"
+    # and the files a user compares: the same bytes
+    for name in ("model.pt", "embeddings.h5ad"):
+        assert (tmp_path / "a/run" / name).read_bytes() == (tmp_path / "b/run" / name).read_bytes(), name
 
 
 class AtomicAdds(TorchDispatchMode):
@@ -99,3 +103,19 @@ def test_a_training_step_runs_no_thread_ordered_sum(data):
         terms["total"].backward()
     assert all(p.grad is not None for p in model.graph_encoder.parameters())
     assert mode.seen == [], sorted(set(mode.seen))
+
+
+def test_a_saved_model_does_not_carry_its_temporary_files_name(tmp_path):
+    """``torch.save`` to a path names the zip's root folder after the file, and the
+    atomic write's temporary file holds the process id: two workflow runs' model.pt
+    differed in those bytes only. Saved through an open file, any two names give the
+    same bytes (torch's own loader reads both back)."""
+    from ampflow.train.checkpoint import save_torch
+
+    obj = {"w": torch.arange(6.0).reshape(2, 3), "genes": ["a", "b"]}
+    paths = [tmp_path / ".tmp-111-model.pt", tmp_path / ".tmp-222222-model.pt"]
+    for p in paths:
+        save_torch(obj, p)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    back = torch.load(paths[1], weights_only=True)
+    assert torch.equal(back["w"], obj["w"]) and back["genes"] == obj["genes"]

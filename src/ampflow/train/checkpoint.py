@@ -66,13 +66,21 @@ def set_rng_state(state: dict, generator: torch.Generator, cuda: bool = False) -
             torch.cuda.set_rng_state(state["cuda"])
 
 
+def save_torch(obj, path) -> None:
+    """``torch.save`` into an open file: the zip's root folder is then ``archive``, not the
+    file's name, which for a temporary file holds the process id and made two identical
+    runs write different bytes."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
 def save(folder, step: int, payload: dict, keep: int) -> Path:
     """Write ``step-{step}.pt`` atomically and remove all but the newest ``keep``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step-{step:08d}.pt"
     with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+        save_torch(payload, tmp)
     for old in list_checkpoints(folder)[keep:]:
         old.unlink(missing_ok=True)
     return path

@@ -500,7 +500,7 @@ class Trainer:
         with atomic_path(self.out / "embeddings.h5ad") as tmp:
             emb.write_h5ad(tmp)
         with atomic_path(self.out / "model.pt") as tmp:
-            torch.save(
+            checkpoint.save_torch(
                 {
                     "state_dict": model_state,
                     "model_config": self.model_cfg.to_dict(),
