@@ -19,6 +19,7 @@ sys.path.insert(1, str(REPO / "scripts"))
 SHARED_RUNS = ("readme_run",)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``) every test module
     runs in one worker, so that its module-scoped workflow run is built once, and the

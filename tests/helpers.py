@@ -120,6 +120,13 @@ def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "snakemake"), "--cores", "2", *QUICK, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def job_counts(output: str) -> dict[str, int]:
+    """Rule -> job count from the "Job stats" table of Snakemake's output ({} when
+    there is nothing to do)."""
+    stats = [ln.split() for ln in output.splitlines()]
+    return {w[0]: int(w[1]) for w in stats if len(w) == 2 and w[1].isdigit() and not w[0].endswith(":") and w[0] != "total"}
+
+
 def independent_count(path, chromsizes, resolution):
     """Plain-Python pixel count: no pandas, no numpy, no code shared with ampflow."""
     names = list(chromsizes)

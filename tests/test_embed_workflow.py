@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import workflow_copy
-from helpers import snakemake
+from helpers import job_counts, snakemake
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +44,7 @@ def dry_run_jobs(cwd, config=(), targets=()) -> dict[str, int]:
     """Rule -> job count of ``snakemake -n``."""
     r = run(cwd, "-n", config=config, targets=targets)
     assert r.returncode == 0, r.stdout[-3000:]
-    stats = [ln.split() for ln in (r.stdout + r.stderr).splitlines()]
-    return {w[0]: int(w[1]) for w in stats if len(w) == 2 and w[1].isdigit() and not w[0].endswith(":") and w[0] != "total"}
+    return job_counts(r.stdout + r.stderr)
 
 
 @pytest.fixture(scope="module")
