@@ -291,6 +291,9 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "float32"
     deterministic: bool = True
+    log_every: int = 20
+    compile: bool | str = "auto"
+    cuda_graphs: bool | str = "auto"
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -309,6 +312,11 @@ class TrainConfig:
             raise InputError(f"must be one of {', '.join(TRAIN_DTYPE_BYTES)}", key="train.dtype", value=self.dtype)
         if not isinstance(self.deterministic, bool):
             raise InputError("must be true or false", key="train.deterministic", value=self.deterministic)
+        if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 1:
+            raise InputError("must be an integer >= 1", key="train.log_every", value=self.log_every)
+        for key in ("compile", "cuda_graphs"):
+            if getattr(self, key) not in (True, False, "auto"):
+                raise InputError("must be true, false or auto", key=f"train.{key}", value=getattr(self, key))
 
     @property
     def explicit_threads(self) -> int | None:

@@ -52,7 +52,24 @@ class GraphEncoder(nn.Module):
         return self.loc(h), F.softplus(self.std(h)) + STD_EPS
 
 
-def graph_nll(v: torch.Tensor, src, dst, weight, sign, neg_samples: int, batch: int, generator=None) -> torch.Tensor:
+def graph_sample_sizes(n_edges: int, neg_samples: int, batch: int) -> tuple[int, int]:
+    """(positive edges, negative targets) that :func:`graph_nll` samples per step."""
+    m = min(batch, n_edges)
+    return m, m * neg_samples
+
+
+def draw_graph_sample(n_edges: int, n_nodes: int, neg_samples: int, batch: int, generator=None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The edge indices and negative targets of one step, drawn as :func:`graph_nll` draws
+    them (edges first), on ``device`` (default: the generator's, else the CPU)."""
+    m, n_neg = graph_sample_sizes(n_edges, neg_samples, batch)
+    if device is None:
+        device = generator.device if generator is not None else "cpu"
+    idx = torch.randint(n_edges, (m,), generator=generator, device=device)
+    nt = torch.randint(n_nodes, (n_neg,), generator=generator, device=device)
+    return idx, nt
+
+
+def graph_nll(v: torch.Tensor, src, dst, weight, sign, neg_samples: int, batch: int, generator=None, sample=None) -> torch.Tensor:
     """Graph decoder loss: Bernoulli(sigmoid(sign * <v_s, v_t>)) on a sample of edges
     (positives, weighted by edge weight) and ``neg_samples`` random targets per positive.
 
@@ -61,15 +78,23 @@ def graph_nll(v: torch.Tensor, src, dst, weight, sign, neg_samples: int, batch: 
     v : (n_nodes, d) node latents (a sample).
     src, dst, weight, sign : (E,) edge list.
     generator : torch.Generator for the edge and negative sampling (None: global RNG).
+    sample : (idx, nt), optional
+        The edge indices and negative targets (:func:`draw_graph_sample`) instead of
+        drawing them here: a step that runs with no host round-trip draws them on its
+        device beforehand (a CPU generator's draws would be copied to the GPU mid-step).
     """
     n_edges, n_nodes = src.numel(), v.shape[0]
-    idx = torch.randint(n_edges, (min(batch, n_edges),), generator=generator)
+    if sample is not None:
+        idx, nt = sample
+    else:
+        idx = torch.randint(n_edges, (min(batch, n_edges),), generator=generator)
     s, t, w, sg = src[idx], dst[idx], weight[idx].to(v.dtype), sign[idx].to(v.dtype)
     pos_logit = sg * (v.index_select(0, s) * v.index_select(0, t)).sum(1)
     loss_pos = F.binary_cross_entropy_with_logits(pos_logit, torch.ones_like(pos_logit), weight=w, reduction="sum")
     if neg_samples:
         ns = s.repeat(neg_samples)
-        nt = torch.randint(n_nodes, (ns.numel(),), generator=generator)
+        if sample is None:
+            nt = torch.randint(n_nodes, (ns.numel(),), generator=generator)
         neg_logit = sg.repeat(neg_samples) * (v.index_select(0, ns) * v.index_select(0, nt)).sum(1)
         loss_neg = F.binary_cross_entropy_with_logits(neg_logit, torch.zeros_like(neg_logit), reduction="sum")
     else:

@@ -102,7 +102,8 @@ class PairedModel(nn.Module):
             return loc, loc, std
         return loc + std * (torch.randn_like(std) if eps is None else eps), loc, std
 
-    def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None, noise=None, cond=None) -> dict:
+    def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None, noise=None, cond=None,
+                graph_sample=None) -> dict:  # fmt: skip
         """Loss terms and their weighted total for one batch of paired cells.
 
         Every term is normalised per element (as GLUE does) so that their sizes are
@@ -125,6 +126,10 @@ class PairedModel(nn.Module):
         cond : (B, n_batches), optional
             The cells' batch indicators (one-hot), for a model with ``n_batches``;
             None for one without.
+        graph_sample : (idx, nt), optional
+            The graph loss's edge indices and negative targets
+            (:func:`~ampflow.model.graph.draw_graph_sample`) instead of drawing them from
+            ``generator``.
 
         Returns
         -------
@@ -157,7 +162,7 @@ class PairedModel(nn.Module):
         terms["hic_kl"] = kl_normal(h_loc, h_std).sum(1).mean() / hic.shape[1]
         terms["graph_nll"] = graph_nll(
             v, self.edge_src, self.edge_dst, self.edge_weight, self.edge_sign,
-            self.cfg.neg_samples, self.cfg.graph_batch, generator,
+            self.cfg.neg_samples, self.cfg.graph_batch, generator, graph_sample,
         )  # fmt: skip
         terms["graph_kl"] = kl_normal(v_loc, v_std).sum(1).mean() / v.shape[0]
         if self.has_rna:

@@ -55,7 +55,9 @@ from .data import PairedData
 from .device import run_device, use_deterministic
 from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
-from .measured_memory import measured_dp_step
+from .device_cells import DeviceCells, PinnedCopy, padded_bytes
+from .measured_memory import measure_step, measured_dp_step
+from .static_step import StaticStep, choose_mode
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,10 @@ log = logging.getLogger(__name__)
 #: state yet, unless resumed) and the steady state after it. On CUDA every step is
 #: measured (``max_memory_allocated`` costs nothing).
 MEASURED_STEPS = 3
+
+#: Device memory left free beside the resident counts and the step's predicted peak
+#: (the CUDA context, cuBLAS workspaces and the allocator's slack lie outside the plan).
+RESIDENT_MARGIN_BYTES = 2 * 2**30
 
 
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
@@ -183,7 +189,21 @@ class Trainer:
                 "early stopping: %d of %d training cells validate, patience %d epoch(s); the stages' epochs are a ceiling",
                 len(self.val_rows), len(self.val_rows) + len(self.train_rows), self.early.cfg.patience,
             )  # fmt: skip
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr)
+        self.mode = choose_mode(train_cfg.compile, train_cfg.cuda_graphs, self.device, self.mesh.world)
+        log.info("training step: %s", self.mode.describe())
+        # capturable: Adam's step counts live on the device (no host read per step; a graph needs it)
+        capturable = self.mode.graphs
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr, capturable=capturable)
+        self.static = None
+        if self.mode.static:
+            # every draw of the step, made on the device (saved in checkpoints)
+            self.step_generator = torch.Generator(self.device).manual_seed(train_cfg.seed + 2)
+            self.static = StaticStep(self.model, self.optimizer, self.mode, self.step_generator)
+            self.resident = self._resident_cells()
+            self.pinned = PinnedCopy()
+        self.pending: list[dict] = []  # rows whose loss terms are still on the device
+        # a read from a GPU waits for its queue (a host sync); from the CPU it costs nothing
+        self.read_every = train_cfg.log_every if self.device.type == "cuda" else 1
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
         self.work_ratios: list[float] = []  # per step, under data parallelism
@@ -200,11 +220,14 @@ class Trainer:
         for m in (d.rna, d.hic):
             h.update(np.asarray(m.shape, dtype=np.int64).tobytes())
             h.update(np.asarray([m.nnz, float(m.data.sum(dtype=np.float64))]).tobytes())
-        train = {k: v for k, v in self.cfg.to_dict().items() if k not in ("checkpoint_every", "keep_checkpoints", "gpus")}
+        skip = ("checkpoint_every", "keep_checkpoints", "gpus", "log_every", "compile", "cuda_graphs")
+        train = {k: v for k, v in self.cfg.to_dict().items() if k not in skip}
         train["threads"] = self.threads  # as it runs: CPU reductions split by thread count
         h.update(json.dumps([self.model_cfg.to_dict(), _plain(train)], sort_keys=True).encode())
         if self.plan.chunk or self.plan.uses_key_first:  # they change the rounding
             h.update(json.dumps(self.applied_settings(), sort_keys=True).encode())
+        if self.mode.static:  # draws from the device generator; compiled code rounds otherwise
+            h.update(json.dumps({"compile": self.mode.compile, "graphs": self.mode.graphs}).encode())
         if self.mesh.dp > 1:  # other dp degrees draw other noise
             h.update(json.dumps({"dp": self.mesh.dp}).encode())
         if d.batch_names:  # the cells' batches are what the decoders are conditioned on
@@ -231,6 +254,7 @@ class Trainer:
             "optimizer": optimizer,
             "rng": checkpoint.rng_state(self.generator, cuda=self.device.type == "cuda"),
             "early_stopping": self.early.state(),
+            **({"step_generator": self.step_generator.get_state()} if self.static is not None else {}),
         }
 
     def _save_checkpoint(self) -> None:
@@ -277,6 +301,8 @@ class Trainer:
             return False
         load_full_state(self.model, state["model"], self.optimizer, state["optimizer"])
         checkpoint.set_rng_state(state["rng"], self.generator, cuda=self.device.type == "cuda")
+        if self.static is not None:
+            self.step_generator.set_state(state["step_generator"])
         self.early.load(state.get("early_stopping"))
         self.step = int(state["step"])
         self.position = tuple(int(x) for x in state["position"])
@@ -340,7 +366,7 @@ class Trainer:
             "stage": stage_name,
             "epoch": epoch,
             "step": self.step,
-            "loss": {k: float(v.detach()) for k, v in terms.items()},
+            "loss": terms,  # tensors until read (:meth:`_flush`)
             "seconds": seconds,
             "cells_per_s": n_cells / seconds,
             "threads": torch.get_num_threads(),
@@ -358,10 +384,100 @@ class Trainer:
                 row.update({k: int(v) for k, v in cuda.items() if v is not None})
         return {**row, **extra}
 
+    def _resident_cells(self) -> dict | None:
+        """The counts on the device as padded rows (:class:`DeviceCells`) when they fit
+        beside the step's predicted peak; None: densified on the host and copied from
+        pinned memory (and always on CPU, where the host's matrices are the device's)."""
+        if self.device.type != "cuda":
+            return None
+        mats = {"hic": self.data.hic, **({"rna": self.data.rna} if self.data.has_rna else {})}
+        need = sum(padded_bytes(m, torch.finfo(self.dtype).bits // 8) for m in mats.values())
+        free, _ = torch.cuda.mem_get_info(self.device)
+        room = free - int(self.plan.predicted_peak_bytes or 0) - RESIDENT_MARGIN_BYTES
+        if need > room:
+            log.info("training counts: %.2f GiB as padded rows do not fit beside the step (%.2f GiB free less the plan's peak and a "
+                     "margin): densified on the host, copied from pinned memory", need / 2**30, max(room, 0) / 2**30)  # fmt: skip
+            return None
+        cells = {k: DeviceCells(m, self.device, self.dtype) for k, m in mats.items()}
+        if self.data.batch_names:
+            cells["codes"] = torch.as_tensor(self.data.batch_codes, dtype=torch.long, device=self.device)
+        log.info("training counts on the device: %.2f GiB as padded rows (%.2f GiB room); batches densified there", need / 2**30, room / 2**30)
+        return cells
+
+    def _load_static(self, cells: np.ndarray, bufs) -> None:
+        """The batch's counts and batch indicators into the static step's buffers."""
+        if self.resident is not None:
+            idx = torch.as_tensor(cells, dtype=torch.long).to(self.device, non_blocking=True)
+            self.resident["hic"].densify(idx, bufs.hic)
+            if "rna" in self.resident:
+                self.resident["rna"].densify(idx, bufs.rna)
+            if bufs.cond is not None:  # one-hot by scatter: one_hot() checks its values on the host
+                bufs.cond.zero_().scatter_(1, self.resident["codes"].index_select(0, idx).unsqueeze(1), 1.0)
+            return
+        rna, hic = self.data.batch(cells, self.dtype)
+        self.pinned.copy(rna, bufs.rna)
+        self.pinned.copy(hic, bufs.hic)
+        if bufs.cond is not None:
+            self.pinned.copy(self.data.conditions(cells, self.dtype), bufs.cond)
+
+    def _static_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
+        """One step through :class:`StaticStep` (one process): no host round-trip; the
+        memory measured on the first steps and at each checkpoint's step."""
+        bufs = self.static.buffers(len(idx), self.data.rna.shape[1], self.data.hic.shape[1], self.data.n_batches)
+        self._load_static(idx, bufs)
+        measure = self.measured_steps < MEASURED_STEPS or (self.step + 1) % self.cfg.checkpoint_every == 0
+
+        def run(on_stratum=None, on_phase=None):
+            if on_phase is not None:
+                on_phase("step")  # one phase: a compiled or replayed step has no hooks between them
+            return self.static.step(bufs, stage_cfg.weights, self.cfg.batch_size)
+
+        self.model.train()
+        t0 = time.perf_counter()
+        if measure:
+            out, memory = measure_step(run, self.model, self.optimizer, bufs.rna, bufs.hic)
+        else:
+            out, memory = run(), None
+        self.measured_steps += memory is not None
+        row = self._metrics_row(stage_name, epoch, len(idx), dict(zip(self.static.term_names(), out.unbind())), time.perf_counter() - t0, memory)
+        row["_launch_seconds"] = row["seconds"]
+        return row
+
+    def _flush(self, files) -> None:
+        """Read the pending rows' loss terms from the device (one host sync), write the
+        rows to ``files``, and stop on a NaN loss naming its step. On a GPU a step's
+        seconds are those of the rows read together, shared equally (the host only
+        launched them when it timed them)."""
+        if not self.pending:
+            return
+        flat = torch.cat([torch.stack(list(r["loss"].values())).double() for r in self.pending]).cpu().tolist()
+        if self.static is not None and self.device.type == "cuda":
+            elapsed = time.perf_counter() - self._window_start
+            for r in self.pending:
+                r["seconds"] = elapsed / len(self.pending)
+                r["cells_per_s"] = r["cells_per_s"] * r.pop("_launch_seconds") / r["seconds"]
+        i = 0
+        for r in self.pending:
+            names = list(r["loss"])
+            r["loss"] = dict(zip(names, flat[i : i + len(names)]))
+            i += len(names)
+            r.pop("_launch_seconds", None)
+            line = json.dumps(r, sort_keys=True) + "\n"
+            for fh in files:
+                fh.write(line)
+                fh.flush()
+        bad = next((r for r in self.pending if math.isnan(r["loss"]["total"])), None)
+        self.pending = []
+        self._window_start = time.perf_counter()
+        if bad is not None:
+            raise FloatingPointError(f"loss became NaN at step {bad['step']} ({bad['stage']}, epoch {bad['epoch']})")
+
     def _train_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
         """This dp group's share of the batch (split by Hi-C contacts), one step on the
         mesh (in one process: the whole batch); with more than one process the metrics
         row carries every rank's work share, peak and per-stratum bytes."""
+        if self.static is not None:
+            return self._static_step(idx, stage_name, stage_cfg, epoch)
         contacts = self.contacts[idx]
         split = balanced_split(contacts, self.mesh.dp)
         rows = split[self.mesh.dp_rank]
@@ -417,6 +533,7 @@ class Trainer:
         start_stage, start_epoch, start_batch = self.position
         # every row goes to both files as its step completes: the working copy (fsynced
         # at each checkpoint, for resume) and metrics.jsonl (flushed, for people watching)
+        self._window_start = time.perf_counter()
         with open(metrics_path, "a") as mfh, open(live_path, "a") as lfh:
             for s, (stage_name, stage_cfg) in enumerate(self.cfg.stages):
                 if s < start_stage:
@@ -436,10 +553,12 @@ class Trainer:
                             row["validation"] = validation_loss(self.model, self.data, self.val_rows, stage_cfg.weights,
                                                                 self.cfg.batch_size, self.device, self.dtype)  # fmt: skip
                             stop = self.early.update(row["validation"], epoch, lambda: full_state(self.model)[0])
-                        line = json.dumps(row, sort_keys=True) + "\n"
-                        for fh in (mfh, lfh):
-                            fh.write(line)
-                            fh.flush()
+                        self.pending.append(row)
+                        checkpoint_due = self.step % self.cfg.checkpoint_every == 0
+                        # the terms stay on the device until read: every log_every steps, and
+                        # before a checkpoint (its rows fsynced first) or the epoch's end
+                        if len(self.pending) >= self.read_every or checkpoint_due or b + 1 == len(batches) or stop:
+                            self._flush((mfh, lfh))
                         progress.update()
                         if self.step == warm:
                             progress.restart_clock()
@@ -450,12 +569,10 @@ class Trainer:
                                 "%s stopped after epoch %d of %d: the validation loss did not improve for %d epoch(s) (best %.6g at epoch %d)",
                                 stage_name, epoch + 1, stage_cfg.epochs, self.early.bad, self.early.best, self.early.best_epoch + 1,
                             )  # fmt: skip
-                        if self.step % self.cfg.checkpoint_every == 0:
+                        if checkpoint_due:
                             if main:
                                 os.fsync(mfh.fileno())
                             self._save_checkpoint()
-                    if math.isnan(row["loss"]["total"]):
-                        raise FloatingPointError(f"loss became NaN at step {self.step} ({stage_name}, epoch {epoch})")
                     if stop:
                         break
                 self._end_stage(stage_name, stage_cfg.epochs)
