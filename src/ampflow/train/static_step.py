@@ -23,8 +23,9 @@ update in one :class:`torch.cuda.CUDAGraph` per learning rate, for the full batc
 Capture needs warm-up iterations, which update the model: its parameters, buffers and the
 optimizer's state are put back afterwards (in place, so the graph's addresses hold), so the
 first replayed step is the first training step. The trailing batch of an epoch (fewer
-cells) runs the same function eagerly: no padding, so its loss is that of its cells alone,
-and no second graph (a second graph would hold a second set of activations).
+cells) runs the same function eagerly, in every mode: no padding, so its loss is that of
+its cells alone, and no second compile or graph (a second graph would hold a second set
+of activations).
 
 With dropout the compiled and graphed steps draw their masks from other random streams
 than the eager one (inductor's and the graph's Philox offsets): equal in distribution,
@@ -180,10 +181,11 @@ class StaticStep:
         return b
 
     # ------------------------------------------------------------- the step
-    def _compute(self, bufs: StepBuffers, weights: LossWeights) -> torch.Tensor:
-        """Forward, backward and update on ``bufs``; the terms as one (n_terms,) tensor."""
+    def _compute(self, bufs: StepBuffers, weights: LossWeights, fn=None) -> torch.Tensor:
+        """Forward (``fn``, default the step's own), backward and update on ``bufs``; the
+        terms as one (n_terms,) tensor."""
         self.optimizer.zero_grad(set_to_none=True)
-        terms = self.fn(self.model, weights, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
+        terms = (fn or self.fn)(self.model, weights, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
         terms["total"].backward()
         self.optimizer.step()
         return torch.stack([terms[k].detach() for k in self.term_names()])
@@ -193,13 +195,15 @@ class StaticStep:
         the loss terms (:meth:`term_names` order) as a new device tensor: no host sync."""
         draw_step(self.model, bufs, self.generator)
         batch = bufs.rna.shape[0]
-        if not self.mode.graphs or batch != full_batch:
+        if batch != full_batch:  # the epoch's trailing batch: eager, no second compile or graph
+            self.eager_steps += 1
+            return self._compute(bufs, weights, forward_terms)
+        if not self.mode.graphs:
             t0 = time.perf_counter()
             out = self._compute(bufs, weights)
             if self.mode.compile and self.compile_seconds == 0.0:
                 self.compile_seconds = time.perf_counter() - t0  # the first call compiles
                 log.info("torch.compile: the step compiled in %.1f s (batch of %d cells)", self.compile_seconds, batch)
-            self.eager_steps += batch != full_batch
             return out
         lr = tuple(g["lr"] for g in self.optimizer.param_groups)
         if self._graph is None or self._graph[:2] != (batch, lr):
