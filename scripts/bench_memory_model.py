@@ -29,6 +29,13 @@ are printed beside it. The CUDA shapes (:func:`cuda_configurations`) are the
 demo-sized one, mm10 at 1 Mb with 10 strata at batch 32 and 64, and the four shapes of
 the issue; dtypes ``fp32,bf16`` (bf16 where the GPU supports it).
 
+``--step compiled`` runs both steps through ``torch.compile``
+(:class:`~ampflow.train.static_step.StaticStep`, draws made on the device) and
+``--step graphed`` (CUDA) captures the whole step in a CUDA graph: the first step is the
+warm-up and capture, and the figure compared is the capture's allocator peak (a replay
+allocates nothing: the graph's private pool holds what the capture allocated), net of the
+same persistent bytes.
+
 Printed per shape and dtype: the predicted peak, the allocator's peak, their ratio
 (allocator / predicted), the phase holding each peak, the first step's allocator peak
 (no Adam state yet) and the seconds of the measured step; then the worst ratio, a
@@ -59,7 +66,8 @@ import torch
 from ampflow.amp.memory.predict import Estimate, ShapeSpec, fit_linear, predict
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.model.paired import PairedModel
-from ampflow.train.measured_memory import StepMemory, measured_step
+from ampflow.train.measured_memory import StepMemory, measure_step, measured_step
+from ampflow.train.static_step import StaticStep, StepMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_shapes import synthetic_features, synthetic_graph  # noqa: E402
@@ -155,18 +163,36 @@ class Result:
         return (s.requested - max(s.base_requested - s.held, 0)) / self.est.total
 
 
-def run(cfg: Config, dtype: str, sizes: Path | None = None, device: str = "cpu") -> Result:
+def static_steps(model, optimizer, rna, hic, weights, mode: StepMode) -> tuple[StepMemory, StepMemory]:
+    """Two steps through :class:`StaticStep` in ``mode``, each measured as the trainer
+    measures it; with CUDA graphs the second step's peak is the capture's."""
+    step = StaticStep(model.train(), optimizer, mode, torch.Generator(rna.device).manual_seed(1))
+    bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0)
+    bufs.rna.copy_(rna)
+    bufs.hic.copy_(hic)
+    memories = []
+    for _ in range(2):
+        _, memory = measure_step(lambda on_stratum=None, on_phase=None: step.step(bufs, weights, rna.shape[0]), model, optimizer, bufs.rna, bufs.hic)
+        memories.append(memory if step.graph_peak is None else replace(memory, peak=max(memory.peak, step.graph_peak), peak_phase="graph"))
+    return memories[0], memories[1]
+
+
+def run(cfg: Config, dtype: str, sizes: Path | None = None, device: str = "cpu", step: str = "eager") -> Result:
     """Two training steps on ``device``; the second (steady state) is the one compared."""
     model, rna, hic, spec, mcfg = build(cfg, DTYPES[dtype], sizes)
     if device != "cpu":
         model, rna, hic = model.to(device), rna.to(device), hic.to(device)
         # torch.optim.Adam's default on CUDA: foreach kernels over all parameters
         spec = replace(spec, optimizer_foreach=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=step == "graphed")
     weights = LossWeights(cross=1.0 if cfg.cross else 0.0)
-    _, first = measured_step(model, optimizer, rna, hic, weights, torch.Generator().manual_seed(1))
     t0 = time.perf_counter()
-    _, steady = measured_step(model, optimizer, rna, hic, weights, torch.Generator().manual_seed(2))
+    if step == "eager":
+        _, first = measured_step(model, optimizer, rna, hic, weights, torch.Generator().manual_seed(1))
+        t0 = time.perf_counter()
+        _, steady = measured_step(model, optimizer, rna, hic, weights, torch.Generator().manual_seed(2))
+    else:
+        first, steady = static_steps(model, optimizer, rna, hic, weights, StepMode(compile=step == "compiled", graphs=step == "graphed"))
     seconds = time.perf_counter() - t0
     del model, optimizer, rna, hic
     if device != "cpu":
@@ -228,12 +254,16 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ap.add_argument("--dtypes", default=None, help="dtypes to run (default fp32,fp64 on CPU, fp32,bf16 on CUDA)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the steps run (default cpu)")
+    ap.add_argument("--step", default="eager", choices=["eager", "compiled", "graphed"],
+                    help="the step measured: eager (default), torch.compile'd, or captured in a CUDA graph (CUDA)")
     ap.add_argument("--only", default="", help="run only the shapes whose name contains this")
     ap.add_argument("--sweep", default="2,4,8,16", help="numbers of strata of the linearity sweep ('' skips it)")
     ap.add_argument("--data-dir", type=Path, default=None, help="shared data folder with annotation/ (default: /work/shared/data or ../shared/data)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
+    if args.step == "graphed" and not cuda:
+        ap.error("--step graphed needs --device cuda")
     if cuda and not torch.cuda.is_available():
         print("--device cuda: no CUDA device is visible to torch", file=sys.stderr)
         return 2
@@ -265,12 +295,13 @@ def main(argv=None) -> int:
         f"{'predicted MiB':>13s} {'allocator MiB':>13s} {'ratio':>6s}  {'predicted phase':26s} {'measured phase':15s} "
         f"{'1st step MiB':>12s} {'s':>6s}"
     ) + (f" {'persist MiB':>11s} {'req ratio':>9s} {'reserved MiB':>12s}" if cuda else "")
+    print(f"step: {args.step}")
     print(header)
     print("-" * len(header))
     results: list[Result] = []
     for cfg in configs:
         for dtype in dtypes:
-            r = run(cfg, dtype, sizes, args.device)
+            r = run(cfg, dtype, sizes, args.device, args.step)
             results.append(r)
             s = r.spec
             phase = r.est.peak_phase + (f" ({r.est.peak_part})" if r.est.peak_phase == "backward" else "")

@@ -8,6 +8,7 @@
 #
 #   env      torch, CUDA, the GPUs ampflow sees (ampflow.devices.probe_devices)
 #   mem      memory model vs the CUDA caching allocator (bench_memory_model --device cuda)
+#   mem-graphed  the same for the step captured in a CUDA graph (--step graphed)
 #   attn     the attention kernel on the GPU, fp32 and (where supported) bf16
 #            (bench_attention --device cuda)
 #   train    training steps/s against the GPU's measured matmul rate (bench_train --device cuda)
@@ -85,6 +86,10 @@ printf 'chr%s\t%s\n' 1 195471971 2 182113224 3 160039680 4 156508116 5 151834684
 check mem 120 'grep -E "^worst ratio" | head -1' -- \
     "$PY" scripts/bench_memory_model.py --device cuda --sweep "" --check --data-dir "$OUT"
 
+# the same for the step captured in a CUDA graph (the capture's peak: a replay allocates nothing)
+check mem-graphed 120 'grep -E "^worst ratio" | head -1' -- \
+    "$PY" scripts/bench_memory_model.py --device cuda --step graphed --dtypes fp32 --sweep "" --check --data-dir "$OUT"
+
 # the blocked kernel against the per-offset baseline and full masked attention at mm10
 # 1 Mb and 100 kb (full attention at 100 kb needs ~47 GiB in fp32)
 check attn-fp32 50 'grep -E "^summary"' -- \
@@ -102,7 +107,7 @@ check train 150 'grep -E "^  new: step|matrix-product rate" | sed -E "s/; its co
     --shapes 1000000:10 500000:20 100000:30 --batch 32 --cells 128 --steps 3 --shape-seconds 30 --matmul 4096 --threads 4
 
 check pytest 90 'tail -n 1' -- \
-    "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py tests/test_attention.py tests/test_extract_pack.py}
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py tests/test_static_step.py tests/test_attention.py tests/test_extract_pack.py}
 
 echo "gpu-check: $([ $failed -eq 0 ] && echo PASS || echo FAIL) (logs in $OUT)"
 exit $failed

@@ -88,7 +88,8 @@ class PairedData:
         if not self.batch_names:
             return None
         codes = torch.as_tensor(self.batch_codes[np.asarray(idx)], dtype=torch.long)
-        return torch.nn.functional.one_hot(codes, len(self.batch_names)).to(dtype)
+        # by scatter: one_hot() reads its values back to check them (a host sync on a GPU)
+        return torch.zeros(len(codes), len(self.batch_names), dtype=dtype).scatter_(1, codes.unsqueeze(1), 1.0)
 
     def stratum_totals(self, idx: np.ndarray) -> torch.Tensor:
         """Contacts per stratum (len(idx), L) of rows ``idx``, summed in float64."""

@@ -155,6 +155,9 @@ class StaticStep:
         self._buffers: dict[int, StepBuffers] = {}
         self._graph: tuple | None = None  # (B, lr, CUDAGraph, StepBuffers)
         self.captures = 0
+        #: bytes allocated at the peak of the last capture (what a replay's step uses:
+        #: the graph replays the captured allocations in its private pool); None: no graph
+        self.graph_peak: int | None = None
         self.eager_steps = 0  # steps that ran outside a graph (trailing batches, warm-up excluded)
 
     # ------------------------------------------------------------- buffers
@@ -227,8 +230,11 @@ class StaticStep:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
         with torch.cuda.graph(graph):
             bufs.out = self._compute(bufs, weights)
+        self.graph_peak = int(torch.cuda.max_memory_allocated())
         _restore(self.model, self.optimizer, saved)
         torch.cuda.synchronize()
         self._graph = (batch, lr, graph, bufs)

@@ -27,6 +27,7 @@ and every rank's RNG states.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -61,10 +62,10 @@ from .static_step import StaticStep, choose_mode
 
 log = logging.getLogger(__name__)
 
-#: On CPU the allocator's peak is measured (through the profiler, which slows a step
-#: up to about threefold) on this many steps of each process: the first (no optimizer
-#: state yet, unless resumed) and the steady state after it. On CUDA every step is
-#: measured (``max_memory_allocated`` costs nothing).
+#: The allocator's peak is measured on this many steps of each process: the first (no
+#: optimizer state yet, unless resumed) and the steady state after it. On CPU through
+#: the profiler (which slows a step up to about threefold); on CUDA also at every
+#: checkpoint's step (reading the peaks waits for the GPU: a host sync, so not every step).
 MEASURED_STEPS = 3
 
 #: Device memory left free beside the resident counts and the step's predicted peak
@@ -420,12 +421,19 @@ class Trainer:
         if bufs.cond is not None:
             self.pinned.copy(self.data.conditions(cells, self.dtype), bufs.cond)
 
+    def _measure_now(self) -> bool:
+        """Whether this step's memory is measured: the first :data:`MEASURED_STEPS` steps,
+        and on CUDA each checkpoint's step too."""
+        if self.measured_steps < MEASURED_STEPS:
+            return True
+        return self.device.type == "cuda" and (self.step + 1) % self.cfg.checkpoint_every == 0
+
     def _static_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
         """One step through :class:`StaticStep` (one process): no host round-trip; the
         memory measured on the first steps and at each checkpoint's step."""
         bufs = self.static.buffers(len(idx), self.data.rna.shape[1], self.data.hic.shape[1], self.data.n_batches)
         self._load_static(idx, bufs)
-        measure = self.measured_steps < MEASURED_STEPS or (self.step + 1) % self.cfg.checkpoint_every == 0
+        measure = self._measure_now()
 
         def run(on_stratum=None, on_phase=None):
             if on_phase is not None:
@@ -439,6 +447,9 @@ class Trainer:
         else:
             out, memory = run(), None
         self.measured_steps += memory is not None
+        if memory is not None and self.static.graph_peak is not None:
+            # a replay allocates nothing: the graph's memory is what its capture allocated
+            memory = dataclasses.replace(memory, peak=max(memory.peak, self.static.graph_peak), peak_phase="graph")
         row = self._metrics_row(stage_name, epoch, len(idx), dict(zip(self.static.term_names(), out.unbind())), time.perf_counter() - t0, memory)
         row["_launch_seconds"] = row["seconds"]
         return row
@@ -487,7 +498,7 @@ class Trainer:
         cond = self.data.conditions(cells, self.dtype)
         cond = None if cond is None else cond.to(self.device)
         # the same decision on every rank: the step count is
-        measure = self.device.type == "cuda" or self.measured_steps < MEASURED_STEPS
+        measure = self._measure_now()
         t0 = time.perf_counter()
         terms, memory = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx),
                                          self.generator, measure=measure, cond=cond)  # fmt: skip

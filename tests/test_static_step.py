@@ -1,0 +1,308 @@
+"""The static training step (train/static_step.py) against the eager step, and the
+trainer's step without host round-trips.
+
+* Equivalence: the compiled step (inductor, on CPU and CUDA) and the CUDA-graphed step
+  (CUDA only) give the eager step's loss terms and every gradient, and the parameters
+  after Adam within Adam's tolerance, on the parallel-equivalence problem and on the
+  demo's model, from the same draws. Referee: the plain model's eager forward and
+  autograd, in float64 from the same draws; fp32 within 1e-5 relative, or six times the
+  eager fp32 step's own worst error where that is larger (the rule every parallel
+  strategy is held to); with ``dropout = 0``, since the modes draw dropout masks from
+  other streams.
+* Host syncs inside the trainer's step: a dispatch mode counts ``_local_scalar_dense``
+  (``.item()``, ``float(t)``) and copies from a GPU to the CPU; none may happen in a step
+  (the loss terms are read every ``log_every`` steps). On CPU, Adam keeps its step counts
+  on the CPU (capturable Adam is CUDA-only) and reads them: those reads are counted
+  apart, and a CUDA run must have none at all.
+* Deferred reads: rows read every 4 steps are the rows read every step; a NaN loss stops
+  the run naming the step where it appeared.
+* A killed and resumed compiled run equals an uninterrupted one bit for bit (CPU), and a
+  graphed one on CUDA under ``train.deterministic``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+from parallel_equivalence import LR, WEIGHTS, _adam_tolerance, _problem, _rel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampflow.train.static_step import StaticStep, StepMode, choose_mode, draw_step, forward_terms
+
+CUDA = torch.cuda.is_available()
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
+MODES = [
+    pytest.param("cpu", StepMode(compile=True, reason="test"), id="cpu-compiled", marks=pytest.mark.slow),
+    pytest.param("cuda", StepMode(compile=True, reason="test"), id="cuda-compiled", marks=GPU),
+    pytest.param("cuda", StepMode(graphs=True, reason="test"), id="cuda-graphed", marks=GPU),
+    pytest.param("cuda", StepMode(compile=True, graphs=True, reason="test"), id="cuda-compiled-graphed", marks=GPU),
+]
+
+
+def _demo_problem(tmp: Path):
+    """The demo's model (its config, dropout off) on a batch of its prepared cells."""
+    from helpers import prepare
+
+    from ampflow.contract.config import ModelConfig
+    from ampflow.demo import write_demo
+    from ampflow.train.data import load_paired
+    from ampflow.train.trainer import build_model
+
+    data = load_paired(prepare(write_demo(tmp / "demo", n_cells=24, seed=0, n_genes=300), tmp / "work"))
+    cfg = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2, dropout=0.0)
+    torch.manual_seed(0)
+    model = build_model(cfg, data)
+    rna, hic = data.batch(data.train_rows[:8])
+    return model, rna, hic, None
+
+
+def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: int = 11, fp64: bool = False) -> dict:
+    """One step of ``model`` on the batch, with the draws of a generator seeded ``seed``:
+    through :class:`StaticStep` in ``mode``, or (None) the plain eager forward and
+    autograd; ``fp64``: the eager step in float64 from the same (float32) draws, widened.
+    Loss terms, gradients and parameters after Adam."""
+    if fp64:
+        model, rna, hic = model.double(), rna.double(), hic.double()
+        cond = None if cond is None else cond.double()
+    model = model.to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=LR, capturable=mode is not None and mode.graphs)
+    gen = torch.Generator(device).manual_seed(seed)
+    names = None
+    if mode is None:
+        holder = StaticStep(model, opt, StepMode(), gen)
+        bufs = holder.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])
+        _fill(bufs, rna, hic, cond, device)
+        if fp64:  # the float32 draws, widened: the generator draws other numbers in float64
+            narrow = dataclasses.replace(bufs, **{k: getattr(bufs, k).float() for k in ("eps_rna", "eps_hic", "eps_nodes")})
+            draw_step(model, narrow, gen)
+            for k in ("eps_rna", "eps_hic", "eps_nodes", "edge_idx", "neg_idx"):
+                getattr(bufs, k).copy_(getattr(narrow, k))
+        else:
+            draw_step(model, bufs, gen)
+        opt.zero_grad(set_to_none=True)
+        terms = forward_terms(model, WEIGHTS, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
+        terms["total"].backward()
+        opt.step()
+        names = holder.term_names()
+        values = torch.stack([terms[k].detach() for k in names])
+    else:
+        step = StaticStep(model, opt, mode, gen)
+        bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])
+        _fill(bufs, rna, hic, cond, device)
+        values = step.step(bufs, WEIGHTS, full_batch=rna.shape[0])
+        names = step.term_names()
+    return {
+        "terms": dict(zip(names, values.cpu().unbind())),
+        "grads": {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters() if p.grad is not None},
+        "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
+    }
+
+
+def _fill(bufs, rna, hic, cond, device):
+    bufs.rna.copy_(rna.to(device))
+    bufs.hic.copy_(hic.to(device))
+    if cond is not None:
+        bufs.cond.copy_(cond.to(device))
+
+
+@pytest.mark.parametrize("problem", ["equivalence", "demo"])
+@pytest.mark.parametrize("device, mode", MODES)
+def test_static_step_equals_the_eager_step(device, mode, problem, tmp_path):
+    make = (lambda: _problem(torch.float32, "narrow")) if problem == "equivalence" else (lambda: _demo_problem(tmp_path))
+    ref = _one_step(*make(), None, device)
+    got = _one_step(*make(), mode, device)
+    truth = _one_step(*make(), None, device, fp64=True)
+    assert got["terms"].keys() == ref["terms"].keys() == truth["terms"].keys()
+    assert got["grads"].keys() == ref["grads"].keys() and len(ref["grads"]) == len(ref["params"])
+    # as the parallel strategies are held (tests/parallel_equivalence.py): against the
+    # same step in float64, to six times the eager float32 step's worst relative error
+    # there (at least 1e-5): a sum that cancels (a bias gradient over signed rows) is
+    # rounded differently by fused kernels that add in another order
+    one = [_rel(ref[kind][n], truth[kind][n]) for kind in ("terms", "grads") for n in ref[kind]]
+    assert max(one) <= 1e-4, f"the eager float32 step is {max(one):.3g} from float64, more than rounding"
+    bound = max(1e-5, 6 * max(one))
+    for kind in ("terms", "grads"):
+        for k in ref[kind]:
+            err = _rel(got[kind][k], truth[kind][k].float())
+            assert err <= bound, f"{kind} {k}: relative error {err:.3g} from float64 (bound {bound:.3g}; eager {_rel(ref[kind][k], truth[kind][k].float()):.3g})"
+    for n in ref["params"]:
+        tol = _adam_tolerance(ref["grads"][n], torch.float32)
+        assert bool(((got["params"][n] - ref["params"][n]).abs() <= tol).all()), n
+    # the two runs did something: the step moved every parameter that has a gradient
+    before = make()[0].state_dict()
+    assert any(not torch.equal(before[n].cpu(), ref["params"][n]) for n in ref["params"])
+
+
+def test_choose_mode():
+    """auto: graphs on one GPU, no compile; several processes stay eager; graphs need CUDA."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not choose_mode("auto", "auto", cpu, 1).static
+    m = choose_mode("auto", "auto", cuda, 1)
+    assert m.graphs and not m.compile
+    assert choose_mode(True, "auto", cpu, 1).compile
+    assert not choose_mode(True, True, cuda, 2).static
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        choose_mode("auto", True, cpu, 1)
+
+
+# ------------------------------------------------------------------ the trainer's step
+class SyncCount(TorchDispatchMode):
+    """Host syncs as dispatched ops: ``_local_scalar_dense`` and copies from a GPU tensor
+    to the CPU; each with where it came from (Adam's CPU step-count reads apart)."""
+
+    def __init__(self):
+        super().__init__()
+        self.syncs: collections.Counter = collections.Counter()
+        self.optimizer_reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        sync = name == "_local_scalar_dense" and not args[0].is_cuda
+        to_host = False
+        if name in ("_to_copy", "copy_"):
+            src = args[1] if name == "copy_" else args[0]
+            dst_cpu = (args[0].device.type == "cpu") if name == "copy_" else (str(kwargs.get("device", "")).startswith("cpu"))
+            to_host = torch.is_tensor(src) and src.is_cuda and dst_cpu
+        if name == "_local_scalar_dense" or to_host:
+            where = "".join(traceback.format_stack(limit=12))
+            if sync and "torch/optim/" in where:
+                self.optimizer_reads += 1
+            else:
+                self.syncs[f"{name}: {where}"] += 1
+        return func(*args, **kwargs)
+
+
+def _hic_only_data(n_cells=40):
+    from helpers import batched_paired_data
+
+    return batched_paired_data(n_cells)
+
+
+def _cfg(device, **kw):
+    from ampflow.contract.config import EarlyStoppingConfig, LossWeights, StageConfig, TrainConfig
+
+    w = LossWeights()
+    base = dict(seed=0, batch_size=8, checkpoint_every=4, threads=1, device=device, pretrain=StageConfig(2, 1e-2, w),
+                finetune=StageConfig(1, 1e-3, w), early_stopping=EarlyStoppingConfig(patience=0))  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+MODEL_KW = dict(latent_dim=6, hidden_dim=16, heads=2, window=2, dropout=0.0)
+
+
+@pytest.mark.parametrize(
+    "device, graphs",
+    [pytest.param("cpu", False, id="cpu-eager"), pytest.param("cuda", False, id="cuda-eager", marks=GPU),
+     pytest.param("cuda", True, id="cuda-graphed", marks=GPU)],
+)  # fmt: skip
+def test_no_host_sync_inside_the_step(device, graphs, tmp_path):
+    from ampflow.contract.config import ModelConfig
+    from ampflow.train.trainer import MEASURED_STEPS, Trainer
+
+    cfg = _cfg(device, cuda_graphs=graphs, checkpoint_every=1000)
+    trainer = Trainer(_hic_only_data(), ModelConfig(**MODEL_KW), cfg, tmp_path / "run")
+    counts, real = [], trainer._train_step
+
+    def counted(idx, *a, **kw):
+        # after the measured steps (whose measurement reads the allocator, by design)
+        if trainer.measured_steps < MEASURED_STEPS:
+            return real(idx, *a, **kw)
+        with SyncCount() as c:
+            row = real(idx, *a, **kw)
+        counts.append(c)
+        return row
+
+    trainer._train_step = counted
+    assert trainer.fit() is True
+    assert len(counts) >= 3
+    for c in counts:
+        assert sum(c.syncs.values()) == 0, dict(c.syncs)
+    if device == "cuda" and graphs:
+        assert sum(c.optimizer_reads for c in counts) == 0  # capturable Adam: counts on the GPU
+    elif device == "cpu":
+        assert all(c.optimizer_reads > 0 for c in counts)  # the count above saw the step's ops
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_rows_read_every_few_steps_are_the_rows_read_every_step(tmp_path):
+    """Referee: the same run reading its terms after every step."""
+    from ampflow.contract.config import ModelConfig
+    from ampflow.train.trainer import Trainer
+
+    data = _hic_only_data()
+    runs = {}
+    for every in (1, 4):
+        t = Trainer(data, ModelConfig(**MODEL_KW), _cfg("cpu", checkpoint_every=1000), tmp_path / f"every{every}")
+        t.read_every = every
+        written, real = [], t._flush
+
+        def flush(files, t=t, real=real, written=written):
+            written.append(len(t.pending))
+            return real(files)
+
+        t._flush = flush
+        assert t.fit() is True
+        runs[every] = (_rows(tmp_path / f"every{every}"), written)
+    one, four = runs[1][0], runs[4][0]
+    assert [(r["step"], r["stage"], r["epoch"], r["loss"]) for r in one] == [(r["step"], r["stage"], r["epoch"], r["loss"]) for r in four]
+    assert max(runs[4][1]) > 1 and max(runs[1][1]) == 1  # read in groups, and singly
+
+
+def test_a_nan_loss_names_its_step(tmp_path):
+    from ampflow.contract.config import ModelConfig
+    from ampflow.train.trainer import Trainer
+
+    t = Trainer(_hic_only_data(), ModelConfig(**MODEL_KW), _cfg("cpu", checkpoint_every=1000), tmp_path / "run")
+    t.read_every = 4
+    real = t._train_step
+
+    def poisoned(idx, *a, **kw):
+        if t.step == 2:  # the third step's loss is NaN
+            with torch.no_grad():
+                for p in t.model.hic_encoder.parameters():
+                    p.fill_(float("nan"))
+        return real(idx, *a, **kw)
+
+    t._train_step = poisoned
+    with pytest.raises(FloatingPointError, match="at step 3 "):
+        t.fit()
+
+
+@pytest.mark.parametrize(
+    "device, kw",
+    [pytest.param("cpu", {"compile": True}, id="cpu-compiled", marks=pytest.mark.slow),
+     pytest.param("cuda", {"cuda_graphs": True}, id="cuda-graphed", marks=GPU)],
+)  # fmt: skip
+def test_killed_and_resumed_static_run_equals_an_uninterrupted_one(device, kw, tmp_path):
+    from trainer_doubles import StoppingTrainer
+
+    from ampflow.contract.config import ModelConfig
+    from ampflow.train.trainer import Trainer
+
+    data = _hic_only_data()
+    cfg = _cfg(device, **kw)
+    try:
+        assert Trainer(data, ModelConfig(**MODEL_KW), cfg, tmp_path / "a").fit() is True
+        assert StoppingTrainer(data, ModelConfig(**MODEL_KW), cfg, tmp_path / "b", stop_after=5).fit() is False
+        resumed = Trainer(data, ModelConfig(**MODEL_KW), cfg, tmp_path / "b")
+        assert resumed.mode.static
+        assert resumed.fit() is True
+    finally:
+        torch.use_deterministic_algorithms(False)
+    ra, rb = _rows(tmp_path / "a"), _rows(tmp_path / "b")
+    assert [r["step"] for r in ra] == [r["step"] for r in rb] and len(ra) > 5
+    assert [r["loss"] for r in ra] == [r["loss"] for r in rb]
+    ma = torch.load(tmp_path / "a" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
+    mb = torch.load(tmp_path / "b" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
