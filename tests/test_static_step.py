@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from parallel_equivalence import LR, WEIGHTS, _adam_tolerance, _problem, _rel
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -46,7 +47,7 @@ MODES = [
 
 
 def _demo_problem(tmp: Path):
-    """The demo's model (its config, dropout off) on a batch of its prepared cells."""
+    """The demo's model (config/demo.yaml's, dropout off) on a batch of its prepared cells."""
     from helpers import prepare
 
     from ampflow.contract.config import ModelConfig
@@ -55,7 +56,8 @@ def _demo_problem(tmp: Path):
     from ampflow.train.trainer import build_model
 
     data = load_paired(prepare(write_demo(tmp / "demo", n_cells=24, seed=0, n_genes=300), tmp / "work"))
-    cfg = ModelConfig(latent_dim=8, hidden_dim=32, heads=2, window=2, dropout=0.0)
+    demo = yaml.safe_load((Path(__file__).parents[1] / "config" / "demo.yaml").read_text())
+    cfg = ModelConfig.from_dict({**demo["model"], "dropout": 0.0})
     torch.manual_seed(0)
     model = build_model(cfg, data)
     rna, hic = data.batch(data.train_rows[:8])
@@ -124,15 +126,25 @@ def test_static_step_equals_the_eager_step(device, mode, problem, tmp_path):
     # same step in float64, to six times the eager float32 step's worst relative error
     # there (at least 1e-5): a sum that cancels (a bias gradient over signed rows) is
     # rounded differently by fused kernels that add in another order
-    one = [_rel(ref[kind][n], truth[kind][n]) for kind in ("terms", "grads") for n in ref[kind]]
+    # a gradient that vanishes in exact arithmetic (a bias the freshly built demo model's
+    # normalisation cancels: 1e-20 in float64) is rounding alone in float32, and has no
+    # relative error to speak of: it must stay as small as rounding, at the scale of the
+    # largest gradient
+    scale = max(float(g.norm()) for g in truth["grads"].values())
+    vanishing = {n for n, g in truth["grads"].items() if float(g.norm()) <= 1e-9 * scale}
+    for n in vanishing:
+        assert float(got["grads"][n].norm()) <= 1e-5 * scale, f"grad {n} vanishes in float64 but is {float(got['grads'][n].norm()):.3g}"
+    compared = [(kind, n) for kind in ("terms", "grads") for n in ref[kind] if n not in vanishing or kind == "terms"]
+    one = [_rel(ref[kind][n], truth[kind][n]) for kind, n in compared]
     assert max(one) <= 1e-4, f"the eager float32 step is {max(one):.3g} from float64, more than rounding"
     bound = max(1e-5, 6 * max(one))
-    for kind in ("terms", "grads"):
-        for k in ref[kind]:
-            err = _rel(got[kind][k], truth[kind][k].float())
-            assert err <= bound, f"{kind} {k}: relative error {err:.3g} from float64 (bound {bound:.3g}; eager {_rel(ref[kind][k], truth[kind][k].float()):.3g})"
+    for kind, k in compared:
+        err = _rel(got[kind][k], truth[kind][k].float())
+        assert err <= bound, f"{kind} {k}: relative error {err:.3g} from float64 (bound {bound:.3g}; eager {_rel(ref[kind][k], truth[kind][k].float()):.3g})"
     for n in ref["params"]:
         tol = _adam_tolerance(ref["grads"][n], torch.float32)
+        if n in vanishing:  # Adam's first step, lr g / (|g| + eps), of rounding noise g in each run
+            tol = 1e-6 + LR * torch.clamp((got["grads"][n].abs() + ref["grads"][n].abs()) / 1e-8, max=2.0)
         assert bool(((got["params"][n] - ref["params"][n]).abs() <= tol).all()), n
     # the two runs did something: the step moved every parameter that has a gradient
     before = make()[0].state_dict()

@@ -451,7 +451,8 @@ class Trainer:
             # a replay allocates nothing: the graph's memory is what its capture allocated
             memory = dataclasses.replace(memory, peak=max(memory.peak, self.static.graph_peak), peak_phase="graph")
         row = self._metrics_row(stage_name, epoch, len(idx), dict(zip(self.static.term_names(), out.unbind())), time.perf_counter() - t0, memory)
-        row["_launch_seconds"] = row["seconds"]
+        if self.device.type == "cuda":  # timed when read (:meth:`_flush`)
+            row["_launch_seconds"] = row["seconds"]
         return row
 
     def _flush(self, files) -> None:
@@ -462,9 +463,10 @@ class Trainer:
         if not self.pending:
             return
         flat = torch.cat([torch.stack(list(r["loss"].values())).double() for r in self.pending]).cpu().tolist()
-        if self.static is not None and self.device.type == "cuda":
+        timed = [r for r in self.pending if "_launch_seconds" in r]
+        if timed:
             elapsed = time.perf_counter() - self._window_start
-            for r in self.pending:
+            for r in timed:
                 r["seconds"] = elapsed / len(self.pending)
                 r["cells_per_s"] = r["cells_per_s"] * r.pop("_launch_seconds") / r["seconds"]
         i = 0
@@ -472,7 +474,6 @@ class Trainer:
             names = list(r["loss"])
             r["loss"] = dict(zip(names, flat[i : i + len(names)]))
             i += len(names)
-            r.pop("_launch_seconds", None)
             line = json.dumps(r, sort_keys=True) + "\n"
             for fh in files:
                 fh.write(line)
@@ -505,7 +506,10 @@ class Trainer:
         seconds = time.perf_counter() - t0
         self.measured_steps += memory is not None
         if self.mesh.world == 1:
-            return self._metrics_row(stage_name, epoch, len(idx), terms, seconds, memory)
+            row = self._metrics_row(stage_name, epoch, len(idx), terms, seconds, memory)
+            if self.device.type == "cuda":  # timed when read (:meth:`_flush`)
+                row["_launch_seconds"] = seconds
+            return row
         ranks: list = [None] * self.mesh.world
         mine = None if memory is None else (int(memory.peak), [int(x) for x in memory.marks[: self.data.n_strata]])
         dist.all_gather_object(ranks, (seconds, mine))
@@ -560,10 +564,12 @@ class Trainer:
                         self.step += 1
                         row["step"] = self.step
                         if b + 1 == len(batches) and self.early.cfg.on:
+                            t_val = time.perf_counter()
                             # before this step's checkpoint, so that a resumed run has it
                             row["validation"] = validation_loss(self.model, self.data, self.val_rows, stage_cfg.weights,
                                                                 self.cfg.batch_size, self.device, self.dtype)  # fmt: skip
                             stop = self.early.update(row["validation"], epoch, lambda: full_state(self.model)[0])
+                            self._window_start += time.perf_counter() - t_val  # not a step's time
                         self.pending.append(row)
                         checkpoint_due = self.step % self.cfg.checkpoint_every == 0
                         # the terms stay on the device until read: every log_every steps, and
@@ -581,9 +587,11 @@ class Trainer:
                                 stage_name, epoch + 1, stage_cfg.epochs, self.early.bad, self.early.best, self.early.best_epoch + 1,
                             )  # fmt: skip
                         if checkpoint_due:
+                            t_save = time.perf_counter()
                             if main:
                                 os.fsync(mfh.fileno())
                             self._save_checkpoint()
+                            self._window_start += time.perf_counter() - t_save  # not a step's time
                     if stop:
                         break
                 self._end_stage(stage_name, stage_cfg.epochs)
