@@ -254,8 +254,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     ap.add_argument("--dtypes", default=None, help="dtypes to run (default fp32,fp64 on CPU, fp32,bf16 on CUDA)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the steps run (default cpu)")
-    ap.add_argument("--step", default="eager", choices=["eager", "compiled", "graphed"],
-                    help="the step measured: eager (default), torch.compile'd, or captured in a CUDA graph (CUDA)")
+    ap.add_argument(
+        "--step",
+        default="eager",
+        choices=["eager", "compiled", "graphed"],
+        help="the step measured: eager (default), torch.compile'd, or captured in a CUDA graph (CUDA)",
+    )
     ap.add_argument("--only", default="", help="run only the shapes whose name contains this")
     ap.add_argument("--sweep", default="2,4,8,16", help="numbers of strata of the linearity sweep ('' skips it)")
     ap.add_argument("--data-dir", type=Path, default=None, help="shared data folder with annotation/ (default: /work/shared/data or ../shared/data)")

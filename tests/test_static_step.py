@@ -317,4 +317,3 @@ def test_killed_and_resumed_static_run_equals_an_uninterrupted_one(device, kw, t
     ma = torch.load(tmp_path / "a" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
     mb = torch.load(tmp_path / "b" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
-

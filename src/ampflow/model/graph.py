@@ -58,17 +58,6 @@ def graph_sample_sizes(n_edges: int, neg_samples: int, batch: int) -> tuple[int,
     return m, m * neg_samples
 
 
-def draw_graph_sample(n_edges: int, n_nodes: int, neg_samples: int, batch: int, generator=None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The edge indices and negative targets of one step, drawn as :func:`graph_nll` draws
-    them (edges first), on ``device`` (default: the generator's, else the CPU)."""
-    m, n_neg = graph_sample_sizes(n_edges, neg_samples, batch)
-    if device is None:
-        device = generator.device if generator is not None else "cpu"
-    idx = torch.randint(n_edges, (m,), generator=generator, device=device)
-    nt = torch.randint(n_nodes, (n_neg,), generator=generator, device=device)
-    return idx, nt
-
-
 def graph_nll(v: torch.Tensor, src, dst, weight, sign, neg_samples: int, batch: int, generator=None, sample=None) -> torch.Tensor:
     """Graph decoder loss: Bernoulli(sigmoid(sign * <v_s, v_t>)) on a sample of edges
     (positives, weighted by edge weight) and ``neg_samples`` random targets per positive.
@@ -79,7 +68,7 @@ def graph_nll(v: torch.Tensor, src, dst, weight, sign, neg_samples: int, batch: 
     src, dst, weight, sign : (E,) edge list.
     generator : torch.Generator for the edge and negative sampling (None: global RNG).
     sample : (idx, nt), optional
-        The edge indices and negative targets (:func:`draw_graph_sample`) instead of
+        The edge indices and negative targets (drawn as here, in this order: :func:`~ampflow.train.static_step.draw_step`) instead of
         drawing them here: a step that runs with no host round-trip draws them on its
         device beforehand (a CPU generator's draws would be copied to the GPU mid-step).
     """

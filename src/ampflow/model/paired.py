@@ -128,7 +128,7 @@ class PairedModel(nn.Module):
             None for one without.
         graph_sample : (idx, nt), optional
             The graph loss's edge indices and negative targets
-            (:func:`~ampflow.model.graph.draw_graph_sample`) instead of drawing them from
+            (:func:`~ampflow.model.graph.graph_sample_sizes`) instead of drawing them from
             ``generator``.
 
         Returns

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..contract.config import LossWeights
-from ..model.graph import draw_graph_sample, graph_sample_sizes
+from ..model.graph import graph_sample_sizes
 from ..model.paired import PairedModel
 
 log = logging.getLogger(__name__)

@@ -54,9 +54,9 @@ from ..parallel.parallelize import full_state, load_full_state, parallelize
 from . import checkpoint
 from .data import PairedData
 from .device import run_device, use_deterministic
+from .device_cells import DeviceCells, PinnedCopy, padded_bytes
 from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
-from .device_cells import DeviceCells, PinnedCopy, padded_bytes
 from .measured_memory import measure_step, measured_dp_step
 from .static_step import StaticStep, choose_mode
 
