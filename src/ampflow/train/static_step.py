@@ -161,10 +161,11 @@ class StaticStep:
     # ------------------------------------------------------------- buffers
     def term_names(self, weights: LossWeights | None = None) -> list[str]:
         """The terms of the step's output, in order: ``cross`` only where ``weights``
-        (default: the last step's) train it, as the model computes it only then."""
+        (default: the last step's; none yet: every term) train it, as the model computes
+        it only then."""
         weights = weights or self._weights
         has_rna = self.model.has_rna
-        cross = weights is not None and bool(weights.cross)
+        cross = weights is None or bool(weights.cross)
         names = [t for t in TERM_ORDER if (has_rna or t not in ("rna_nll", "rna_kl", "align", "cross")) and (t != "cross" or cross)]
         return names
 
