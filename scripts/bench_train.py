@@ -1181,7 +1181,7 @@ def run_hires(args, sizes) -> int:
                 launches = f"launches/step {r.ops:.0f} (aten ops dispatched)"
             syncs = f"host syncs/step {r.syncs:g} (+{r.optimizer_syncs:g} in optimizer.step"
             syncs += f"; CUDA sync debug mode {r.cuda_syncs:g})" if r.cuda_syncs is not None else ", Adam's CPU step counts)"
-            ratios = (f"FLOP floor ratio {floors.flop_s * r.steps_per_s:.3f}, bytes floor ratio {floors.byte_s * r.steps_per_s:.3f}"
+            ratios = (f"FLOP floor ratio {floors.flop_s * r.steps_per_s:.4f}, bytes floor ratio {floors.byte_s * r.steps_per_s:.4f}"
                       if floors else "floors failed")  # fmt: skip
             print(f"hires {key} {mode}: {r.steps_per_s:.2f} steps/s ({vs}), {launches}, {syncs}, "
                   f"compile {r.compile_s:.1f} s, capture {r.capture_s:.2f} s, first step {r.first_step_s:.2f} s, "
@@ -1285,7 +1285,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     h.add_argument("--hires-cells", type=int, default=7469, help="synthetic cells (HiRES: 7,469)")
     h.add_argument("--hires-steps", type=int, default=20, help="timed steps per mode, after the warm-up")
     h.add_argument("--hires-warmup", type=int, default=5, help="steps before the clock starts (compile, capture, measured steps)")
-    h.add_argument("--modes", nargs="+", choices=list(HIRES_MODES), default=["eager", "compiled", "graphed"],
+    h.add_argument("--modes", nargs="*", choices=list(HIRES_MODES), default=["eager", "compiled", "graphed"],
                    help="step modes: eager (today's step), compiled (torch.compile), graphed (CUDA graph), compiled+graphed")  # fmt: skip
     h.add_argument("--compiled-shapes", type=parse_shape, nargs="*", default=None, metavar="RES:STRATA",
                    help="run the compiled modes at these shapes only (default: every shape)")  # fmt: skip

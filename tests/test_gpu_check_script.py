@@ -72,7 +72,7 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
     assert "PASS" in checks["train"] and "20.00 steps/s" in checks["train"] and "50000.0 GFLOP/s" in checks["train"]
     hires = checks["train-hires"]
     assert hires.startswith(
-        "CHECK train-hires PASS 1000000:10 graphed: 312.40 steps/s 18.2x, launches/step 1, kernels 3300, host syncs/step 0, "
+        "CHECK train-hires PASS 1000000:10 graphed: 312.40 steps/s 18.2x, launches/step 1, kernels 3300, host syncs/step 0 (sync debug mode 0), "
         "compile 0.0 s, capture 1.20 s, epoch 0.68 s, FLOP floor 0.100, bytes floor 0.200; "
         "early-stopping 1000000:10 graphed: did not stop within 40 s"
     ), hires
