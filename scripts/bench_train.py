@@ -92,12 +92,71 @@ little more than a plain step. The floor's rate is the GPU's measured fp32 rate 
 for the GPU's memory. CPU seconds and page faults are then the host's, not the work's.
 Progress goes to stderr; the tables to stdout.
 
+The HiRES-size case (``--hires``) runs the trainer instead, as the workflow runs it
+(:class:`ampflow.train.trainer.Trainer` on a :class:`ampflow.train.data.PairedData`,
+the template's ``train`` section from ``config/config.yaml``, its early stopping and
+threads; no plan, so the model runs as built), on ``--hires-cells`` synthetic cells (HiRES:
+7,469) at each shape: the shape as above, the counts Poisson as above but sparse, every
+cell trained on (no ``split`` column, no batches). Per shape and mode (``--modes``:
+``eager`` = ``train.compile`` and ``train.cuda_graphs`` false, today's step;
+``compiled`` = compile only; ``graphed`` = CUDA graphs only (a GPU only);
+``compiled+graphed``) one epoch of full batches, cut to the steps needed, without early
+stopping, checkpoints or output files (a subclass of the trainer adds the probes):
+
+* ``--hires-warmup`` steps first (the compile or the capture, the trainer's measured
+  first steps), then ``--hires-steps`` timed ones: steps/s between two
+  synchronisations, the trainer's own reads of its loss terms (every ``train.log_every``
+  steps) included; the first step's seconds, the compile's
+  (``StaticStep.compile_seconds``) and the captures' (timed around
+  ``StaticStep._capture``) are printed apart; seconds per epoch are the template's
+  steps per epoch (``ceil(training cells / batch)``, its validation tenth set aside) at
+  that rate, the per-epoch validation and the trailing batch not counted;
+* 2 steps under a :class:`~torch.utils._python_dispatch.TorchDispatchMode` that counts
+  host syncs inside ``Trainer._train_step`` (not the trainer's reads between steps):
+  ``aten._local_scalar_dense`` (``.item()``, ``bool()``) of a CUDA tensor, copies from a
+  CUDA tensor to the CPU, and CUDA ops whose output size depends on values (nonzero,
+  masked_select, unique); those inside ``optimizer.step`` are counted apart (on a CPU
+  every scalar read counts, and Adam, not capturable there, reads each parameter's step
+  count once per step). On CUDA the same steps also run under CUDA's sync debug mode
+  (``torch.cuda.set_sync_debug_mode``), whose warnings count every synchronising call,
+  compiled code and host-to-device copies from pageable memory included. While a dispatch
+  mode is active torch.compile runs the forward eagerly (dynamo skips frames under one):
+  the dispatch-mode counts of a compiled step are those of its eager forward; the sync
+  debug mode's are not;
+* launches: on CUDA 3 steps under ``torch.profiler``: host launch calls per step (kernel
+  launches, async copies and memsets, graph launches; a replayed graph is one
+  ``cudaGraphLaunch``) and the GPU's kernel and copy events per step (the profiler traces
+  a graph's kernels, so for a graphed step this is what the graph runs); on a CPU 2 steps
+  under the profiler counting aten ops that no other aten op called (what the step
+  launches), beside the ops the dispatch mode saw;
+* the floors, per shape, from one step of a fresh model on a batch of the data, with the
+  rates measured in the same run: the FLOP floor as above (counted matrix products plus
+  the band's products) at the ``--matmul`` product's rate, and a bytes floor: the bytes a
+  step must move at least, at the bandwidth of a ``--copy-mib`` tensor copy (bytes read
+  plus written per second, best of 5). The bytes model: each parameter read by the
+  forward, its gradient written by the backward, and Adam reading parameter, gradient and
+  both moments and writing parameter and moments (9 x 4 bytes per parameter); the batch's
+  dense inputs read once; every tensor the forward saves for the backward (distinct
+  storages, parameters and inputs excluded) written once and read once. Both ratios are
+  floor / measured seconds per step.
+
+With ``--hires-early-stopping`` the first shape is then trained to early stopping under
+the template's train section unchanged (both stages, their epochs as a ceiling, early
+stopping, checkpoints; mode ``--early-stopping-mode``) and the wall time to stop, the
+epochs run and steps/s (validation included) are printed, or ``did not stop within N s``
+once ``--early-stopping-seconds`` have passed. A mode that fails prints one line,
+``FAILED``, with its error (its traceback to stderr) and the rest still runs; the exit
+status is then 1. One line per figure set, each starting ``hires RES:STRATA MODE:``.
+
 Examples::
 
     python scripts/bench_train.py                                # a few minutes on 2 cores
     python scripts/bench_train.py --shapes 1000000:10 --steps 5
     python scripts/bench_train.py --threads 1 --cells 512 --batch 64
     python scripts/bench_train.py --device cuda --shapes 1000000:10 --batch 64
+    python scripts/bench_train.py --hires --device cuda --batch 32 --contacts 20000 \
+        --modes eager compiled graphed --compiled-shapes 1000000:10 --hires-early-stopping
+    python scripts/bench_train.py --hires --shapes 1000000:10 --hires-cells 512 --modes eager compiled
 """
 
 from __future__ import annotations
@@ -633,6 +692,548 @@ def shape_report(shape: Shape, res: dict[str, Result], floor: dict[str, int], ra
     return lines
 
 
+# ------------------------------------------------------------------------ the HiRES-size case
+HIRES_MODES = {  # mode -> (train.compile, train.cuda_graphs)
+    "eager": (False, False),
+    "compiled": (True, False),
+    "graphed": (False, True),
+    "compiled+graphed": (True, True),
+}
+TEMPLATE_CONFIG = REPO / "config" / "config.yaml"
+
+
+class TimeLimit(Exception):
+    """The run passed its deadline (``--early-stopping-seconds``)."""
+
+
+def hires_counts(shape: Shape, n: int, umis: float, contacts: float, seed: int, device: str, chunk: int = 256):
+    """Sparse (CSR, float32) RNA and Hi-C counts of ``n`` cells, Poisson as :class:`Cells`
+    draws them (per-gene log-normal rates, ``1/(k+1)`` stratum shares, a log-normal
+    depth per cell), drawn densely on ``device`` ``chunk`` cells at a time and kept sparse
+    on the host."""
+    import scipy.sparse as sp
+
+    g = torch.Generator().manual_seed(seed)
+    rate = torch.exp(torch.randn(shape.n_genes, generator=g) * 1.5)
+    gene_share = (rate / rate.sum()).to(device)
+    decay = 1.0 / (shape.feature_stratum.double() + 1.0)
+    feature_share = (decay / decay.sum()).float().to(device)
+    dg = torch.Generator(device).manual_seed(seed + 1)
+    parts: dict[str, list] = {"rna": [], "hic": []}
+    for start in range(0, n, chunk):
+        b = min(chunk, n - start)
+        depth = torch.exp(torch.randn(b, 1, generator=dg, device=device) * 0.4)
+        for key, share, total in (("rna", gene_share, umis), ("hic", feature_share, contacts)):
+            dense = torch.poisson(depth * total * share, generator=dg)
+            rows, cols = dense.nonzero(as_tuple=True)
+            vals = dense[rows, cols]
+            parts[key].append(sp.csr_matrix((vals.cpu().numpy(), (rows.cpu().numpy(), cols.cpu().numpy())), shape=dense.shape, dtype=np.float32))
+            del dense
+    return sp.vstack(parts["rna"], format="csr"), sp.vstack(parts["hic"], format="csr")
+
+
+def hires_data(shape: Shape, n: int, umis: float, contacts: float, seed: int, device: str):
+    """A :class:`~ampflow.train.data.PairedData` of ``n`` synthetic cells at ``shape``,
+    with no ``split`` column (every cell trains) and no batches."""
+    import pandas as pd
+
+    from ampflow.train.data import PairedData
+
+    rna, hic = hires_counts(shape, n, umis, contacts, seed, device)
+    return PairedData(
+        obs=pd.DataFrame(index=pd.Index([f"cell{i}" for i in range(n)], name="cell")),
+        rna=rna, hic=hic, feature_anchor=shape.feature_anchor, feature_stratum=shape.feature_stratum,
+        n_strata=shape.n_strata, graph=shape.graph, meta={},
+        genes=[f"gene{i}" for i in range(shape.n_genes)], features=[f"f{i}" for i in range(hic.shape[1])],
+    )  # fmt: skip
+
+
+def template_train_config(path: Path = TEMPLATE_CONFIG) -> TrainConfig:
+    """The template's ``train`` section (``config/config.yaml``), as the workflow reads it."""
+    import yaml
+
+    section = (yaml.safe_load(path.read_text()) or {}).get("train")
+    if not isinstance(section, dict):
+        raise SystemExit(f"{path}: no train section")
+    return TrainConfig.from_dict(section)
+
+
+def is_host_sync(func, args, kwargs, cuda: bool) -> bool:
+    """Whether an aten call makes the host wait for the device: a scalar read
+    (``_local_scalar_dense``: ``.item()``, ``bool(t)``) of a CUDA tensor, a copy from a
+    CUDA tensor to the CPU, or a CUDA op whose output size depends on values. In a CPU
+    run (``cuda`` false) every scalar read counts: the reads a GPU run would wait for."""
+    aten = torch.ops.aten
+    if func is aten._local_scalar_dense.default:
+        return args[0].is_cuda or not cuda
+    if func is aten._to_copy.default:
+        src, dev = args[0], kwargs.get("device")
+        return src.is_cuda and dev is not None and torch.device(dev).type == "cpu"
+    if func in (aten.copy_.default,):
+        return (not args[0].is_cuda) and args[1].is_cuda
+    if func in (aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_consecutive.default):
+        return args[0].is_cuda
+    return False
+
+
+class SyncCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts aten ops dispatched, and host syncs (:func:`is_host_sync`) outside and
+    inside ``optimizer.step`` (its hooks set :attr:`in_optimizer`)."""
+
+    def __init__(self, cuda: bool = False):
+        super().__init__()
+        self.cuda = cuda
+        self.ops = self.syncs = self.optimizer_syncs = 0
+        self.in_optimizer = False
+        self.names: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops += 1
+        if is_host_sync(func, args, kwargs, self.cuda):
+            if self.in_optimizer:
+                self.optimizer_syncs += 1
+            else:
+                self.syncs += 1
+                self.names[str(func)] = self.names.get(str(func), 0) + 1
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def counting_syncs(optimizer, counter: SyncCounter):
+    """``counter`` active, with ``optimizer.step`` marked; on CUDA also CUDA's own
+    sync debug mode, whose warnings (one per synchronising call, compiled code and
+    graph replays included) are collected in ``counter.cuda_syncs``."""
+    import warnings
+
+    pre = optimizer.register_step_pre_hook(lambda *a: setattr(counter, "in_optimizer", True))
+    post = optimizer.register_step_post_hook(lambda *a: setattr(counter, "in_optimizer", False))
+    cuda = torch.cuda.is_available() and next(iter(optimizer.param_groups[0]["params"])).is_cuda
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with counter:
+                    yield counter
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
+        counter.cuda_syncs = sum(1 for w in caught if "synchroniz" in str(w.message).lower()) if cuda else None
+    finally:
+        pre.remove()
+        post.remove()
+
+
+def profile_counts(prof, steps: int) -> dict[str, float]:
+    """Per step from a CUDA profile: host launch calls (kernel launches, async copies and
+    memsets, graph launches), graph launches, and the GPU's kernel and memory events
+    (what ran, a graph's kernels included where the profiler traces into graphs)."""
+    launch_names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx", "cudaMemcpyAsync",
+                    "cudaMemsetAsync", "cudaGraphLaunch", "cuGraphLaunch")  # fmt: skip
+    launches = graphs = gpu = 0
+    for e in prof.events():
+        name = e.name
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            gpu += 1
+        elif name.startswith(launch_names):
+            launches += 1
+            graphs += name.startswith(("cudaGraphLaunch", "cuGraphLaunch"))
+    return {"launches": launches / steps, "graph_launches": graphs / steps, "gpu_events": gpu / steps}
+
+
+def cpu_op_counts(prof, steps: int) -> float:
+    """aten ops per step that nothing but Python, autograd or compiled code called (no
+    aten op above them in the profile): on a CPU, what the step launches. The profiler,
+    unlike a dispatch mode, lets a compiled step run compiled (its fused kernels are no
+    aten ops, its matrix products are)."""
+    n = 0
+    for e in prof.events():
+        if not e.name.startswith("aten::"):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        n += parent is None
+    return n / steps
+
+
+@dataclass
+class StepPlan:
+    """The steps of one timed run: ``warmup`` (compile, capture, the trainer's measured
+    first steps), ``timed`` (steps/s), ``counted`` (host syncs and aten ops), ``profiled``
+    (kernel launches; CUDA only), in that order, all in one epoch of full batches."""
+
+    warmup: int
+    timed: int
+    counted: int
+    profiled: int
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.timed + self.counted + self.profiled
+
+
+def bench_trainer_class():
+    """:class:`~ampflow.train.trainer.Trainer` with the benchmark's probes: an epoch cut
+    to ``limit`` full batches (None: the trainer's batches), a clock, sync counting and a
+    profile around the planned steps, a deadline, and no output files (the workflow's
+    embeddings and model.pt are not what is timed)."""
+    from ampflow.train.trainer import Trainer
+
+    class BenchTrainer(Trainer):
+        def setup(self, plan: StepPlan | None, limit: int | None, deadline: float | None):
+            self.bench_plan, self.bench_limit, self.deadline = plan, limit, deadline
+            self.capture_seconds = 0.0
+            self.first_step_seconds = None
+            self.timed_seconds = None
+            self.counter = None
+            self.profile = None
+            self.epochs_seen: dict[str, set] = {}
+            if self.static is not None and self.static.mode.graphs:
+                capture = self.static._capture
+
+                def timed_capture(*a, **k):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    capture(*a, **k)
+                    self.capture_seconds += time.perf_counter() - t0
+
+                self.static._capture = timed_capture
+
+        def sync(self):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+
+        def batches(self, stage, epoch):
+            out = super().batches(stage, epoch)
+            if self.bench_limit is None:
+                return out
+            return [b for b in out if len(b) == self.cfg.batch_size][: self.bench_limit]
+
+        def _train_step(self, idx, stage_name, stage_cfg, epoch):
+            if self.deadline is not None and time.perf_counter() > self.deadline:
+                raise TimeLimit
+            self.epochs_seen.setdefault(stage_name, set()).add(epoch)
+            p, i = self.bench_plan, self.step
+            if p is None:
+                return super()._train_step(idx, stage_name, stage_cfg, epoch)
+            if i == 0:
+                t0 = time.perf_counter()
+                row = super()._train_step(idx, stage_name, stage_cfg, epoch)
+                self.sync()
+                self.first_step_seconds = time.perf_counter() - t0
+                return row
+            if i == p.warmup:
+                self.sync()
+                self._t0 = time.perf_counter()
+            if i == p.warmup + p.timed:
+                self.sync()
+                self.timed_seconds = time.perf_counter() - self._t0
+            if p.warmup + p.timed <= i < p.warmup + p.timed + p.counted:
+                self.counter = self.counter or SyncCounter(cuda=self.device.type == "cuda")
+                with counting_syncs(self.optimizer, self.counter) as c:
+                    row = super()._train_step(idx, stage_name, stage_cfg, epoch)
+                self.cuda_syncs = getattr(self, "cuda_syncs", 0) + (c.cuda_syncs or 0)
+                return row
+            first_profiled = p.warmup + p.timed + p.counted
+            # a profiler that fails costs the launch counts only, not the mode's figures
+            if p.profiled and i == first_profiled:
+                self.sync()
+                try:
+                    activities = [torch.profiler.ProfilerActivity.CPU]
+                    if self.device.type == "cuda":
+                        activities.append(torch.profiler.ProfilerActivity.CUDA)
+                    prof = torch.profiler.profile(activities=activities)
+                    prof.__enter__()
+                    self.profile = prof
+                except Exception as e:  # noqa: BLE001
+                    self.profile = f"{type(e).__name__}: {str(e)[:200]}"
+            row = super()._train_step(idx, stage_name, stage_cfg, epoch)
+            if p.profiled and i == first_profiled + p.profiled - 1 and not isinstance(self.profile, str):
+                self.sync()
+                try:
+                    self.profile.__exit__(None, None, None)
+                except Exception as e:  # noqa: BLE001
+                    self.profile = f"{type(e).__name__}: {str(e)[:200]}"
+            return row
+
+        def _write_outputs(self, metrics_path, model_state):
+            pass
+
+    return BenchTrainer
+
+
+@dataclass
+class ModeResult:
+    steps_per_s: float
+    first_step_s: float
+    compile_s: float
+    capture_s: float
+    syncs: float  # per step, outside optimizer.step (the dispatch mode's count)
+    optimizer_syncs: float  # per step, inside optimizer.step
+    cuda_syncs: float | None  # per step, CUDA's sync debug mode (None on CPU)
+    sync_names: dict
+    ops: float  # aten ops dispatched per step
+    launches: dict | float | str | None  # profile_counts (CUDA), cpu_op_counts (CPU); a str: why the profile failed
+
+
+def hires_train_config(args, mode: str, device: str, epochs: int, early: bool) -> TrainConfig:
+    """The template's train section with the run's batch, device and mode; without
+    ``early`` one pretraining epoch, no finetuning, no early stopping and no checkpoint
+    (the timed steps are those of the template's first stage)."""
+    base = template_train_config(args.template)
+    compile_, graphs = HIRES_MODES[mode]
+    cfg = replace(base, batch_size=args.batch, device=device, compile=compile_, cuda_graphs=graphs, seed=args.seed)
+    if early:
+        return cfg
+    from ampflow.contract.config import EarlyStoppingConfig, StageConfig
+
+    return replace(
+        cfg,
+        checkpoint_every=10**9,
+        pretrain=StageConfig(epochs, base.pretrain.lr, base.pretrain.weights),
+        finetune=StageConfig(0, base.finetune.lr, base.finetune.weights),
+        early_stopping=EarlyStoppingConfig(validation=base.early_stopping.validation, patience=0),
+    )
+
+
+def run_mode(args, data, mode: str, plan: StepPlan, device: str) -> ModeResult:
+    """``plan.total`` steps of the trainer in ``mode`` on ``data``; the figures."""
+    import tempfile
+
+    from ampflow.contract.config import ModelConfig as MC
+
+    cfg = hires_train_config(args, mode, device, 1, early=False)
+    with tempfile.TemporaryDirectory(prefix="bench-hires-") as tmp:
+        trainer = bench_trainer_class()(data, MC(), cfg, tmp)
+        trainer.setup(plan, plan.total, None)
+        trainer.fit()
+    if trainer.step != plan.total or trainer.timed_seconds is None:
+        raise RuntimeError(f"ran {trainer.step} steps, planned {plan.total}")
+    c = trainer.counter
+    static = trainer.static
+    launches = trainer.profile
+    if launches is not None and not isinstance(launches, str):
+        try:
+            launches = profile_counts(trainer.profile, plan.profiled) if device == "cuda" else cpu_op_counts(trainer.profile, plan.profiled)
+        except Exception as e:  # noqa: BLE001
+            launches = f"{type(e).__name__}: {str(e)[:200]}"
+    res = ModeResult(
+        steps_per_s=plan.timed / trainer.timed_seconds,
+        first_step_s=trainer.first_step_seconds,
+        compile_s=static.compile_seconds if static is not None else 0.0,
+        capture_s=trainer.capture_seconds,
+        syncs=c.syncs / plan.counted,
+        optimizer_syncs=c.optimizer_syncs / plan.counted,
+        cuda_syncs=trainer.cuda_syncs / plan.counted if device == "cuda" else None,
+        sync_names=dict(c.names),
+        ops=c.ops / plan.counted,
+        launches=launches,
+    )
+    del trainer, static
+    return res
+
+
+@dataclass
+class Floors:
+    flops: int  # per step: counted matrix products + the band's products
+    bytes: int  # per step (see the module doc)
+    parts: dict  # bytes by part
+    gflops: float  # measured matmul rate
+    gbytes: float  # measured copy bandwidth (bytes read + written per second) / 1e9
+
+    @property
+    def flop_s(self) -> float:
+        return self.flops / (self.gflops * 1e9)
+
+    @property
+    def byte_s(self) -> float:
+        return self.bytes / (self.gbytes * 1e9)
+
+
+def copy_bandwidth(mib: int, device: str, repeats: int = 5) -> float:
+    """Best bytes per second (read + written) of a ``mib`` MiB tensor copy on ``device``."""
+    n = mib * 2**20 // 4
+    a, b = torch.ones(n, device=device), torch.empty(n, device=device)
+    sync = synchronizer(device)
+    b.copy_(a)
+    best = math.inf
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        b.copy_(a)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n * 4 / best
+
+
+def hires_floors(args, shape: Shape, data, device: str) -> Floors:
+    """The step's FLOP floor and bytes floor, from one counted step of a fresh model on a
+    batch of ``data`` (see the module doc), and the device's rates measured now."""
+    cfg = ModelConfig()
+    torch.manual_seed(args.seed)
+    model = PairedModel(cfg, shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph).to(device)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=TrainConfig().pretrain.lr)
+    rna, hic = data.batch(np.arange(args.batch))
+    rna, hic = rna.to(device), hic.to(device)
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()} | {rna.untyped_storage().data_ptr(), hic.untyped_storage().data_ptr()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip and ptr not in saved:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, both = counted_step(model, optimizer, rna, hic, TrainConfig().pretrain.weights, torch.Generator().manual_seed(args.seed))
+    band = 4 * cfg.D * band_pairs(shape.n_anchors, cfg.window)
+    flops = both.get("Global", 0) + 3 * band * (shape.n_strata - 1)
+    n_params = sum(p.numel() for p in model.parameters())
+    parts = {
+        # forward reads each parameter, backward writes its gradient, Adam reads
+        # parameter, gradient and both moments and writes parameter and moments
+        "parameters": 9 * 4 * n_params,
+        "batch": (rna.numel() + hic.numel()) * 4,
+        # written by the forward, read by the backward
+        "activations": 2 * sum(saved.values()),
+    }
+    del model, optimizer
+    rate = matmul_rate(args.matmul, device=device).wall
+    bw = copy_bandwidth(args.copy_mib, device) / 1e9
+    return Floors(flops, sum(parts.values()), parts, rate, bw)
+
+
+def shape_key(resolution: int, strata: int) -> str:
+    return f"{resolution}:{strata}"
+
+
+def run_hires(args, sizes) -> int:
+    """The HiRES-size case: for each shape, the trainer's steps in each mode (see the
+    module doc); then, with ``--hires-early-stopping``, training to early stopping."""
+    from ampflow.train.early_stopping import validation_split
+    from ampflow.train.trainer import epoch_batches
+
+    device = args.device
+    cuda = device == "cuda"
+    template = template_train_config(args.template)
+    failed = 0
+    where = f"CUDA {torch.cuda.get_device_name(0)}" if cuda else f"CPU, {usable_cores()} usable cores"
+    print(f"hires: {args.hires_cells} synthetic cells, batch {args.batch}, fp32, torch {torch.__version__}, {where}; "
+          f"steps per mode: {args.hires_warmup} warm-up, {args.hires_steps} timed, 2 counted, {3 if cuda else 2} profiled")  # fmt: skip
+    n_train = len(validation_split(np.arange(args.hires_cells), template.early_stopping, args.seed)[0])
+    epoch_steps = len(epoch_batches(n_train, args.batch, args.seed, 0, 0))
+    plan = StepPlan(args.hires_warmup, args.hires_steps, 2, 3 if cuda else 2)
+    if args.hires_cells < plan.total * args.batch:
+        raise SystemExit(f"--hires-cells {args.hires_cells} gives fewer than the {plan.total} full batches of {args.batch} a mode runs")
+    for resolution, n_strata in args.shapes:
+        key = shape_key(resolution, n_strata)
+        t0 = time.perf_counter()
+        shape = build_shape(sizes, resolution, n_strata, args.genes, args.graph_degree, args.seed)
+        data = hires_data(shape, args.hires_cells, args.umis, args.contacts, args.seed, device)
+        print(f"\nhires {key} ({shape.label}): {shape.n_anchors:,} anchors, {data.hic.shape[1]:,} Hi-C features, "
+              f"{shape.n_genes:,} genes; {data.hic.nnz / data.n_cells:,.0f} Hi-C and {data.rna.nnz / data.n_cells:,.0f} RNA "
+              f"nonzeros per cell; built in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+        sys.stdout.flush()
+        floors = None
+        try:
+            floors = hires_floors(args, shape, data, device)
+            p = floors.parts
+            print(f"hires {key} floors: {floors.flops / 1e9:.2f} GFLOP/step at {floors.gflops:.0f} GFLOP/s = {floors.flop_s * 1e3:.3f} ms; "
+                  f"{floors.bytes / 1e9:.3f} GB/step (parameters {p['parameters'] / 1e9:.3f}, batch {p['batch'] / 1e9:.3f}, "
+                  f"activations {p['activations'] / 1e9:.3f}) at {floors.gbytes:.0f} GB/s = {floors.byte_s * 1e3:.3f} ms")  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - one line per failure, the rest still runs
+            failed += 1
+            log.exception("hires %s floors failed", key)
+            print(f"hires {key} floors: FAILED {type(e).__name__}: {str(e)[:300]}")
+        modes = [m for m in args.modes if not (HIRES_MODES[m][0] and args.compiled_shapes and (resolution, n_strata) not in args.compiled_shapes)]
+        eager = None
+        for mode in modes:
+            if HIRES_MODES[mode][1] and not cuda:
+                print(f"hires {key} {mode}: skipped (CUDA graphs need a GPU)")
+                continue
+            try:
+                r = run_mode(args, data, mode, plan, device)
+            except Exception as e:  # noqa: BLE001
+                failed += 1
+                log.exception("hires %s %s failed", key, mode)
+                print(f"hires {key} {mode}: FAILED {type(e).__name__}: {str(e)[:300]}")
+                sys.stdout.flush()
+                continue
+            finally:
+                if cuda:
+                    torch._dynamo.reset()
+                    torch.cuda.empty_cache()
+            if mode == "eager":
+                eager = r.steps_per_s
+            vs = f"eager {eager:.1f}: {r.steps_per_s / eager:.1f}x" if eager else "no eager run"
+            if isinstance(r.launches, str):
+                launches = f"launches/step unknown (profiler failed: {r.launches}; aten ops dispatched/step {r.ops:.0f})"
+            elif isinstance(r.launches, float):
+                launches = f"launches/step {r.launches:.0f} (aten ops called from outside aten; {r.ops:.0f} dispatched under a dispatch mode)"
+            elif r.launches is not None:
+                la = r.launches
+                launches = f"launches/step {la['launches']:.0f} (graph launches {la['graph_launches']:.0f}), GPU kernels+copies/step {la['gpu_events']:.0f}"
+            else:
+                launches = f"launches/step {r.ops:.0f} (aten ops dispatched)"
+            syncs = f"host syncs/step {r.syncs:g} (+{r.optimizer_syncs:g} in optimizer.step"
+            syncs += f"; CUDA sync debug mode {r.cuda_syncs:g})" if r.cuda_syncs is not None else ", Adam's CPU step counts)"
+            ratios = (f"FLOP floor ratio {floors.flop_s * r.steps_per_s:.4f}, bytes floor ratio {floors.byte_s * r.steps_per_s:.4f}"
+                      if floors else "floors failed")  # fmt: skip
+            print(f"hires {key} {mode}: {r.steps_per_s:.2f} steps/s ({vs}), {launches}, {syncs}, "
+                  f"compile {r.compile_s:.1f} s, capture {r.capture_s:.2f} s, first step {r.first_step_s:.2f} s, "
+                  f"epoch {epoch_steps / r.steps_per_s:.2f} s ({epoch_steps} steps), {ratios}")  # fmt: skip
+            if r.sync_names:
+                print(f"hires {key} {mode}: host syncs by op: {r.sync_names}")
+            sys.stdout.flush()
+        del data
+    if args.hires_early_stopping:
+        failed += run_early_stopping(args, sizes, device)
+    return 1 if failed else 0
+
+
+def run_early_stopping(args, sizes, device: str) -> int:
+    """Train the HiRES-size case at the first shape to early stopping with the
+    template's train section (mode ``--early-stopping-mode``), at most
+    ``--early-stopping-seconds``; prints the wall time, epochs and steps/s. 1 on failure."""
+    import tempfile
+
+    from ampflow.contract.config import ModelConfig as MC
+
+    resolution, n_strata = args.shapes[0]
+    key, mode = shape_key(resolution, n_strata), args.early_stopping_mode
+    limit = args.early_stopping_seconds
+    try:
+        shape = build_shape(sizes, resolution, n_strata, args.genes, args.graph_degree, args.seed)
+        data = hires_data(shape, args.hires_cells, args.umis, args.contacts, args.seed, device)
+        cfg = hires_train_config(args, mode, device, 0, early=True)
+        with tempfile.TemporaryDirectory(prefix="bench-hires-") as tmp:
+            trainer = bench_trainer_class()(data, MC(), cfg, tmp)
+            t0 = time.perf_counter()
+            trainer.setup(None, None, t0 + limit)
+            try:
+                trainer.fit()
+                stopped = True
+            except TimeLimit:
+                stopped = False
+            trainer.sync()
+            wall = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001
+        log.exception("hires early-stopping failed")
+        print(f"hires early-stopping {key} {mode}: FAILED {type(e).__name__}: {str(e)[:300]}")
+        return 1
+    epochs = ", ".join(f"{s} {len(e)} of {dict(cfg.stages)[s].epochs}" for s, e in trainer.epochs_seen.items())
+    rate = f"{trainer.step / wall:.1f} steps/s (validation each epoch included)"
+    if stopped:
+        print(f"hires early-stopping {key} {mode}: trained to early stopping in {wall:.1f} s: epochs {epochs}, {trainer.step} steps, {rate}")
+    else:
+        print(f"hires early-stopping {key} {mode}: did not stop within {limit:g} s: epochs {epochs} so far, {trainer.step} steps, {rate}")
+    return 0
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     try:
         res, strata = (int(x) for x in text.split(":"))
@@ -679,7 +1280,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads for the whole run (default: usable cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the steps run (default cpu)")
+    h = p.add_argument_group("the HiRES-size case (--hires): the trainer's steps per mode, instead of the component table")
+    h.add_argument("--hires", action="store_true", help="run the HiRES-size case")
+    h.add_argument("--hires-cells", type=int, default=7469, help="synthetic cells (HiRES: 7,469)")
+    h.add_argument("--hires-steps", type=int, default=20, help="timed steps per mode, after the warm-up")
+    h.add_argument("--hires-warmup", type=int, default=5, help="steps before the clock starts (compile, capture, measured steps)")
+    h.add_argument("--modes", nargs="*", choices=list(HIRES_MODES), default=["eager", "compiled", "graphed"],
+                   help="step modes: eager (today's step), compiled (torch.compile), graphed (CUDA graph), compiled+graphed")  # fmt: skip
+    h.add_argument("--compiled-shapes", type=parse_shape, nargs="*", default=None, metavar="RES:STRATA",
+                   help="run the compiled modes at these shapes only (default: every shape)")  # fmt: skip
+    h.add_argument("--hires-early-stopping", action="store_true", help="then train the first shape to early stopping")
+    h.add_argument("--early-stopping-mode", choices=list(HIRES_MODES), default=None, help="its mode (default: graphed on CUDA, eager on CPU)")
+    h.add_argument("--early-stopping-seconds", type=float, default=600.0, help="stop it after this many seconds")
+    h.add_argument("--template", type=Path, default=TEMPLATE_CONFIG, help="the config whose train section the trainer runs")
+    h.add_argument("--copy-mib", type=int, default=None, help="size of the copy that measures bandwidth (default 1024 on CUDA, 256 on CPU)")
     args = p.parse_args(argv)
+    if args.early_stopping_mode is None:
+        args.early_stopping_mode = "graphed" if args.device == "cuda" else "eager"
+    if args.copy_mib is None:
+        args.copy_mib = 1024 if args.device == "cuda" else 256
+    if args.hires and (min(args.hires_cells, args.hires_steps, args.copy_mib, args.hires_warmup) < 1):
+        p.error("--hires-cells, --hires-steps, --hires-warmup and --copy-mib must be >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch")
     if min(args.genes, args.cells, args.steps, args.matmul) < 1 or args.batch < 2 or args.old_chunk < 0:
@@ -695,6 +1316,8 @@ def main(argv=None) -> int:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.set_num_threads(args.threads or usable_cores())
     cuda = args.device == "cuda"
+    if args.hires:
+        return run_hires(args, read_chromsizes(args.chrom_sizes, args.chroms))
     if args.memory_gib:
         memory = int(args.memory_gib * GIB)
     else:

@@ -12,6 +12,8 @@
 #   attn     the attention kernel on the GPU, fp32 and (where supported) bf16
 #            (bench_attention --device cuda)
 #   train    training steps/s against the GPU's measured matmul rate (bench_train --device cuda)
+#   train-hires  the HiRES-size case through the trainer: steps/s eager vs compiled vs graphed,
+#            launches per step, floor ratios, and time to early stopping (bench_train --hires)
 #   pytest   pytest -m gpu (tests/test_gpu_train.py: the Trainer, collectives, numerics;
 #            test_attention.py: the kernel in fp32/bf16; test_extract_pack.py: packed rows)
 #
@@ -56,7 +58,7 @@ check() {
     elif [ $rc -eq 0 ]; then status=PASS
     else status=FAIL
     fi
-    fig=$(bash -c "$figure" <"$log" 2>/dev/null | tr -s ' \n' ' ' | cut -c1-600)
+    fig=$(bash -c "$figure" <"$log" 2>/dev/null | tr -s ' \n' ' ' | cut -c1-"${FIGURE_WIDTH:-600}")
     [ "$status" = PASS ] || failed=1
     echo "CHECK $name $status ${fig:-"(no figure; see $log)"} [$((SECONDS - t0)) s of $limit s, rc $rc]"
 }
@@ -105,6 +107,17 @@ fi
 check train 150 'grep -E "^  new: step|matrix-product rate" | sed -E "s/; its components.*(;[^;]*steps\/s)/\1/"' -- \
     "$PY" scripts/bench_train.py --device cuda --chrom-sizes "$OUT/annotation/mm10.chrom.sizes" \
     --shapes 1000000:10 500000:20 100000:30 --batch 32 --cells 128 --steps 3 --shape-seconds 30 --matmul 4096 --threads 4
+
+# the HiRES-size case through the trainer (7,469 synthetic cells, batch 32, fp32) at the three
+# mm10 shapes: steps/s eager (today's step) and graphed, compiled at 1 Mb/10 only (its compile
+# takes a minute or more), launches and GPU kernels per step, the FLOP and bytes floor ratios;
+# then 1 Mb/10 trained to early stopping under the template's settings, at most 20 s here
+# (the full log says the host syncs per step, compile and capture seconds, seconds per epoch)
+FIGURE_WIDTH=2000 check train-hires 250 'grep -E "^hires [0-9]+:[0-9]+ [a-z+]+: |^hires early-stopping|FAILED" | grep -v "by op" | sed -E "s/^hires //; s/ \(eager [0-9.]+: ([0-9.]+x)\)/ \1/; s/ \(graph launches [0-9]+\)//; s/GPU kernels\+copies\/step/kernels/; s/ \(\+[0-9.]+ in optimizer.step; CUDA sync debug mode ([0-9.]+)\)/ (sync debug mode \1)/; s/ \(\+[0-9.]+ in optimizer[^)]*\)//; s/, first step [0-9.]+ s//; s/ \([0-9]+ steps\), FLOP floor ratio/, FLOP floor/; s/bytes floor ratio/bytes floor/; s/ \(parameters[^)]*\)//; s/$/;/"' -- \
+    "$PY" scripts/bench_train.py --hires --device cuda --chrom-sizes "$OUT/annotation/mm10.chrom.sizes" \
+    --shapes 1000000:10 500000:20 100000:30 --batch 32 --hires-cells 7469 --contacts 20000 \
+    --modes eager compiled graphed --compiled-shapes 1000000:10 --hires-steps 20 --matmul 4096 \
+    --hires-early-stopping --early-stopping-seconds 20
 
 check pytest 90 'tail -n 1' -- \
     "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py tests/test_static_step.py tests/test_attention.py tests/test_extract_pack.py}

@@ -7,9 +7,11 @@ nothing installed, apart from the instrumented steps whose components it sums.
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
+import torch
 from conftest import load_script
 
 bt = load_script("bench_train")
@@ -77,3 +79,124 @@ def test_band_and_chunk_pair_counts():
     assert bt.band_pairs(n, w) == sum(1 for i in range(n) for j in range(n) if abs(i - j) <= w)
     assert bt.chunked_pairs(n, w, 8) == 8 * 11 + 8 * 14 + 4 * 7
     assert bt.chunked_pairs(n, w, 64) == n * n
+
+
+# ------------------------------------------------------------------------ the HiRES-size case
+HIRES_CELLS, HIRES_BATCH = 96, 8
+
+
+def run_hires(capsys, sizes, *extra) -> tuple[int, str]:
+    argv = [
+        "--hires", "--chrom-sizes", str(sizes), "--chroms", "chrA", "chrB", "--shapes", f"100000:{STRATA}",
+        "--genes", "30", "--graph-degree", "3", "--batch", str(HIRES_BATCH), "--hires-cells", str(HIRES_CELLS),
+        "--hires-steps", "3", "--hires-warmup", "2", "--contacts", "2000", "--umis", "500",
+        "--matmul", "256", "--copy-mib", "16", *extra,
+    ]  # fmt: skip
+    rc = bt.main(argv)
+    return rc, capsys.readouterr().out
+
+
+def mode_line(out: str, mode: str) -> re.Match:
+    m = re.search(
+        rf"^hires 100000:{STRATA} {re.escape(mode)}: {NUMBER} steps/s \(eager {NUMBER}: {NUMBER}x\), launches/step (\d+) "
+        rf"\(aten ops called from outside aten; (\d+) dispatched under a dispatch mode\), "
+        rf"host syncs/step (\d+) \(\+(\d+) in optimizer.step, Adam's CPU step counts\), "
+        rf"compile {NUMBER} s, capture {NUMBER} s, first step {NUMBER} s, epoch {NUMBER} s \((\d+) steps\), "
+        rf"FLOP floor ratio {NUMBER}, bytes floor ratio {NUMBER}$",
+        out,
+        re.M,
+    )
+    assert m, (mode, out)
+    return m
+
+
+def n_parameter_tensors() -> int:
+    """Adam (not capturable, on CPU) reads each parameter's step count once per step."""
+    shape = bt.build_shape({"chrA": 3_000_000, "chrB": 2_000_000}, 100_000, STRATA, 30, 3, 0)
+    model = bt.PairedModel(bt.ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph)
+    return sum(1 for p in model.parameters() if p.requires_grad)
+
+
+def check_mode(out: str, mode: str) -> dict:
+    m = mode_line(out, mode)
+    steps_s, eager_s, ratio = (float(m.group(i)) for i in (1, 2, 3))
+    launches, dispatched, syncs, opt_syncs = (int(m.group(i)) for i in (4, 5, 6, 7))
+    compile_s, capture_s, _first, epoch_s = (float(m.group(i)) for i in (8, 9, 10, 11))
+    epoch_steps = int(m.group(12))
+    flop_ratio, bytes_ratio = float(m.group(13)), float(m.group(14))
+    assert steps_s > 0 and ratio == pytest.approx(steps_s / eager_s, abs=0.06), m.group(0)
+    assert syncs == 0, m.group(0)  # nothing inside the step waits for the host but Adam's step counts
+    assert opt_syncs == n_parameter_tensors(), m.group(0)
+    # the ops launched from outside aten are among those dispatched (a compiled step's
+    # fused kernels are neither; under a dispatch mode it runs its forward eagerly)
+    assert 0 < launches < dispatched and capture_s == 0.0
+    # the template validates on a tenth of the cells; the rest make the epoch's batches
+    train = HIRES_CELLS - round(0.1 * HIRES_CELLS)
+    assert epoch_steps == math.ceil(train / HIRES_BATCH)
+    assert epoch_s == pytest.approx(epoch_steps / steps_s, rel=0.02, abs=0.011)
+    assert 0 < flop_ratio <= 1.5 and 0 < bytes_ratio <= 1.5, m.group(0)
+    return {"compile": compile_s, "launches": launches, "dispatched": dispatched, "steps_s": steps_s}
+
+
+def test_hires_eager_and_early_stopping_limit(capsys, sizes):
+    rc, out = run_hires(capsys, sizes, "--modes", "eager", "graphed", "--hires-early-stopping", "--early-stopping-seconds", "1")
+    assert rc == 0, out
+    assert f"hires 100000:{STRATA} graphed: skipped (CUDA graphs need a GPU)" in out
+    eager = check_mode(out, "eager")
+    assert eager["compile"] == 0.0
+    floors = re.search(rf"floors: {NUMBER} GFLOP/step at (\d+) GFLOP/s = {NUMBER} ms; {NUMBER} GB/step .* at (\d+) GB/s = {NUMBER} ms", out)
+    assert floors and all(float(floors.group(i)) > 0 for i in range(1, 7)), out
+    # two stages of at least patience + 1 epochs do not fit in 1 s on a CPU; the steps run
+    # are those of the epochs begun (the template validates on a tenth: 86 cells, 11 batches)
+    m = re.search(
+        rf"hires early-stopping 100000:{STRATA} eager: did not stop within 1 s: epochs pretrain (\d+) of 300(?:, finetune (\d+) of 60)? so far, (\d+) steps",
+        out,
+    )
+    assert m, out
+    pre, fine, steps = int(m.group(1)), int(m.group(2) or 0), int(m.group(3))
+    per_epoch = math.ceil((HIRES_CELLS - round(0.1 * HIRES_CELLS)) / HIRES_BATCH)
+    done = per_epoch * (pre + fine - 1)  # every epoch but the last begun ran whole
+    assert done < steps <= done + per_epoch, (pre, fine, steps)
+
+
+@pytest.mark.slow
+def test_hires_eager_and_compiled_on_cpu(capsys, sizes):
+    """One compile (about a minute on two cores): the compiled step launches fewer aten
+    ops than the eager one and reads no scalar but Adam's counts."""
+    rc, out = run_hires(capsys, sizes, "--modes", "eager", "compiled")
+    assert rc == 0, out
+    eager, compiled = check_mode(out, "eager"), check_mode(out, "compiled")
+    assert compiled["compile"] > 0 and eager["compile"] == 0.0
+    assert compiled["launches"] < eager["launches"], out
+
+
+def test_host_sync_counter_counts_scalar_reads_and_optimizer_reads():
+    """The counter against a known answer: two ``.item()`` reads in the step, and one per
+    parameter inside ``Adam.step`` (its step counts, on CPU)."""
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
+    opt = torch.optim.Adam(params, lr=0.1)
+    counter = bt.SyncCounter()
+    with bt.counting_syncs(opt, counter):
+        loss = sum((p * p).sum() for p in params)
+        loss.item()
+        bool(loss > 0)
+        loss.backward()
+        opt.step()
+    assert (counter.syncs, counter.optimizer_syncs) == (2, len(params))
+    assert counter.ops > 0 and counter.cuda_syncs is None
+
+
+def test_profile_counts_from_events():
+    """Host launch calls, graph launches and GPU events per step, from profiler events."""
+
+    class Event:
+        def __init__(self, name, cuda=False):
+            self.name = name
+            self.device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+
+    class Prof:
+        def events(self):
+            host = ["cudaLaunchKernel"] * 6 + ["cudaGraphLaunch"] * 2 + ["cudaMemcpyAsync"] * 2 + ["aten::mm"] * 5
+            return [Event(n) for n in host] + [Event("gemm", cuda=True)] * 8
+
+    assert bt.profile_counts(Prof(), 2) == {"launches": 5.0, "graph_launches": 1.0, "gpu_events": 4.0}

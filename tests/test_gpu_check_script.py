@@ -45,6 +45,12 @@ case "$args" in
   *torch.__version__*) echo "2.13.0 12.4 True" ;;
   *is_bf16_supported*) exit 0 ;;
   *bench_memory_model*) echo "worst ratio 1.250 (mm10 1Mb L10, fp32)"; exit 1 ;;
+  *bench_train*--hires*) printf '%s%s%s%s\n' "hires 1000000:10 graphed: 312.40 steps/s (eager 17.2: 18.2x), launches/step 1 (graph launches 1), " \
+      "GPU kernels+copies/step 3300, host syncs/step 0 (+0 in optimizer.step; CUDA sync debug mode 0), " \
+      "compile 0.0 s, capture 1.20 s, first step 2.10 s, epoch 0.68 s (211 steps), " \
+      "FLOP floor ratio 0.100, bytes floor ratio 0.200"
+    echo "hires 1000000:10 graphed: host syncs by op: {}"
+    echo "hires early-stopping 1000000:10 graphed: did not stop within 40 s: epochs pretrain 12 of 300 so far, 2500 steps, 62.5 steps/s" ;;
   *bench_train*) echo "  matrix-product rate 50000.0 GFLOP/s wall"
     echo "  new: step 0.0500 s; floor 0.0100 s (1 GFLOP): floor ratio 0.200; its components sum to 1.10x its plain step (medians); 20.00 steps/s" ;;
   *pytest*) echo "5 passed in 3.00s" ;;
@@ -60,10 +66,17 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
     p = run({"PYTHON": str(fake), "GPU_CHECK_OUT": str(tmp_path / "o")})
     lines = p.stdout.splitlines()
     checks = {ln.split()[1]: ln for ln in lines if ln.startswith("CHECK ")}
-    assert list(checks) == ["env", "mem", "attn-fp32", "attn-bf16", "train", "pytest"], p.stdout
+    assert list(checks) == ["env", "mem", "attn-fp32", "attn-bf16", "train", "train-hires", "pytest"], p.stdout
     assert checks["mem"].startswith("CHECK mem FAIL worst ratio 1.250"), checks["mem"]
     assert checks["env"].startswith("CHECK env PASS fake - ok")
     assert "PASS" in checks["train"] and "20.00 steps/s" in checks["train"] and "50000.0 GFLOP/s" in checks["train"]
+    hires = checks["train-hires"]
+    assert hires.startswith(
+        "CHECK train-hires PASS 1000000:10 graphed: 312.40 steps/s 18.2x, launches/step 1, kernels 3300, host syncs/step 0 (sync debug mode 0), "
+        "compile 0.0 s, capture 1.20 s, epoch 0.68 s, FLOP floor 0.100, bytes floor 0.200; "
+        "early-stopping 1000000:10 graphed: did not stop within 40 s"
+    ), hires
+    assert "by op" not in hires
     assert checks["pytest"].startswith("CHECK pytest PASS 5 passed")
     assert lines[-1].startswith("gpu-check: FAIL") and p.returncode == 1
     assert (tmp_path / "o" / "mem.log").read_text().startswith("worst ratio")

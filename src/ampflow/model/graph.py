@@ -76,14 +76,15 @@ def graph_nll(v: torch.Tensor, src, dst, weight, sign, neg_samples: int, batch: 
     if sample is not None:
         idx, nt = sample
     else:
-        idx = torch.randint(n_edges, (min(batch, n_edges),), generator=generator)
+        # drawn by the generator where it lives (the CPU by default), used where v is
+        idx = torch.randint(n_edges, (min(batch, n_edges),), generator=generator).to(v.device)
     s, t, w, sg = src[idx], dst[idx], weight[idx].to(v.dtype), sign[idx].to(v.dtype)
     pos_logit = sg * (v.index_select(0, s) * v.index_select(0, t)).sum(1)
     loss_pos = F.binary_cross_entropy_with_logits(pos_logit, torch.ones_like(pos_logit), weight=w, reduction="sum")
     if neg_samples:
         ns = s.repeat(neg_samples)
         if sample is None:
-            nt = torch.randint(n_nodes, (ns.numel(),), generator=generator)
+            nt = torch.randint(n_nodes, (ns.numel(),), generator=generator).to(v.device)
         neg_logit = sg.repeat(neg_samples) * (v.index_select(0, ns) * v.index_select(0, nt)).sum(1)
         loss_neg = F.binary_cross_entropy_with_logits(neg_logit, torch.zeros_like(neg_logit), reduction="sum")
     else:

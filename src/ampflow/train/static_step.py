@@ -158,12 +158,18 @@ class StaticStep:
         #: bytes allocated at the peak of the last capture (what a replay's step uses:
         #: the graph replays the captured allocations in its private pool); None: no graph
         self.graph_peak: int | None = None
+        self._weights: LossWeights | None = None  # the last step's (which terms it returns)
         self.eager_steps = 0  # steps that ran outside a graph (trailing batches, warm-up excluded)
 
     # ------------------------------------------------------------- buffers
-    def term_names(self) -> list[str]:
+    def term_names(self, weights: LossWeights | None = None) -> list[str]:
+        """The terms of the step's output, in order: ``cross`` only where ``weights``
+        (default: the last step's; none yet: every term) train it, as the model computes
+        it only then."""
+        weights = weights or self._weights
         has_rna = self.model.has_rna
-        names = [t for t in TERM_ORDER if has_rna or t not in ("rna_nll", "rna_kl", "align", "cross")]
+        cross = weights is None or bool(weights.cross)
+        names = [t for t in TERM_ORDER if (has_rna or t not in ("rna_nll", "rna_kl", "align", "cross")) and (t != "cross" or cross)]
         return names
 
     def buffers(self, batch: int, n_genes: int, n_features: int, n_batches: int) -> StepBuffers:
@@ -191,11 +197,12 @@ class StaticStep:
         terms = (fn or self.fn)(self.model, weights, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
         terms["total"].backward()
         self.optimizer.step()
-        return torch.stack([terms[k].detach() for k in self.term_names()])
+        return torch.stack([terms[k].detach() for k in self.term_names(weights)])
 
     def step(self, bufs: StepBuffers, weights: LossWeights, full_batch: int) -> torch.Tensor:
         """One training step on the batch already in ``bufs`` (draws made here). Returns
         the loss terms (:meth:`term_names` order) as a new device tensor: no host sync."""
+        self._weights = weights
         draw_step(self.model, bufs, self.generator)
         batch = bufs.rna.shape[0]
         if batch != full_batch:  # the epoch's trailing batch: eager, no second compile or graph
