@@ -66,8 +66,9 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
     p = run({"PYTHON": str(fake), "GPU_CHECK_OUT": str(tmp_path / "o")})
     lines = p.stdout.splitlines()
     checks = {ln.split()[1]: ln for ln in lines if ln.startswith("CHECK ")}
-    assert list(checks) == ["env", "mem", "attn-fp32", "attn-bf16", "train", "train-hires", "pytest"], p.stdout
+    assert list(checks) == ["env", "mem", "mem-graphed", "attn-fp32", "attn-bf16", "train", "train-hires", "pytest"], p.stdout
     assert checks["mem"].startswith("CHECK mem FAIL worst ratio 1.250"), checks["mem"]
+    assert checks["mem-graphed"].startswith("CHECK mem-graphed FAIL worst ratio 1.250"), checks["mem-graphed"]
     assert checks["env"].startswith("CHECK env PASS fake - ok")
     assert "PASS" in checks["train"] and "20.00 steps/s" in checks["train"] and "50000.0 GFLOP/s" in checks["train"]
     hires = checks["train-hires"]
