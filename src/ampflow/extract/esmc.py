@@ -42,6 +42,7 @@ from torch import nn
 
 from ..base.errors import InputError
 from .checkpoint import Checkpoint, kept_blocks
+from .varlen import Fused
 
 # esm/utils/constants/esm3.py SEQUENCE_VOCAB (ESM3's sequence tokenizer, which ESM C uses):
 # one token per letter, <cls> first and <eos> last, unknown letters -> <unk>
@@ -141,6 +142,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-b, a], dim=-1) * sin
 
 
+def _rotate_qk(q, k, cos, sin):
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+_ROTATE_QK = Fused(_rotate_qk)  # one kernel on CUDA for the chain of elementwise passes
+
+
 class EsmcAttention(nn.Module):
     def __init__(self, cfg: EsmcConfig):
         super().__init__()
@@ -171,8 +179,7 @@ class EsmcAttention(nn.Module):
         q, k, v = self.layernorm_qkv(x).chunk(3, dim=-1)
         q, k = self.q_ln(q).to(q.dtype), self.k_ln(k).to(q.dtype)
         heads = (self.n_heads, -1)
-        q = apply_rotary(q.unflatten(-1, heads), cos, sin)  # (T, H, D/H)
-        k = apply_rotary(k.unflatten(-1, heads), cos, sin)
+        q, k = _ROTATE_QK(q.unflatten(-1, heads), k.unflatten(-1, heads), cos, sin)  # (T, H, D/H)
         return self.out_proj(attention(q, k, v.unflatten(-1, heads), packed).flatten(1))
 
 

@@ -338,10 +338,17 @@ class Embedder:
     def attention_backend(self) -> str:
         """The packed attention kernel for this model, device and dtype (chosen once, logged)."""
         if self._backend is None:
+            import contextlib
+
+            import torch
+
             from .varlen import choose
 
             dtype = self._autocast or next(self.model.parameters()).dtype
-            self._backend = choose(self.device, dtype, alibi=self.kind == "dnabert_s")
+            # probed as it will run (a compiled kernel is specialised to both)
+            amp = torch.autocast("cuda", dtype=self._autocast) if self._autocast is not None else contextlib.nullcontext()
+            with torch.inference_mode(), amp:
+                self._backend = choose(self.device, dtype, alibi=self.kind == "dnabert_s")
         return self._backend
 
     def _hidden_varlen(self, ids, packed) -> dict:

@@ -95,6 +95,8 @@ def _varlen(q, k, v, packed: Packed, slopes):
     if slopes is not None:
         raise NotImplementedError("varlen_attn takes no bias (ALiBi)")
     m = packed.max_len
+    # the kernel's layout (ESM C's v is a view into the fused q/k/v projection)
+    q, k, v = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v))
     # positional arguments only: the signature torch 2.10-2.13 share
     return varlen_attn(q, k, v, packed.cu_seqlens, packed.cu_seqlens, m, m)
 
@@ -242,3 +244,29 @@ def choose(device, dtype=torch.float32, alibi: bool = False) -> str:
 def chosen_backends() -> dict:
     """What :func:`choose` chose so far: ``"device dtype [alibi]" -> backend``."""
     return {f"{k[0]}{'' if k[1] is None else ':' + str(k[1])} {str(k[2]).removeprefix('torch.')}{' alibi' if k[3] else ''}": v for k, v in _CHOSEN.items()}
+
+
+class Fused:
+    """``fn`` compiled on CUDA (``torch.compile``, dynamic shapes: one kernel for a chain
+    of elementwise operations that would each read and write the whole ``(T, ...)``
+    tensor), as is elsewhere. A compilation that fails (no Triton, no C compiler) is
+    logged once and the eager function used from then on: the same values, slower."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.compiled = None
+        self.failed = False
+
+    def __call__(self, *args):
+        if self.failed or args[0].device.type != "cuda":
+            return self.fn(*args)
+        if self.compiled is None:
+            self.compiled = torch.compile(self.fn, dynamic=True)
+        try:
+            return self.compiled(*args)
+        except Exception as e:  # a backend this machine lacks: eager from now on
+            log.warning(
+                "torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(e).__name__, str(e).splitlines()[0][:160] if str(e) else ""
+            )
+            self.failed = True
+            return self.fn(*args)
