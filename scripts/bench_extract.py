@@ -32,13 +32,20 @@ the 181 Prodigal proteins of ``../shared/data/fasta/vibrant_mixed_example_prodig
    sorted batches, and the mean GPU utilisation the telemetry sampler saw meanwhile.
 
 5. ``--device cuda --dtype bfloat16`` (alone: parts 1-4 do not run, and nothing is read
-   from ``../shared``): per GPU, tokens/s and sequences/s of ESM-2 650M- and 3B-shaped
-   random models (``--device-shapes``; built in code from the published configs, never
-   downloaded) on synthetic inputs drawn with a seed from the real files' length
-   quantiles (:data:`LENGTH_QUANTILES`), padded and packed batches in the same run, each
-   against the floor the card's own measured bf16 matmul rate sets (2 x parameters FLOP
-   per token), with the padding fraction and peak memory. ``--device cpu --device-shapes
-   tiny`` runs the same code on the CPU (the tests do).
+   from ``../shared``): per GPU, per model shape (``--device-shapes``: ESM-2 650M and 3B,
+   ESM C 600M, DNABERT-S; random weights built in code from the published configs, never
+   downloaded) and input set (synthetic inputs drawn with a seed from the real files'
+   length quantiles, :data:`LENGTH_QUANTILES`), through ``Embedder.embed``: tokens/s and
+   sequences/s packed without mask (``varlen``), padded, packed rows with a
+   block-diagonal mask (``masked``, ESM-2 and ESM C) and one sequence at a time
+   (``alone``, on a sample), each against the floor the card's own measured bf16 matmul
+   rate sets (2 x parameters FLOP per token), with the padding fraction and peak memory;
+   then the cosine of the packed vectors to the ones alone, the attention kernel chosen,
+   and the components of a profiler trace of one packed pass (attention, matmul, layer
+   norm, gather, elementwise; host = the wall time the GPU was idle). ``--quick-gpu`` is
+   the short version ``make gpu-check`` runs (the mixed proteins and the viral reads, 600
+   each, one repeat). ``--device cpu --device-shapes tiny,tiny_esmc,tiny_dna`` runs the
+   same code on the CPU (the tests do).
 
 The model is esm2_t6_8M-shaped by default (``--shape``); its weights are random, which
 does not change the work a forward pass does. CPU figures depend on what else the
@@ -51,6 +58,7 @@ Examples::
     python scripts/bench_extract.py --skip-batching --skip-workers --shape t12   # part 3 only
     python scripts/bench_extract.py --quick   # tiny models, a few sequences: does it run
     python scripts/bench_extract.py --device cuda --dtype bfloat16   # part 5, on a GPU node
+    python scripts/bench_extract.py --quick-gpu   # its short version (make gpu-check)
 """
 
 from __future__ import annotations
@@ -179,7 +187,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick_gpu:
         args.device = args.device or "cuda"
         args.device_sets, args.device_dna_sets, args.repeats = "prodigal_proteins", "viral_reads", 1
-        args.device_n, args.device_dna_n, args.alone_n, args.profile_n = 800, 800, 32, 200
+        args.device_n, args.device_dna_n, args.alone_n, args.profile_n = 600, 600, 32, 200
     if args.quick:
         args.shape, args.dna_shape, args.repeats, args.skip_workers = "tiny", "tiny", 1, True
     return args
