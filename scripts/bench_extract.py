@@ -24,9 +24,9 @@ the 181 Prodigal proteins of ``../shared/data/fasta/vibrant_mixed_example_prodig
    of them); each batch counts with its best of ``--repeats`` + 1 (of all its runs where
    two schemes share it). The figure is default /
    one at a time in sequences/s, which the default rule must keep >= 1.0, printed with
-   the load average. For ESM-2 also packed rows (``pack: true`` on the CPU:
-   ``plan_packed``, short sequences sharing rows of 256 tokens, block-diagonal
-   attention), which the CPU default leaves off.
+   the load average. Also packed batches (``pack: true`` on the CPU:
+   ``plan_varlen``, short sequences one after another, up to 256 tokens, attention
+   per sequence, no mask), which the CPU default leaves off.
 4. GPU, only when CUDA is available: tokens/s of a model of esm2_t33_650M's shape
    (1280 wide, 33 blocks, 20 heads) in float32 and under bfloat16 autocast on the same
    sorted batches, and the mean GPU utilisation the telemetry sampler saw meanwhile.
@@ -77,7 +77,7 @@ try:
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from ampflow.extract.batching import fixed_batches, packed_padded_tokens, padding_fraction, plan_batches, plan_packed, token_budget_batches
+from ampflow.extract.batching import fixed_batches, padding_fraction, plan_batches, plan_varlen, token_budget_batches
 from ampflow.extract.config import ExtractSettings, ModelSpec
 from ampflow.extract.dnabert import DnabertConfig, DnabertModel
 from ampflow.extract.esmc import EsmcConfig, EsmcModel, EsmcTokenizer
@@ -253,11 +253,10 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
         "one at a time (tokens_per_batch 1)": plan_batches(lengths, "cpu", 1, kind=emb.kind),
         f"old: sorted, token budget {OLD_BUDGET}": token_budget_batches(lengths, OLD_BUDGET),
     }
-    rows: dict[tuple, list] = {}  # packed batches: their rows
-    if emb.kind in PACKABLE:
-        packed, emb.row_tokens = plan_packed(lengths, "cpu", args.budget, kind=emb.kind)
-        schemes["packed rows (pack: true)"] = packed
-        rows = {("packed", *b): emb._rows([toks[i] for i in b]) for b in packed}
+    # pack: true on the CPU: its batches, sequences one after another, no mask
+    packed = plan_varlen(lengths, "cpu", args.budget, kind=emb.kind)
+    schemes["packed, no mask (pack: true)"] = packed
+    rows = {("packed", *b) for b in packed}
 
     def key(name: str, b: list[int]) -> tuple:
         return ("packed", *b) if name.startswith("packed") else tuple(b)
@@ -271,7 +270,7 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
                 k = key(name, b)
                 members = [toks[i] for i in b]
                 t0 = time.perf_counter()
-                got = emb.embed_packed(members, rows[k]) if k in rows else emb.embed_batch(members)
+                got = emb.embed_varlen(members) if k in rows else emb.embed_batch(members)
                 vecs[name][b] = got[emb.products[0]]
                 best[k] = min(best.get(k, float("inf")), time.perf_counter() - t0)
     sec = {name: sum(best[key(name, b)] for b in batches) for name, batches in schemes.items()}
@@ -282,13 +281,12 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
     for name, batches in schemes.items():
         pad = padding_fraction(lengths, batches)
         if name.startswith("packed"):
-            pad = 1 - sum(lengths) / sum(packed_padded_tokens(lengths, [[b[j] for j in r] for r in rows[key(name, b)]]) for b in batches)
+            pad = 0.0
         print(f"  {name:<38} {len(batches):>7} {100 * pad:>7.1f}% {sec[name]:>8.2f} {len(seqs) / sec[name]:>8.1f} {one / sec[name]:>6.2f}x")
     diff = max(float(np.abs(vecs[n] - vecs[names[1]]).max()) for n in names)
     ratio = one / sec[names[0]]
     print(f"  default / one at a time: {ratio:.3f}x sequences/s (load average {os.getloadavg()[0]:.2f}); vectors differ by <= {diff:.2g}")
-    if rows:
-        print(f"  packed / one at a time: {one / sec[names[3]]:.3f}x sequences/s")
+    print(f"  packed / one at a time: {one / sec[names[3]]:.3f}x sequences/s")
     return ratio
 
 
