@@ -418,7 +418,7 @@ def build_device_model(shape_name: str, device: str, tdtype):
             model = DnabertModel(DnabertConfig(vocab_size=len(tokenizer), **shape))
             depth = shape["num_hidden_layers"]
     model = model.to(tdtype).eval()
-    embedding = ("embeddings.", "embed.", "sequence_head.", "encoder.slopes")
+    embedding = ("embeddings.", "embed.", "sequence_head.", "pooler.", "contact_head.")  # lookups, heads never run
     # 2 x parameters FLOP per token: the blocks' weights (the embedding is a lookup)
     params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(embedding))
     return kind, model, tokenizer, depth, params

@@ -192,20 +192,59 @@ def test_token_budget_follows_free_memory():
         assert b * per_token <= VARLEN_MEMORY_SHARE * gib * 2**30 < (b + 1) * per_token
 
 
+def test_a_backend_failing_on_a_shape_falls_back_to_per_sequence(monkeypatch, caplog):
+    """A kernel that fails on a shape its probe did not cover (flex_attention below a head
+    width of 16) gives the per-sequence result, says so once, and is not tried again for
+    that shape; running out of memory is raised for the batch split instead."""
+    caplog.set_level(logging.WARNING, logger="ampflow.extract.varlen")
+    calls = []
+
+    def broken(q, k, v, packed, slopes):
+        calls.append(1)
+        raise RuntimeError("head width below 16")
+
+    monkeypatch.setitem(varlen._IMPL, "flex", broken)
+    monkeypatch.setattr(varlen, "_UNSUPPORTED", set())
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(30, 2, 8, generator=g) for _ in range(3))
+    want = varlen.attention(q, k, v, varlen.pack([12, 18], "cpu", "segments"))
+    for _ in range(2):
+        torch.testing.assert_close(varlen.attention(q, k, v, varlen.pack([12, 18], "cpu", "flex")), want)
+    assert len(calls) == 1 and sum("per-sequence attention instead" in r.getMessage() for r in caplog.records) == 1
+
+    def oom(q, k, v, packed, slopes):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setitem(varlen._IMPL, "flex", oom)
+    with pytest.raises(torch.OutOfMemoryError):
+        varlen.attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], varlen.pack([12, 18], "cpu", "flex"))
+
+
 # ---------------------------------------------------------------- on a GPU
-gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+@pytest.fixture(scope="module")
+def gpu_folders(tmp_path_factory):
+    """Tiny models with heads 16 wide (FlashAttention takes multiples of 8, flex_attention
+    at least 16; the real ones are 64 wide)."""
+    from ampflow.extract.tiny import write_dnabert_s, write_esm2, write_esmc
+
+    root = tmp_path_factory.mktemp("varlen_gpu_models")
+    return {
+        "esm2": write_esm2(root / "esm2", seed=3, hidden=64, heads=4, intermediate=128),
+        "esmc": write_esmc(root / "esmc", seed=3, hidden=64, heads=4),
+        "dnabert_s": write_dnabert_s(root / "dnabert_s", seed=3, hidden=64, heads=4, intermediate=128),
+    }
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_packed_equals_one_at_a_time_on_the_gpu(folders, kind, dtype):
+def test_packed_equals_one_at_a_time_on_the_gpu(gpu_folders, kind, dtype):
     """On CUDA in the run's dtype, through the backend chosen there (logged): packed
     against each sequence alone on the same device (fp32 to 1e-5 where the per-sequence
     fallback runs, else cosine; bf16 cosine >= 0.999) and against the CPU's fp32."""
     seqs = sequences(kind, 40, seed=5, hi=300)
-    emb = embedder(kind, folders[kind], device="cuda", dtype=dtype, layer=[2], pooling=["mean"], per_token=False)
+    emb = embedder(kind, gpu_folders[kind], device="cuda", dtype=dtype, layer=[2], pooling=["mean"], per_token=False)
     backend = emb.attention_backend
     if dtype == "bfloat16":
         assert backend == ("flex" if kind == "dnabert_s" else "varlen"), backend
@@ -213,7 +252,7 @@ def test_packed_equals_one_at_a_time_on_the_gpu(folders, kind, dtype):
     got, stats = emb.embed(seqs)
     assert stats["attention"] == backend and stats["padded_tokens"] == stats["tokens"]
     got = got["L2.mean"]
-    cpu = alone(embedder(kind, folders[kind], layer=[2], pooling=["mean"], per_token=False), seqs)["L2.mean"]
+    cpu = alone(embedder(kind, gpu_folders[kind], layer=[2], pooling=["mean"], per_token=False), seqs)["L2.mean"]
     if dtype == "float32" and backend == "segments":
         np.testing.assert_allclose(got, ref, atol=1e-5, rtol=1e-5)
     assert cos(got, ref).min() >= 0.999

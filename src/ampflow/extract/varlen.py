@@ -187,7 +187,27 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed,
     backend = packed.backend
     if backend == "varlen" and (slopes is not None or q.dtype == torch.float32):
         backend = "segments"
-    return _IMPL[backend](q, k, v, packed, slopes)
+    shape = (backend, q.shape[-1], q.dtype, q.device.type)
+    if backend == "segments" or shape in _UNSUPPORTED:
+        return _segments(q, k, v, packed, slopes)
+    try:
+        return _IMPL[backend](q, k, v, packed, slopes)
+    except Exception as e:
+        from .batching import is_out_of_memory
+
+        if is_out_of_memory(e):  # the batch is split by the caller
+            raise
+        # a shape the probe did not cover (flex needs a head width >= 16): the exact
+        # per-sequence path from now on for this shape, said once
+        _UNSUPPORTED.add(shape)
+        first = str(e).splitlines()[0][:160] if str(e) else ""
+        log.warning(
+            "%s attention failed for head width %d, %s (%s: %s); per-sequence attention instead", backend, q.shape[-1], q.dtype, type(e).__name__, first
+        )
+        return _segments(q, k, v, packed, slopes)
+
+
+_UNSUPPORTED: set = set()
 
 
 _CHOSEN: dict = {}
