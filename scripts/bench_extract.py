@@ -429,7 +429,7 @@ COMPONENTS = (
     ("attention", ("flash", "fmha", "attention", "attn", "flex", "triton_tem", "sdpa", "softmax")),
     ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "addmm", "aten::mm", "linear", "bmm")),
     ("layer norm", ("layer_norm", "layernorm")),
-    ("gather", ("index", "gather", "scatter", "embedding", "bincount", "cat", "copy", "repeat_interleave")),
+    ("gather/copy", ("index", "gather", "scatter", "embedding", "bincount", "cat", "copy", "repeat_interleave")),
 )
 
 
