@@ -24,21 +24,28 @@ the 181 Prodigal proteins of ``../shared/data/fasta/vibrant_mixed_example_prodig
    of them); each batch counts with its best of ``--repeats`` + 1 (of all its runs where
    two schemes share it). The figure is default /
    one at a time in sequences/s, which the default rule must keep >= 1.0, printed with
-   the load average. For ESM-2 also packed rows (``pack: true`` on the CPU:
-   ``plan_packed``, short sequences sharing rows of 256 tokens, block-diagonal
-   attention), which the CPU default leaves off.
+   the load average. Also packed batches (``pack: true`` on the CPU:
+   ``plan_varlen``, short sequences one after another, up to 256 tokens, attention
+   per sequence, no mask), which the CPU default leaves off.
 4. GPU, only when CUDA is available: tokens/s of a model of esm2_t33_650M's shape
    (1280 wide, 33 blocks, 20 heads) in float32 and under bfloat16 autocast on the same
    sorted batches, and the mean GPU utilisation the telemetry sampler saw meanwhile.
 
 5. ``--device cuda --dtype bfloat16`` (alone: parts 1-4 do not run, and nothing is read
-   from ``../shared``): per GPU, tokens/s and sequences/s of ESM-2 650M- and 3B-shaped
-   random models (``--device-shapes``; built in code from the published configs, never
-   downloaded) on synthetic inputs drawn with a seed from the real files' length
-   quantiles (:data:`LENGTH_QUANTILES`), padded and packed batches in the same run, each
-   against the floor the card's own measured bf16 matmul rate sets (2 x parameters FLOP
-   per token), with the padding fraction and peak memory. ``--device cpu --device-shapes
-   tiny`` runs the same code on the CPU (the tests do).
+   from ``../shared``): per GPU, per model shape (``--device-shapes``: ESM-2 650M and 3B,
+   ESM C 600M, DNABERT-S; random weights built in code from the published configs, never
+   downloaded) and input set (synthetic inputs drawn with a seed from the real files'
+   length quantiles, :data:`LENGTH_QUANTILES`), through ``Embedder.embed``: tokens/s and
+   sequences/s packed without mask (``varlen``), padded, packed rows with a
+   block-diagonal mask (``masked``, ESM-2 and ESM C) and one sequence at a time
+   (``alone``, on a sample), each against the floor the card's own measured bf16 matmul
+   rate sets (2 x parameters FLOP per token), with the padding fraction and peak memory;
+   then the cosine of the packed vectors to the ones alone, the attention kernel chosen,
+   and the components of a profiler trace of one packed pass (attention, matmul, layer
+   norm, gather, elementwise; host = the wall time the GPU was idle). ``--quick-gpu`` is
+   the short version ``make gpu-check`` runs (the mixed proteins and the viral reads, 600
+   each, one repeat). ``--device cpu --device-shapes tiny,tiny_esmc,tiny_dna`` runs the
+   same code on the CPU (the tests do).
 
 The model is esm2_t6_8M-shaped by default (``--shape``); its weights are random, which
 does not change the work a forward pass does. CPU figures depend on what else the
@@ -51,6 +58,7 @@ Examples::
     python scripts/bench_extract.py --skip-batching --skip-workers --shape t12   # part 3 only
     python scripts/bench_extract.py --quick   # tiny models, a few sequences: does it run
     python scripts/bench_extract.py --device cuda --dtype bfloat16   # part 5, on a GPU node
+    python scripts/bench_extract.py --quick-gpu   # its short version (make gpu-check)
 """
 
 from __future__ import annotations
@@ -69,12 +77,14 @@ try:
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from ampflow.extract.batching import fixed_batches, packed_padded_tokens, padding_fraction, plan_batches, plan_packed, token_budget_batches
+from ampflow.extract.batching import fixed_batches, padding_fraction, plan_batches, plan_varlen, token_budget_batches
 from ampflow.extract.config import ExtractSettings, ModelSpec
+from ampflow.extract.dnabert import DnabertConfig, DnabertModel
+from ampflow.extract.esmc import EsmcConfig, EsmcModel, EsmcTokenizer
 from ampflow.extract.models import PACKABLE, Embedder, load_embedder
 from ampflow.extract.run import extract_fasta
 from ampflow.extract.telemetry import GpuSampler
-from ampflow.extract.tiny import ESM2_650M, TINY, esm2_model, write_dnabert_s, write_esm2
+from ampflow.extract.tiny import ESM2_650M, TINY, dna_tokenizer, esm2_model, write_dnabert_s, write_esm2
 from ampflow.io.fasta import DNA, PROTEIN, FastaCleaner, FastaPolicy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,12 +100,19 @@ DNA_SHAPES = {
     "small": {"hidden": 256, "layers": 4, "heads": 4, "intermediate": 1024},
     "base": {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072},  # DNABERT-S
 }
-# Part 5's model shapes: esm2_t33_650M_UR50D and esm2_t36_3B_UR50D (their config.json)
+# Part 5's model shapes: esm2_t33_650M_UR50D and esm2_t36_3B_UR50D (their config.json),
+# ESM C 600M (esm/pretrained.py) and DNABERT-S (its config.json); (kind, shape)
 DEVICE_SHAPES = {
-    "tiny": TINY,
-    "650M": ESM2_650M,
-    "3B": {"hidden": 2560, "layers": 36, "heads": 40, "intermediate": 10240},
+    "tiny": ("esm2", TINY),
+    "tiny_esmc": ("esmc", {"d_model": 32, "n_heads": 4, "n_layers": 2}),
+    "tiny_dna": ("dnabert_s", {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}),
+    "650M": ("esm2", ESM2_650M),
+    "3B": ("esm2", {"hidden": 2560, "layers": 36, "heads": 40, "intermediate": 10240}),
+    "esmc600M": ("esmc", {"d_model": 1152, "n_heads": 18, "n_layers": 36}),
+    "dnabert_s": ("dnabert_s", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}),
 }
+# The issue's targets for the packed path on the mixed protein set, as shares of the floor
+TARGETS = {("3B", "prodigal_proteins"): 0.50, ("650M", "prodigal_proteins"): 0.35}
 # Length quantiles (0, 5, ..., 100 %) of real inputs, letters per sequence, computed once
 # with numpy.percentile from the files of ../shared/data/fasta/ (2026-11-26) and written
 # here so that the benchmark travels without that folder: (file, sequences, quantiles).
@@ -123,6 +140,7 @@ LENGTH_QUANTILES = {
     ),
 }
 PROTEIN_SETS = ("prodigal_proteins", "esm_proteins", "viral_proteins")
+DNA_SETS = ("viral_reads", "viral_genomes")
 OLD_BUDGET = 4096  # the CPU's batches before plan_batches: sorted under the GPU's budget
 # the config the bench reads its proteins with: whole headers as ids (Prodigal), ESM-2's limit
 POLICY = FastaPolicy(ids="header")
@@ -143,9 +161,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny models, 30 proteins, 1 repeat, no part 2: does it run")
     p.add_argument("--device", choices=["cpu", "cuda"], help="part 5 only, on this device (synthetic inputs)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16", help="part 5's dtype (the CPU uses float32)")
-    p.add_argument("--device-shapes", default="650M,3B", help="part 5's ESM-2 shapes, of " + ", ".join(DEVICE_SHAPES))
-    p.add_argument("--device-sets", default=",".join(PROTEIN_SETS), help="part 5's input sets, of " + ", ".join(PROTEIN_SETS))
-    p.add_argument("--device-n", type=int, default=2000, help="synthetic sequences per input set in part 5")
+    p.add_argument("--device-shapes", default="650M,3B,esmc600M,dnabert_s", help="part 5's model shapes, of " + ", ".join(DEVICE_SHAPES))
+    p.add_argument("--device-sets", default=",".join(PROTEIN_SETS), help="part 5's protein input sets, of " + ", ".join(PROTEIN_SETS))
+    p.add_argument("--device-dna-sets", default=",".join(DNA_SETS), help="part 5's DNA input sets (DNABERT-S), of " + ", ".join(DNA_SETS))
+    p.add_argument("--device-n", type=int, default=2000, help="synthetic proteins per input set in part 5")
+    p.add_argument("--device-dna-n", type=int, default=2000, help="synthetic DNA sequences per input set in part 5")
+    p.add_argument("--alone-n", type=int, default=64, help="part 5's sample run one sequence at a time (and the cosine check)")
+    p.add_argument("--profile-n", type=int, default=400, help="sequences of part 5's profiled packed pass")
+    p.add_argument(
+        "--quick-gpu",
+        action="store_true",
+        help="part 5's short version (gpu-check): 650M, 3B, ESM C 600M, DNABERT-S on the mixed proteins and viral reads, 1 repeat",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic sequences")
     args = p.parse_args(argv)
     for name in args.device_shapes.split(","):
@@ -154,6 +181,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in args.device_sets.split(","):
         if name not in PROTEIN_SETS:
             p.error(f"--device-sets: unknown input set {name!r} (known: {', '.join(PROTEIN_SETS)})")
+    for name in args.device_dna_sets.split(","):
+        if name not in DNA_SETS:
+            p.error(f"--device-dna-sets: unknown input set {name!r} (known: {', '.join(DNA_SETS)})")
+    if args.quick_gpu:
+        args.device = args.device or "cuda"
+        args.device_sets, args.device_dna_sets, args.repeats = "prodigal_proteins", "viral_reads", 1
+        args.device_n, args.device_dna_n, args.alone_n, args.profile_n = 600, 600, 32, 200
     if args.quick:
         args.shape, args.dna_shape, args.repeats, args.skip_workers = "tiny", "tiny", 1, True
     return args
@@ -219,11 +253,10 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
         "one at a time (tokens_per_batch 1)": plan_batches(lengths, "cpu", 1, kind=emb.kind),
         f"old: sorted, token budget {OLD_BUDGET}": token_budget_batches(lengths, OLD_BUDGET),
     }
-    rows: dict[tuple, list] = {}  # packed batches: their rows
-    if emb.kind in PACKABLE:
-        packed, emb.row_tokens = plan_packed(lengths, "cpu", args.budget, kind=emb.kind)
-        schemes["packed rows (pack: true)"] = packed
-        rows = {("packed", *b): emb._rows([toks[i] for i in b]) for b in packed}
+    # pack: true on the CPU: its batches, sequences one after another, no mask
+    packed = plan_varlen(lengths, "cpu", args.budget, kind=emb.kind)
+    schemes["packed, no mask (pack: true)"] = packed
+    rows = {("packed", *b) for b in packed}
 
     def key(name: str, b: list[int]) -> tuple:
         return ("packed", *b) if name.startswith("packed") else tuple(b)
@@ -237,7 +270,7 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
                 k = key(name, b)
                 members = [toks[i] for i in b]
                 t0 = time.perf_counter()
-                got = emb.embed_packed(members, rows[k]) if k in rows else emb.embed_batch(members)
+                got = emb.embed_varlen(members) if k in rows else emb.embed_batch(members)
                 vecs[name][b] = got[emb.products[0]]
                 best[k] = min(best.get(k, float("inf")), time.perf_counter() - t0)
     sec = {name: sum(best[key(name, b)] for b in batches) for name, batches in schemes.items()}
@@ -248,13 +281,12 @@ def part_cpu_rule(args, label: str, emb: Embedder, seqs: list[str]) -> float:
     for name, batches in schemes.items():
         pad = padding_fraction(lengths, batches)
         if name.startswith("packed"):
-            pad = 1 - sum(lengths) / sum(packed_padded_tokens(lengths, [[b[j] for j in r] for r in rows[key(name, b)]]) for b in batches)
+            pad = 0.0
         print(f"  {name:<38} {len(batches):>7} {100 * pad:>7.1f}% {sec[name]:>8.2f} {len(seqs) / sec[name]:>8.1f} {one / sec[name]:>6.2f}x")
     diff = max(float(np.abs(vecs[n] - vecs[names[1]]).max()) for n in names)
     ratio = one / sec[names[0]]
     print(f"  default / one at a time: {ratio:.3f}x sequences/s (load average {os.getloadavg()[0]:.2f}); vectors differ by <= {diff:.2g}")
-    if rows:
-        print(f"  packed / one at a time: {one / sec[names[3]]:.3f}x sequences/s")
+    print(f"  packed / one at a time: {one / sec[names[3]]:.3f}x sequences/s")
     return ratio
 
 
@@ -362,11 +394,88 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def part_device(args) -> list[dict]:
-    """Part 5: per shape and input set, padded and packed, median of ``--repeats`` runs of
-    ``Embedder.embed`` (the extraction's own batching), against the matmul floor."""
+def build_device_model(shape_name: str, device: str, tdtype):
+    """(kind, model, tokenizer, depth, non-embedding parameters) of a part 5 shape, random
+    weights built on ``device`` in ``tdtype`` (never downloaded)."""
     import torch
-    from transformers import AutoTokenizer
+
+    kind, shape = DEVICE_SHAPES[shape_name]
+    with torch.device(device):
+        if kind == "esm2":
+            from transformers import AutoTokenizer
+
+            with tempfile.TemporaryDirectory() as tmp:
+                tokenizer = AutoTokenizer.from_pretrained(str(write_esm2(Path(tmp) / "vocab", seed=0)), local_files_only=True)
+            model = esm2_model(0, **shape)
+            depth = shape["layers"]
+        elif kind == "esmc":
+            torch.manual_seed(0)
+            model = EsmcModel(EsmcConfig(**shape))
+            tokenizer, depth = EsmcTokenizer(), shape["n_layers"]
+        else:
+            tokenizer = dna_tokenizer(0)
+            torch.manual_seed(0)
+            model = DnabertModel(DnabertConfig(vocab_size=len(tokenizer), **shape))
+            depth = shape["num_hidden_layers"]
+    model = model.to(tdtype).eval()
+    embedding = ("embeddings.", "embed.", "sequence_head.", "pooler.", "contact_head.")  # lookups, heads never run
+    # 2 x parameters FLOP per token: the blocks' weights (the embedding is a lookup)
+    params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(embedding))
+    return kind, model, tokenizer, depth, params
+
+
+# kernel names -> the components the profile reports (first match wins)
+COMPONENTS = (
+    ("attention", ("flash", "fmha", "attention", "attn", "flex", "triton_tem", "sdpa", "softmax")),
+    ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "addmm", "aten::mm", "linear", "bmm")),
+    ("layer norm", ("layer_norm", "layernorm")),
+    ("gather/copy", ("index", "gather", "scatter", "embedding", "bincount", "cat", "copy", "repeat_interleave")),
+)
+
+
+def component(name: str) -> str:
+    low = name.lower()
+    return next((c for c, keys in COMPONENTS if any(k in low for k in keys)), "elementwise")
+
+
+def profile_components(emb: Embedder, seqs: list[str], device: str) -> tuple[dict, float]:
+    """Where one packed ``embed`` spends its time: device kernel time per component
+    (CPU: the operators' own time) and ``host``, the wall time the device was idle;
+    seconds each, and the wall seconds."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        emb.embed(seqs)
+        sync(device)
+    wall = time.perf_counter() - t0
+    out: dict[str, float] = {}
+    if device == "cuda":
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                c = component(e.name)
+                out[c] = out.get(c, 0.0) + e.time_range.elapsed_us() / 1e6
+    else:
+        for e in prof.key_averages():
+            if e.key.startswith("aten::"):
+                c = component(e.key)
+                out[c] = out.get(c, 0.0) + e.self_cpu_time_total / 1e6
+    busy = sum(out.values())
+    out["host"] = max(0.0, wall - busy) if device == "cuda" else 0.0
+    return out, wall
+
+
+def part_device(args) -> list[dict]:
+    """Part 5: per shape and input set, packed without mask (``varlen``), padded (the
+    GPU's path before it), packed rows with a block-diagonal mask (``masked``, ESM-2 and
+    ESM C) and one sequence at a time (``alone``, on a sample), each through
+    ``Embedder.embed`` (the extraction's own batching), median of ``--repeats`` runs
+    against the floor the card's measured matmul rate sets; then the profile of one
+    packed pass and the cosine of packed against alone vectors."""
+    import torch
 
     device = args.device
     dtype = args.dtype if device == "cuda" else "float32"
@@ -376,23 +485,35 @@ def part_device(args) -> list[dict]:
         return []
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     rate = matmul_rate(device, tdtype, 8192 if device == "cuda" else 512)
-    print(f"\n5. {name}, {dtype}: measured matmul rate {rate / 1e12:.3g} TFLOP/s; median of {args.repeats} run(s); seed {args.seed}")
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = AutoTokenizer.from_pretrained(str(write_esm2(Path(tmp) / "vocab", seed=0)), local_files_only=True)
-    print(f"{'shape':<6} {'input set':<18} {'batches':<7} {'seqs':>6} {'tokens':>9} {'padding':>8} {'seconds':>8} "
-          f"{'tokens/s':>10} {'seq/s':>8} {'floor s':>8} {'of floor':>8} {'peak MiB':>9}")  # fmt: skip
+    print(f"\n5. {name}, torch {torch.__version__}, {dtype}: measured matmul rate {rate / 1e12:.3g} TFLOP/s; "
+          f"median of {args.repeats} run(s); seed {args.seed}")  # fmt: skip
+    print(f"{'shape':<10} {'input set':<18} {'path':<7} {'seqs':>6} {'tokens':>9} {'padding':>8} {'seconds':>8} "
+          f"{'tokens/s':>10} {'seq/s':>8} {'of floor':>8} {'peak MiB':>9}")  # fmt: skip
     rows = []
     for shape_name in args.device_shapes.split(","):
-        shape = DEVICE_SHAPES[shape_name]
-        with torch.device(device):
-            model = esm2_model(0, **shape).to(tdtype)
-        # 2 x parameters FLOP per token: the blocks' weights (the embedding is a lookup)
-        params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("embeddings."))
-        for set_name in args.device_sets.split(","):
-            seqs = [s[:1022] for s in synthetic_sequences(set_name, args.device_n, args.seed)]
-            for pack in (False, True):
-                emb = Embedder("esm2", model, tokenizer, [shape["layers"]], device=device, dtype=dtype, pack=pack)
-                emb.embed(seqs[:8])  # warm-up
+        t_build = time.perf_counter()
+        kind, model, tokenizer, depth, params = build_device_model(shape_name, device, tdtype)
+        print(f"{shape_name:<10} {kind}, {params / 1e6:.0f}M block parameters, built in {time.perf_counter() - t_build:.1f} s")
+        sets = args.device_dna_sets if kind == "dnabert_s" else args.device_sets
+        for set_name in sets.split(","):
+            if kind == "dnabert_s":
+                seqs = [s[:10000] for s in synthetic_sequences(set_name, args.device_dna_n, args.seed, letters="ACGT")]
+            else:
+                seqs = [s[:1022] for s in synthetic_sequences(set_name, args.device_n, args.seed)]
+            sample = seqs[: args.alone_n]
+            paths = ["varlen", "padded"] + (["masked"] if kind in PACKABLE else []) + ["alone"]
+            got: dict[str, dict] = {}
+            vectors: dict[str, np.ndarray] = {}
+            for path in paths:
+                pack = path in ("varlen", "masked")
+                emb = Embedder(
+                    kind, model, tokenizer, [depth], device=device, dtype=dtype, pack=pack, packed_attention="mask" if path == "masked" else "varlen"
+                )
+                if path == "alone":
+                    emb.tokens_per_batch = 1  # one sequence per batch on any device
+                todo = sample if path == "alone" else seqs
+                # warm-up: the kernels of every shape (flex_attention compiles per length)
+                emb.embed(todo if path == "varlen" and emb.attention_backend == "flex" else todo[:16])
                 runs = []
                 for _ in range(args.repeats):
                     base = 0
@@ -401,30 +522,54 @@ def part_device(args) -> list[dict]:
                         torch.cuda.reset_peak_memory_stats()
                         base = torch.cuda.memory_allocated()
                     t0 = time.perf_counter()
-                    _, stats = emb.embed(seqs)
+                    out, stats = emb.embed(todo)
                     sync(device)
                     sec = time.perf_counter() - t0
                     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device == "cuda" else float("nan")
-                    runs.append((sec, peak, stats))
+                    runs.append((sec, peak, stats, out))
                 sec = float(np.median([r[0] for r in runs]))
                 peak = max(r[1] for r in runs)
-                stats = runs[0][2]
+                stats, out = runs[0][2], runs[0][3]
+                vectors[path] = out[emb.products[0]][: len(sample)]
                 floor = 2 * params * stats["tokens"] / rate
                 row = {
-                    "shape": shape_name, "set": set_name, "pack": pack, "sequences": len(seqs), "tokens": stats["tokens"],
+                    "shape": shape_name, "kind": kind, "set": set_name, "path": path, "sequences": len(todo), "tokens": stats["tokens"],
                     "padding": 1 - stats["tokens"] / stats["padded_tokens"], "seconds": sec, "tokens_per_s": stats["tokens"] / sec,
-                    "sequences_per_s": len(seqs) / sec, "floor_seconds": floor, "of_floor": floor / sec, "peak_mib": peak,
+                    "sequences_per_s": len(todo) / sec, "floor_seconds": floor, "of_floor": floor / sec, "peak_mib": peak,
+                    "attention": stats.get("attention"), "tokens_per_batch": stats.get("tokens_per_batch"), "batches": stats["batches"],
                 }  # fmt: skip
                 rows.append(row)
-                print(f"{shape_name:<6} {set_name:<18} {'packed' if pack else 'padded':<7} {len(seqs):>6} {stats['tokens']:>9} "
+                got[path] = row
+                print(f"{shape_name:<10} {set_name:<18} {path:<7} {len(todo):>6} {stats['tokens']:>9} "
                       f"{100 * row['padding']:>7.1f}% {sec:>8.2f} {row['tokens_per_s']:>10.0f} {row['sequences_per_s']:>8.1f} "
-                      f"{floor:>8.2f} {100 * row['of_floor']:>7.1f}% {peak:>9.0f}")  # fmt: skip
-            padded, packed = rows[-2], rows[-1]
-            print(f"{shape_name:<6} {set_name:<18} packed / padded: {padded['seconds'] / packed['seconds']:.2f}x sequences/s")
+                      f"{100 * row['of_floor']:>7.1f}% {peak:>9.0f}")  # fmt: skip
+                if path == "varlen":
+                    varlen_emb = emb
+            v = got["varlen"]
+            ratios = "; ".join(f"varlen / {p}: {v['tokens_per_s'] / got[p]['tokens_per_s']:.2f}x tokens/s" for p in paths[1:])
+            print(f"{shape_name:<10} {set_name:<18} {ratios}")
+            c = cosines(vectors["varlen"], vectors["alone"])
+            print(f"{shape_name:<10} {set_name:<18} cosine varlen vs alone ({len(sample)} sequences): min {c.min():.6f}, "
+                  f"attention {v['attention']}, {v['tokens_per_batch']} tokens per batch, {v['batches']} batches")  # fmt: skip
+            got["varlen"]["min_cosine"] = float(c.min())
+            comp, wall = profile_components(varlen_emb, seqs[: args.profile_n], device)
+            total = sum(comp.values()) or 1.0
+            top = ", ".join(f"{k} {100 * t / total:.0f}% ({1e3 * t:.0f} ms)" for k, t in sorted(comp.items(), key=lambda kv: -kv[1]))
+            print(f"{shape_name:<10} {set_name:<18} profile of varlen ({min(args.profile_n, len(seqs))} sequences, {wall:.2f} s): {top}")
+            got["varlen"]["profile"] = comp
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
+    for r in rows:
+        want = TARGETS.get((r["shape"], r["set"]))
+        if r["path"] == "varlen" and want is not None:
+            print(f"target {r['shape']} {r['set']}: varlen at {100 * r['of_floor']:.1f}% of the floor, target {100 * want:.0f}%: "
+                  f"{'MET' if r['of_floor'] >= want else 'BELOW'}")  # fmt: skip
     return rows
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 # gpu_check.sh (`make gpu-check`): does ampflow work on this GPU node, and how fast?
 #
 # Run it from the checkout's root on the GPU node (in the job that has the GPU), under
-# 8 minutes. One line per check:  CHECK <name> <PASS|FAIL|TIMEOUT|INFO> <figure>
+# 11 minutes. One line per check:  CHECK <name> <PASS|FAIL|TIMEOUT|INFO> <figure>
 # Every check has a time limit (`timeout`); the full output of each goes to
 # $GPU_CHECK_OUT/<name>.log (default /tmp/ampflow-gpu-check).
 #
@@ -14,8 +14,12 @@
 #   train    training steps/s against the GPU's measured matmul rate (bench_train --device cuda)
 #   train-hires  the HiRES-size case through the trainer: steps/s eager vs compiled vs graphed,
 #            launches per step, floor ratios, and time to early stopping (bench_train --hires)
+#   extract  extraction's packed (varlen) vs padded vs masked rows vs one at a time, ESM-2
+#            650M and 3B, ESM C 600M, DNABERT-S: share of the bf16 floor, the profile's
+#            components, cosine to one at a time (bench_extract --quick-gpu)
 #   pytest   pytest -m gpu (tests/test_gpu_train.py: the Trainer, collectives, numerics;
-#            test_attention.py: the kernel in fp32/bf16; test_extract_pack.py: packed rows)
+#            test_attention.py: the kernel in fp32/bf16; test_extract_pack.py: packed rows;
+#            test_extract_varlen.py: packed without mask against one at a time)
 #
 # Without a CUDA GPU visible to torch it prints one line, `gpu-check: SKIP ...`, and
 # exits 0 (GPU_CHECK_SKIP_CODE=77 makes it exit 77, the automake/ctest "skipped" code,
@@ -119,8 +123,12 @@ FIGURE_WIDTH=2000 check train-hires 250 'grep -E "^hires [0-9]+:[0-9]+ [a-z+]+: 
     --modes eager compiled graphed --compiled-shapes 1000000:10 --hires-steps 20 --matmul 4096 \
     --hires-early-stopping --early-stopping-seconds 20
 
-check pytest 90 'tail -n 1' -- \
-    "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py tests/test_static_step.py tests/test_attention.py tests/test_extract_pack.py}
+# the packed extraction path against the padded one and the floor (one line per figure in the log)
+check extract 200 'grep -E "^target|cosine varlen"' -- \
+    "$PY" scripts/bench_extract.py --quick-gpu
+
+check pytest 150 'tail -n 1' -- \
+    "$PY" -m pytest -m gpu -q -p no:cacheprovider ${GPU_CHECK_TESTS:-tests/test_gpu_train.py tests/test_static_step.py tests/test_attention.py tests/test_extract_pack.py tests/test_extract_varlen.py}
 
 echo "gpu-check: $([ $failed -eq 0 ] && echo PASS || echo FAIL) (logs in $OUT)"
 exit $failed

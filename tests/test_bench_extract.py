@@ -26,15 +26,35 @@ def test_synthetic_lengths_follow_the_recorded_quantiles():
 
 
 def test_device_part_runs_on_the_cpu(capsys):
-    args = be.parse_args(["--device", "cpu", "--device-shapes", "tiny", "--device-sets", "esm_proteins,viral_proteins", "--device-n", "40", "--repeats", "1"])
+    args = be.parse_args(
+        ["--device", "cpu", "--device-shapes", "tiny,tiny_dna", "--device-sets", "esm_proteins,viral_proteins", "--device-dna-sets", "viral_reads",
+         "--device-n", "40", "--device-dna-n", "20", "--alone-n", "8", "--profile-n", "10", "--repeats", "1"]
+    )  # fmt: skip
     rows = be.part_device(args)
     out = capsys.readouterr().out
-    assert "measured matmul rate" in out and out.count("packed / padded:") == 2
-    assert [(r["set"], r["pack"]) for r in rows] == [("esm_proteins", False), ("esm_proteins", True), ("viral_proteins", False), ("viral_proteins", True)]
+    assert "measured matmul rate" in out and out.count("varlen / padded:") == 3 and out.count("profile of varlen") == 3
+    esm = ["varlen", "padded", "masked", "alone"]
+    assert [(r["set"], r["path"]) for r in rows] == [(s, p) for s in ("esm_proteins", "viral_proteins") for p in esm] + [
+        ("viral_reads", p) for p in ("varlen", "padded", "alone")
+    ]
     for r in rows:
-        assert r["sequences"] == 40 and 0 <= r["padding"] < 1
+        assert r["sequences"] == (8 if r["path"] == "alone" else 20 if r["kind"] == "dnabert_s" else 40) and 0 <= r["padding"] < 1
         assert np.isclose(r["tokens_per_s"], r["tokens"] / r["seconds"]) and np.isclose(r["of_floor"], r["floor_seconds"] / r["seconds"])
-    # the same sequences either way; packing never computes more positions than padding
-    for padded, packed in zip(rows[::2], rows[1::2]):
-        assert padded["tokens"] == packed["tokens"]
-        assert packed["padding"] <= padded["padding"]
+    for r in rows:
+        if r["path"] == "varlen":
+            # no padding at all; the same vectors as one at a time (fp32 on the CPU)
+            assert r["padding"] == 0 and r["attention"] == "segments"
+            assert r["min_cosine"] > 1 - 1e-6
+            # the profile's components are the profiled pass's operators, within its wall time
+            assert set(r["profile"]) >= {"attention", "matmul", "host"}
+    by = {(r["set"], r["path"]): r for r in rows}
+    for s in ("esm_proteins", "viral_proteins", "viral_reads"):
+        assert by[(s, "varlen")]["tokens"] == by[(s, "padded")]["tokens"]
+        assert by[(s, "varlen")]["padding"] <= by[(s, "padded")]["padding"]
+
+
+def test_quick_gpu_sets_the_short_version():
+    args = be.parse_args(["--quick-gpu"])
+    assert args.device == "cuda" and args.repeats == 1
+    assert args.device_shapes.split(",") == ["650M", "3B", "esmc600M", "dnabert_s"]
+    assert args.device_sets == "prodigal_proteins" and args.device_dna_sets == "viral_reads"

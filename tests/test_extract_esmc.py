@@ -190,9 +190,16 @@ def test_network_equals_the_reference(reference, tmp_path):
     assert got16.dtype == out16.embeddings.dtype
     assert (got16.float() - out16.embeddings.float())[real].abs().max() <= 1e-2 * out16.embeddings.float().abs().max()
 
-    spec = ModelSpec(kind="esmc", source=str(tmp_path), layer=[-1, 1, 0], pooling=["mean", "bos", "mean_special"], per_token=True)
-    emb = load_embedder(spec, tmp_path, [3, 1, 0])
-    vectors, _ = emb.embed(SEQS)
+    # padded batches, and packed ones (sequences one after another, no mask)
+    for pack in (False, True):
+        spec = ModelSpec(kind="esmc", source=str(tmp_path), layer=[-1, 1, 0], pooling=["mean", "bos", "mean_special"], per_token=True, pack=pack)
+        emb = load_embedder(spec, tmp_path, [3, 1, 0])
+        vectors, stats = emb.embed(SEQS)
+        assert not pack or (stats["attention"] == "segments" and stats["batches"] < len(SEQS))
+        check_pooled(vectors, want)
+
+
+def check_pooled(vectors: dict, want: dict) -> None:
     for i, s in enumerate(SEQS):
         n = len(s)
         for layer in (3, 1, 0):

@@ -177,11 +177,18 @@ def _oom_child(folder: str, q) -> None:
 
     torch.cuda.set_per_process_memory_fraction(6 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
     seqs = proteins(64, seed=3, lengths=(900, 1022))
-    big = load_embedder(ModelSpec(kind="esm2", source=folder, dtype="float32", tokens_per_batch=10**6, attention_per_batch=10**12), folder, [33], "cuda")
+    spec = ModelSpec(kind="esm2", source=folder, dtype="float32", tokens_per_batch=10**6, attention_per_batch=10**12, pack=False)
+    big = load_embedder(spec, folder, [33], "cuda")
     got, stats = big.embed(seqs)
     big.tokens_per_batch, big.attention_per_batch = 2048, None
     small, _ = big.embed(seqs)
-    q.put((got["L33.mean"], small["L33.mean"], stats["splits"]))
+    # packed without mask, every sequence in one batch of ~61k tokens, 4 GiB allowed
+    # (the weights take 2.6): halved until it fits
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(4 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+    big.pack, big.varlen_tokens = True, 10**6
+    packed, pstats = big.embed(seqs)
+    q.put((got["L33.mean"], small["L33.mean"], stats["splits"], packed["L33.mean"], pstats["splits"]))
 
 
 def test_a_real_cuda_oom_is_split_and_retried(big_model):
@@ -192,8 +199,11 @@ def test_a_real_cuda_oom_is_split_and_retried(big_model):
     q = ctx.Queue()
     p = ctx.Process(target=_oom_child, args=(str(big_model), q))
     p.start()
-    got, small, splits = q.get(timeout=500)
+    got, small, splits, packed, psplits = q.get(timeout=500)
     p.join()
     diff = float(np.abs(got - small).max())
-    print(f"\nreal CUDA OOM: {len(splits)} split(s), first {splits[:3]}; max abs difference to small batches {diff:.2g}")
+    pdiff = float(np.abs(packed - small).max())
+    print(f"\nreal CUDA OOM: {len(splits)} split(s), first {splits[:3]}; max abs difference to small batches {diff:.2g}; "
+          f"packed: {len(psplits)} split(s), difference {pdiff:.2g}")  # fmt: skip
     assert splits and diff < 1e-4
+    assert psplits and pdiff < 1e-4

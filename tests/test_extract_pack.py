@@ -36,7 +36,9 @@ def proteins(n: int, seed: int, lo: int = 1, hi: int = 120) -> list[str]:
 
 def embedder(kind, folder, pack, **kw):
     spec = ModelSpec(kind=kind, tiny=True, pack=pack, **{**PRODUCTS, **kw})
-    return load_embedder(spec, folder, spec.layers)
+    emb = load_embedder(spec, folder, spec.layers)
+    emb.packed_attention = "mask"  # this file tests the masked rows (varlen: test_extract_varlen.py)
+    return emb
 
 
 def alone(emb, seqs) -> dict:
@@ -112,9 +114,16 @@ def test_packed_bf16_close_to_alone(folders, kind):
     assert cos(got, ref32).min() >= 0.999
 
 
-def test_packing_needs_rotary_positions(tmp_path):
+def test_masked_rows_need_rotary_positions(tmp_path):
+    """DNABERT-S packs only without a mask (ALiBi per sequence, tests/test_extract_varlen.py):
+    a masked row would need an ALiBi bias per row."""
+    from ampflow.extract.models import Embedder
+
+    spec = ModelSpec(kind="dnabert_s", tiny=True, pack=True)
+    folder = write_tiny("dnabert_s", tmp_path / "dna", seed=0)
+    emb = load_embedder(spec, folder, [1])
     with pytest.raises(InputError, match="extract.models.pack"):
-        ModelSpec(kind="dnabert_s", tiny=True, pack=True)
+        Embedder("dnabert_s", emb.model, emb.tokenizer, [1], pack=True, packed_attention="mask")
     with pytest.raises(InputError, match="extract.models.pack"):
         ModelSpec(kind="esm2", tiny=True, pack="yes")
 

@@ -53,6 +53,7 @@ case "$args" in
     echo "hires early-stopping 1000000:10 graphed: did not stop within 40 s: epochs pretrain 12 of 300 so far, 2500 steps, 62.5 steps/s" ;;
   *bench_train*) echo "  matrix-product rate 50000.0 GFLOP/s wall"
     echo "  new: step 0.0500 s; floor 0.0100 s (1 GFLOP): floor ratio 0.200; its components sum to 1.10x its plain step (medians); 20.00 steps/s" ;;
+  *bench_extract*) echo "target 3B prodigal_proteins: varlen at 51.0% of the floor, target 50%: MET" ;;
   *pytest*) echo "5 passed in 3.00s" ;;
   *) cat >/dev/null; echo "fake $1 ok" ;;
 esac
@@ -66,7 +67,7 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
     p = run({"PYTHON": str(fake), "GPU_CHECK_OUT": str(tmp_path / "o")})
     lines = p.stdout.splitlines()
     checks = {ln.split()[1]: ln for ln in lines if ln.startswith("CHECK ")}
-    assert list(checks) == ["env", "mem", "mem-graphed", "attn-fp32", "attn-bf16", "train", "train-hires", "pytest"], p.stdout
+    assert list(checks) == ["env", "mem", "mem-graphed", "attn-fp32", "attn-bf16", "train", "train-hires", "extract", "pytest"], p.stdout
     assert checks["mem"].startswith("CHECK mem FAIL worst ratio 1.250"), checks["mem"]
     assert checks["mem-graphed"].startswith("CHECK mem-graphed FAIL worst ratio 1.250"), checks["mem-graphed"]
     assert checks["env"].startswith("CHECK env PASS fake - ok")
@@ -78,6 +79,7 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
         "early-stopping 1000000:10 graphed: did not stop within 40 s"
     ), hires
     assert "by op" not in hires
+    assert checks["extract"].startswith("CHECK extract PASS target 3B prodigal_proteins: varlen at 51.0%")
     assert checks["pytest"].startswith("CHECK pytest PASS 5 passed")
     assert lines[-1].startswith("gpu-check: FAIL") and p.returncode == 1
     assert (tmp_path / "o" / "mem.log").read_text().startswith("worst ratio")

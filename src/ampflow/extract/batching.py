@@ -277,3 +277,45 @@ def plan_packed(
     if cur:
         batches.append(cur)
     return batches, row
+
+
+# ---------------------------------------------------------------- packed without mask
+# The most tokens of one packed batch on a GPU: at 16k tokens ESM-2's products are already
+# large enough to run near the card's matmul rate (virnucpro-broad packs ESM-2 3B to
+# 16,384); larger batches only hold more memory and make the last batch's tail longer.
+VARLEN_MAX_TOKENS = 32768
+# ... and the fewest: one ESM-2 sequence of full length
+VARLEN_MIN_TOKENS = REFERENCE_TOKENS
+# the share of the device's free memory the activations of one batch may take (the
+# rest: the allocator's rounding and blocks held by the caching allocator)
+VARLEN_MEMORY_SHARE = 0.5
+
+
+def packed_token_budget(free_bytes: int, hidden: int, inner: int, dtype_bytes: int, layers: int = 1) -> int:
+    """Tokens of one packed batch whose activations fit ``VARLEN_MEMORY_SHARE`` of
+    ``free_bytes``, between :data:`VARLEN_MIN_TOKENS` and :data:`VARLEN_MAX_TOKENS`.
+
+    Per token, what one block holds at once in inference (nothing is kept for a
+    backward): the residual, its layer norm, q, k, v and the attention output
+    (``6 x hidden``) and the feed-forward's inner activation before and after its
+    nonlinearity (``2 x inner``) in the compute dtype; the float32 rotation of q and k
+    (``4 x hidden`` float32); and each asked layer's float32 copy for pooling. The
+    variable-length kernels need no ``T x T`` scores.
+    """
+    per_token = dtype_bytes * (6 * hidden + 2 * inner) + 4 * (4 * hidden) + 4 * hidden * layers
+    fit = int(VARLEN_MEMORY_SHARE * free_bytes // per_token)
+    return max(VARLEN_MIN_TOKENS, min(VARLEN_MAX_TOKENS, fit))
+
+
+def plan_varlen(lengths: list[int], device: str, budget: int, kind: str | None = None) -> list[list[int]]:
+    """Batches of indices into ``lengths`` for packing without mask (one sequence after
+    another, :mod:`~ampflow.extract.varlen`).
+
+    GPU: first-fit decreasing into batches of at most ``budget`` tokens (a longer
+    sequence is a batch of its own), longest batch first; no padding at all, and
+    attention memory linear in the tokens, so the token count alone bounds a batch.
+    CPU: the CPU's packed rule (:func:`plan_packed`): only short sequences share a batch.
+    """
+    if device == "cpu":
+        return plan_packed(lengths, device, budget, kind=kind)[0]
+    return pack_rows(lengths, budget)

@@ -66,9 +66,10 @@ class ModelSpec:
         Budget of attention elements per head (sequences x padded length squared) of one
         batch; null: the batch planner's default (see ``batching.plan_batches``).
     pack
-        ``true``: several sequences share a row of a batch, each attending only to
-        itself, positions from 0 (``esm2``, ``esmc``): no padding but at row ends.
-        Off by default (see ``models.Embedder`` for why).
+        ``true``: a batch's sequences packed one after another, no padding, no mask,
+        attention over the sequence boundaries (a variable-length kernel on CUDA), each
+        with its own positions from 0; ``false``: padded batches. null (default): on for
+        CUDA, off on the CPU (see ``models.Embedder`` for why).
     dtype
         Compute dtype on GPU: the weights are loaded in it (bfloat16/float16 halve the
         memory) and it runs under autocast; the CPU always uses float32.
@@ -84,7 +85,7 @@ class ModelSpec:
     tokens_per_batch: int = 4096
     attention_per_batch: int | None = None
     dtype: str = "bfloat16"
-    pack: bool = False
+    pack: bool | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -107,8 +108,8 @@ class ModelSpec:
             raise InputError(f"must be one of {', '.join(DTYPES)}", key="extract.models.dtype", value=self.dtype)
         if self.max_length is not None and self.max_length < 1:
             raise InputError("must be >= 1 (or null)", key="extract.models.max_length", value=self.max_length)
-        if self.pack not in (True, False) or (self.pack is True and self.kind == "dnabert_s"):
-            raise InputError("must be true or false (true only for esm2 and esmc)", key="extract.models.pack", value=self.pack)
+        if self.pack not in (True, False, None):
+            raise InputError("must be true, false or null", key="extract.models.pack", value=self.pack)
         if self.tokens_per_batch < 1:
             raise InputError("must be >= 1", key="extract.models.tokens_per_batch", value=self.tokens_per_batch)
 

@@ -134,6 +134,15 @@ class BertSelfAttention(nn.Module):
             )
         return out.transpose(1, 2).reshape(b, s, d)
 
+    def forward_packed(self, x: torch.Tensor, packed, slopes: torch.Tensor) -> torch.Tensor:
+        """``x (T, D)`` of packed sequences (:class:`~ampflow.extract.varlen.Packed`):
+        ALiBi per sequence, no mask, no padding."""
+        from .varlen import attention
+
+        t, d = x.shape
+        q, k, v = self.Wqkv(x).view(t, 3, self.heads, d // self.heads).unbind(1)
+        return attention(q, k, v, packed, slopes).reshape(t, d)
+
 
 class BertSelfOutput(nn.Module):
     def __init__(self, cfg: DnabertConfig):
@@ -153,6 +162,9 @@ class BertAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: AttentionBias) -> torch.Tensor:
         return self.output(self.self(x, bias), x)
+
+    def forward_packed(self, x: torch.Tensor, packed, slopes: torch.Tensor) -> torch.Tensor:
+        return self.output(self.self.forward_packed(x, packed, slopes), x)
 
 
 class BertGatedLinearUnitMLP(nn.Module):
@@ -177,6 +189,9 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: AttentionBias) -> torch.Tensor:
         return self.mlp(self.attention(x, bias))
+
+    def forward_packed(self, x: torch.Tensor, packed, slopes: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.attention.forward_packed(x, packed, slopes))
 
 
 class BertEncoder(nn.Module):
@@ -249,6 +264,18 @@ class DnabertModel(nn.Module):
         bias = self.encoder.attention_bias(attention_mask, dtype)
         for i, block in enumerate(self.encoder.layer[: max(layers)], start=1):
             x = block(x, bias)
+            if i in layers:
+                out[i] = x
+        return out
+
+    def hidden_states_packed(self, input_ids: torch.Tensor, packed, layers: list[int]) -> dict[int, torch.Tensor]:
+        """:meth:`hidden_states` of packed sequences: ``input_ids (T,)`` one sequence after
+        another (:class:`~ampflow.extract.varlen.Packed`), states ``(T, hidden_size)``;
+        ALiBi restarts with each sequence, no mask, no padding."""
+        x = self.embeddings(input_ids)
+        out = {0: x} if 0 in layers else {}
+        for i, block in enumerate(self.encoder.layer[: max(layers)], start=1):
+            x = block.forward_packed(x, packed, self.encoder.slopes)
             if i in layers:
                 out[i] = x
         return out

@@ -42,6 +42,7 @@ from torch import nn
 
 from ..base.errors import InputError
 from .checkpoint import Checkpoint, kept_blocks
+from .varlen import Fused
 
 # esm/utils/constants/esm3.py SEQUENCE_VOCAB (ESM3's sequence tokenizer, which ESM C uses):
 # one token per letter, <cls> first and <eos> last, unknown letters -> <unk>
@@ -141,6 +142,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-b, a], dim=-1) * sin
 
 
+def _rotate_qk(q, k, cos, sin):
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+
+
+_ROTATE_QK = Fused(_rotate_qk)  # one kernel on CUDA for the chain of elementwise passes
+
+
 class EsmcAttention(nn.Module):
     def __init__(self, cfg: EsmcConfig):
         super().__init__()
@@ -163,6 +171,17 @@ class EsmcAttention(nn.Module):
         ctx = F.scaled_dot_product_attention(q, k, v, mask)  # (B, H, L, D/H)
         return self.out_proj(ctx.transpose(1, 2).flatten(2))
 
+    def forward_packed(self, x: torch.Tensor, packed, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x (T, D)`` of packed sequences (:class:`~ampflow.extract.varlen.Packed`),
+        ``cos``/``sin (T, D/H)`` at each token's position in its sequence."""
+        from .varlen import attention
+
+        q, k, v = self.layernorm_qkv(x).chunk(3, dim=-1)
+        q, k = self.q_ln(q).to(q.dtype), self.k_ln(k).to(q.dtype)
+        heads = (self.n_heads, -1)
+        q, k = _ROTATE_QK(q.unflatten(-1, heads), k.unflatten(-1, heads), cos, sin)  # (T, H, D/H)
+        return self.out_proj(attention(q, k, v.unflatten(-1, heads), packed).flatten(1))
+
 
 class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -180,6 +199,10 @@ class EsmcBlock(nn.Module):
 
     def forward(self, x, mask, cos, sin):
         x = x + self.attn(x, mask, cos, sin) / self.scale
+        return x + self.ffn(x) / self.scale
+
+    def forward_packed(self, x, packed, cos, sin):
+        x = x + self.attn.forward_packed(x, packed, cos, sin) / self.scale
         return x + self.ffn(x) / self.scale
 
 
@@ -246,6 +269,30 @@ class EsmcModel(nn.Module):
             cos, sin = cos[positions], sin[positions]
         for i, block in enumerate(self.transformer.blocks[:deepest], start=1):
             x = block(x, mask, cos, sin)
+            if i == self.config.n_layers and self.transformer.norm is not None:
+                x = self.transformer.norm(x)
+            if i in layers:
+                out[i] = x
+        return out
+
+    def hidden_states_packed(self, input_ids: torch.Tensor, packed, layers: list[int]) -> dict[int, torch.Tensor]:
+        """:meth:`hidden_states` of packed sequences: ``input_ids (T,)`` one sequence after
+        another (:class:`~ampflow.extract.varlen.Packed`), states ``(T, d_model)``; no
+        mask, each sequence's rotary positions from 0, attention over ``cu_seqlens``."""
+        built = len(self.transformer.blocks)
+        if any(not 0 <= layer <= built for layer in layers):
+            raise ValueError(f"layers {layers} outside 0..{built} (the blocks built)")
+        x = self.embed(input_ids)
+        out = {0: x} if 0 in layers else {}
+        deepest = max(layers)
+        if deepest == 0:
+            return out
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        cos, sin = rotary_tables(packed.max_len, self.config.d_model // self.config.n_heads, x.device, dtype)
+        cos, sin = cos[packed.positions], sin[packed.positions]
+        for i, block in enumerate(self.transformer.blocks[:deepest], start=1):
+            x = block.forward_packed(x, packed, cos, sin)
             if i == self.config.n_layers and self.transformer.norm is not None:
                 x = self.transformer.norm(x)
             if i in layers:

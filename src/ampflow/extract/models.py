@@ -121,8 +121,9 @@ def resolve_layer(layer: int, n_layers: int) -> int:
     return idx
 
 
-# the kinds whose sequences can share a row: rotary positions restart per sequence
-# (DNABERT-S's ALiBi bias would need a per-row bias, which it was rewritten to avoid)
+# the kinds whose sequences can share a masked row (packed_attention: mask): rotary
+# positions restart per sequence (DNABERT-S's ALiBi would need a bias per row; the
+# varlen path gives it ALiBi per sequence instead)
 PACKABLE = ("esm2", "esmc")
 
 
@@ -166,20 +167,27 @@ class Embedder:
     tokens_per_batch, attention_per_batch
         The batch budgets (:func:`~ampflow.extract.batching.plan_batches`).
     pack
-        Pack several sequences into one row of a batch (``esm2``, ``esmc``), each seeing
-        only itself (a block-diagonal attention mask) with its rotary positions from 0,
-        so that padding is left only at the ends of rows
-        (:func:`~ampflow.extract.batching.plan_packed`). Off by default: on the CPU the
-        batch rule already pads little (it runs long sequences alone) and packed rows
-        measured no faster (``scripts/bench_extract.py``, part 3); on GPUs, where rows
-        of 1024 tokens trade padding for attention across the row, it is not yet
-        measured (part 5 runs both in one run).
+        Pack a batch's sequences one after another, without padding or mask: every
+        per-token part of a block runs on the ``(tokens, width)`` tensor and attention
+        over the sequence boundaries (:mod:`~ampflow.extract.varlen`: FlashAttention's
+        variable-length kernel on CUDA, ``flex_attention`` for DNABERT-S's ALiBi,
+        attention per sequence on the CPU; the choice is logged and in the stats), each
+        sequence with its own rotary positions or ALiBi from 0. None (the default): on
+        for CUDA, off on the CPU, where the batch rule already pads little (it runs long
+        sequences alone) and packed batches measured no faster
+        (``scripts/bench_extract.py``, part 3). On a GPU a packed batch holds as many
+        tokens as :func:`~ampflow.extract.batching.packed_token_budget` gives for the
+        device's free memory (first-fit decreasing; the out-of-memory back-off halves it).
+    packed_attention
+        ``varlen`` (the above) or ``mask``: rows of :func:`~ampflow.extract.batching.plan_packed`
+        with a block-diagonal mask through the models' own forward (ESM-2, ESM C; the
+        earlier packed path, kept as the benchmark's comparison).
     """
 
     def __init__(
         self, kind: str, model, tokenizer, layers: list[int], poolings: list[str] = ("mean",), per_token: bool = False,
         device: str = "cpu", dtype: str = "float32", tokens_per_batch: int = 4096, attention_per_batch: int | None = None,
-        pack: bool = False,
+        pack: bool | None = None, packed_attention: str = "varlen",
     ):  # fmt: skip
         import torch
 
@@ -194,11 +202,18 @@ class Embedder:
         self.dtype = dtype if device.startswith("cuda") else "float32"
         self.tokens_per_batch = tokens_per_batch
         self.attention_per_batch = attention_per_batch
+        if pack is None:
+            pack = device.startswith("cuda")
         if pack not in (True, False):
-            raise InputError("must be true or false", key="extract.models.pack", value=pack)
-        if pack and kind not in PACKABLE:
-            raise InputError(f"packing is for {', '.join(PACKABLE)} (rotary positions), not {kind}", key="extract.models.pack", value=pack)
+            raise InputError("must be true, false or null", key="extract.models.pack", value=pack)
+        if packed_attention not in ("varlen", "mask"):
+            raise InputError("must be varlen or mask", key="packed_attention", value=packed_attention)
+        if pack and packed_attention == "mask" and kind not in PACKABLE:
+            raise InputError(f"masked packed rows are for {', '.join(PACKABLE)} (rotary positions), not {kind}", key="extract.models.pack", value=pack)
         self.pack = pack
+        self.packed_attention = packed_attention
+        self.varlen_tokens: int | None = None  # the packed token budget; None: the memory model's
+        self._backend: str | None = None
         self.row_tokens = 1024  # the plan's row length (plan_packed) replaces it
         self.pad_id = tokenizer.pad_token_id
         self.dim = model.config.hidden_size
@@ -319,6 +334,68 @@ class Embedder:
                     out[f"L{layer}.tokens"] = [hc[r, a : a + n][oc[r, a : a + n]].numpy() for r, a, n in where]
         return out
 
+    @property
+    def attention_backend(self) -> str:
+        """The packed attention kernel for this model, device and dtype (chosen once, logged)."""
+        if self._backend is None:
+            import contextlib
+
+            import torch
+
+            from .varlen import choose
+
+            dtype = self._autocast or next(self.model.parameters()).dtype
+            # probed as it will run (a compiled kernel is specialised to both)
+            amp = torch.autocast("cuda", dtype=self._autocast) if self._autocast is not None else contextlib.nullcontext()
+            with torch.inference_mode(), amp:
+                self._backend = choose(self.device, dtype, alibi=self.kind == "dnabert_s")
+        return self._backend
+
+    def _hidden_varlen(self, ids, packed) -> dict:
+        if self.kind == "esm2":
+            from .esm2 import hidden_states_packed
+
+            return hidden_states_packed(self.model, ids, packed, self.layers)
+        return self.model.hidden_states_packed(ids, packed, self.layers)
+
+    def embed_varlen(self, batch: list[Tokenized]) -> dict:
+        """:meth:`embed_batch` for sequences packed one after another (no padding, no
+        mask: :mod:`~ampflow.extract.varlen`): the same products, pooled per sequence."""
+        import torch
+
+        from .varlen import pack
+
+        lens = [len(t.ids) for t in batch]
+        ids = torch.tensor([i for t in batch for i in t.ids], dtype=torch.long).to(self.device)
+        own = torch.tensor([o for t in batch for o in t.own], dtype=torch.bool).to(self.device)
+        packed = pack(lens, self.device, self.attention_backend)
+        starts = packed.cu_seqlens[:-1].long()
+        out = {}
+        with torch.inference_mode():
+            if self._autocast is not None:
+                with torch.autocast("cuda", dtype=self._autocast):
+                    states = self._hidden_varlen(ids, packed)
+            else:
+                states = self._hidden_varlen(ids, packed)
+            counts = {}
+            for layer, h in states.items():
+                h = h.float()
+                for p in self.poolings:
+                    if p == "bos":
+                        v = h[starts]
+                    else:
+                        if p not in counts:
+                            keep = own if p == "mean" else torch.ones_like(own)
+                            idx = packed.seq_index[keep]
+                            counts[p] = (keep, idx, torch.bincount(idx, minlength=len(batch))[:, None].float())
+                        keep, idx, n = counts[p]
+                        v = torch.zeros((len(batch), h.shape[-1]), device=h.device).index_add_(0, idx, h[keep]) / n
+                    out[f"L{layer}.{p}"] = v.cpu().numpy()
+                if self.per_token:
+                    hc, oc = h.cpu(), own.cpu()
+                    out[f"L{layer}.tokens"] = [part[o].numpy() for part, o in zip(hc.split(lens), oc.split(lens))]
+        return out
+
     def embed_batch(self, batch: list[Tokenized]) -> dict:
         """Every product for one padded batch: pooled ``(len(batch), dim)`` float32 arrays,
         and for ``L{k}.tokens`` a list of ``(own tokens, dim)`` arrays."""
@@ -356,6 +433,22 @@ class Embedder:
                     out[f"L{layer}.tokens"] = [hc[i][own[i].cpu()].numpy() for i in range(len(batch))]
         return out
 
+    def packed_budget(self) -> int:
+        """Tokens of one packed batch: on CUDA what the device's free memory holds
+        (:func:`~ampflow.extract.batching.packed_token_budget`); on the CPU
+        ``tokens_per_batch`` (its batch rule caps it further)."""
+        if not self.device.startswith("cuda"):
+            return self.tokens_per_batch
+        import torch
+
+        from .batching import packed_token_budget
+
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        cfg = self.model.config
+        inner = getattr(cfg, "intermediate_size", None) or 2 * getattr(cfg, "ffn_hidden", 2 * self.dim)
+        width = 2 if self._autocast is not None else 4
+        return packed_token_budget(free, self.dim, inner, width, len(self.layers))
+
     def embed(self, seqs: list[str], on_batch: Callable[[int, int, int], None] | None = None):
         """Every product for ``seqs`` in input order, and statistics.
 
@@ -364,7 +457,7 @@ class Embedder:
         and ``stats["splits"]`` says which. ``on_batch(sequences, tokens, padded_tokens)``
         is called after every batch.
         """
-        from .batching import embed_with_backoff, packed_padded_tokens, plan_batches, plan_packed
+        from .batching import embed_with_backoff, packed_padded_tokens, plan_batches, plan_packed, plan_varlen
 
         toks = self.tokenize(seqs)
         lengths = [len(t.ids) for t in toks]
@@ -374,9 +467,14 @@ class Embedder:
             out[name] = [None] * n if name.endswith(".tokens") else np.empty((n, self.dim), dtype=np.float32)
         stats = {"tokens": 0, "padded_tokens": 0, "batches": 0}
 
+        varlen = self.pack and self.packed_attention == "varlen"
+
         def run(b: list[int]) -> None:
             members = [toks[i] for i in b]
-            got = self.embed_packed(members, self._rows(members)) if self.pack else self.embed_batch(members)
+            if varlen:
+                got = self.embed_varlen(members)
+            else:
+                got = self.embed_packed(members, self._rows(members)) if self.pack else self.embed_batch(members)
             for name, v in got.items():
                 if name.endswith(".tokens"):
                     for i, a in zip(b, v):
@@ -386,7 +484,9 @@ class Embedder:
 
         def done(b: list[int]) -> None:
             real = sum(lengths[i] for i in b)
-            if self.pack:
+            if varlen:
+                padded = real
+            elif self.pack:
                 padded = packed_padded_tokens([lengths[i] for i in b], self._rows([toks[i] for i in b]))
             else:
                 padded = len(b) * max(lengths[i] for i in b)
@@ -396,7 +496,12 @@ class Embedder:
             if on_batch is not None:
                 on_batch(len(b), real, padded)
 
-        if self.pack:
+        if varlen:
+            budget = self.varlen_tokens or self.packed_budget()
+            batches = plan_varlen(lengths, self.device, budget, kind=self.kind)
+            stats["attention"] = self.attention_backend
+            stats["tokens_per_batch"] = budget
+        elif self.pack:
             batches, self.row_tokens = plan_packed(lengths, self.device, self.tokens_per_batch, self.attention_per_batch, kind=self.kind)
         else:
             batches = plan_batches(lengths, self.device, self.tokens_per_batch, self.attention_per_batch, kind=self.kind)
