@@ -317,3 +317,21 @@ def test_killed_and_resumed_static_run_equals_an_uninterrupted_one(device, kw, t
     ma = torch.load(tmp_path / "a" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
     mb = torch.load(tmp_path / "b" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def test_the_compiled_forward_is_one_graph():
+    """Referee: dynamo's own account (``torch._dynamo.explain``) of the compiled forward on
+    the equivalence problem: one graph and no break. A break inside the banded kernel made
+    a frame per stratum, guarded on the stratum's index, and past torch's recompile limit
+    (8) the remaining strata ran eagerly."""
+    import torch._dynamo
+
+    model, rna, hic, cond = _problem(torch.float32, "narrow")
+    model.train()
+    step = StaticStep(model, torch.optim.Adam(model.parameters()), StepMode(), torch.Generator().manual_seed(0))
+    bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], cond.shape[1])
+    _fill(bufs, rna, hic, cond, "cpu")
+    draw_step(model, bufs, step.generator)
+    args = (bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
+    explained = torch._dynamo.explain(forward_terms)(model, WEIGHTS, *args)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), [r.reason[:200] for r in explained.break_reasons]

@@ -231,30 +231,7 @@ class _BandedLocalAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int | None, combine=None) -> Tensor:
-        n = q_s.shape[-2]
-        width = band_width(n, window)
-        w = (width - 1) // 2
-        lead = q_s.shape[:-2]
-        out = q_s.new_empty(*lead, n, v.shape[-1])
-        probs = q_s.new_empty(*lead, n, width)
-        # Zero rows beyond both ends: their scores are 0, not -inf, before ``combine``
-        # (the ranks' partial sums must add up); they are masked after it.
-        kp = torch.nn.functional.pad(k, (0, 0, w, w))
-        vp = torch.nn.functional.pad(v, (0, 0, w, w))
-        for s, nb, r in band_groups(n, window, chunk):
-            rows, span = nb * r, r + 2 * w
-            full = _blocks(q_s, s, nb, r, r) @ _blocks(kp, s, nb, r, span).transpose(-2, -1)
-            scores = _strip(full, width).flatten(-3, -2)  # a copy: the strip is not a view-able shape
-            if combine is not None:
-                scores = combine(scores)
-            _edge_mask_(scores, s, n, w)
-            p = torch.softmax(scores, dim=-1)
-            del scores
-            probs[..., s : s + rows, :] = p
-            _to_strip(_strip(full.zero_(), width), p)
-            del p
-            out[..., s : s + rows, :] = (full @ _blocks(vp, s, nb, r, span)).flatten(-3, -2)
-            del full
+        out, probs = _banded_forward(q_s, k, v, window, chunk, combine)
         ctx.window, ctx.chunk, ctx.combine = window, chunk, combine
         ctx.save_for_backward(q_s, k, v, probs)
         return out
@@ -263,46 +240,81 @@ class _BandedLocalAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
         q_s, k, v, probs = ctx.saved_tensors
-        n, width = probs.shape[-2:]
-        w = (width - 1) // 2
-        lead = probs.shape[:-2]
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        # new_*(shape) rather than *_like: inputs may be expanded (stride-0) views, and
-        # the gradient buffers must be dense. dk and dv are accumulated padded, like the
-        # keys and values the forward read.
-        dq = q_s.new_empty(q_s.shape) if need_q else None
-        dkp = k.new_zeros(*lead, n + 2 * w, k.shape[-1]) if need_k else None
-        dvp = v.new_zeros(*lead, n + 2 * w, v.shape[-1]) if need_v else None
-        kp = torch.nn.functional.pad(k, (0, 0, w, w)) if need_q else None
-        vp = torch.nn.functional.pad(v, (0, 0, w, w)) if (need_q or need_k) else None
-        for s, nb, r in band_groups(n, ctx.window, ctx.chunk):
-            rows, span = nb * r, r + 2 * w
-            p = probs[..., s : s + rows, :]
-            g = _blocks(grad_out, s, nb, r, r)
-            full = p.new_zeros(*lead, nb, r, span)
-            strip = _strip(full, width)
-            _to_strip(strip, p)
-            if need_v:
-                _add_windows_(dvp, s, r, full.transpose(-2, -1) @ g)
-            if not (need_q or need_k):
-                continue
-            # dL/dp on the band; the rest of each block is never read
-            dp = g @ _blocks(vp, s, nb, r, span).transpose(-2, -1)
-            dp = _strip(dp, width).flatten(-3, -2)
-            if ctx.combine is not None:  # dL/dp sums over every rank's value channels
-                dp = ctx.combine(dp)
-            # softmax backward: p * (dp - sum_j p_j dp_j)
-            ds = dp.sub_((dp * p).sum(dim=-1, keepdim=True)).mul_(p)
-            _to_strip(strip, ds)
-            del ds, dp
-            if need_q:
-                dq[..., s : s + rows, :] = (full @ _blocks(kp, s, nb, r, span)).flatten(-3, -2)
-            if need_k:
-                _add_windows_(dkp, s, r, full.transpose(-2, -1) @ _blocks(q_s, s, nb, r, r))
-            del full
-        dk = dkp[..., w : w + n, :] if need_k else None
-        dv = dvp[..., w : w + n, :] if need_v else None
+        dq, dk, dv = _banded_backward(q_s, k, v, probs, grad_out, ctx.window, ctx.chunk, ctx.combine, ctx.needs_input_grad[:3])
         return dq, dk, dv, None, None, None
+
+
+def _banded_forward(q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int | None, combine=None) -> tuple[Tensor, Tensor]:
+    """The banded kernel's forward (:class:`_BandedLocalAttention`): ``(out, probs)``."""
+    n = q_s.shape[-2]
+    width = band_width(n, window)
+    w = (width - 1) // 2
+    lead = q_s.shape[:-2]
+    out = q_s.new_empty(*lead, n, v.shape[-1])
+    probs = q_s.new_empty(*lead, n, width)
+    # Zero rows beyond both ends: their scores are 0, not -inf, before ``combine``
+    # (the ranks' partial sums must add up); they are masked after it.
+    kp = torch.nn.functional.pad(k, (0, 0, w, w))
+    vp = torch.nn.functional.pad(v, (0, 0, w, w))
+    for s, nb, r in band_groups(n, window, chunk):
+        rows, span = nb * r, r + 2 * w
+        full = _blocks(q_s, s, nb, r, r) @ _blocks(kp, s, nb, r, span).transpose(-2, -1)
+        scores = _strip(full, width).flatten(-3, -2)  # a copy: the strip is not a view-able shape
+        if combine is not None:
+            scores = combine(scores)
+        _edge_mask_(scores, s, n, w)
+        p = torch.softmax(scores, dim=-1)
+        del scores
+        probs[..., s : s + rows, :] = p
+        _to_strip(_strip(full.zero_(), width), p)
+        del p
+        out[..., s : s + rows, :] = (full @ _blocks(vp, s, nb, r, span)).flatten(-3, -2)
+        del full
+    return out, probs
+
+
+def _banded_backward(q_s, k, v, probs, grad_out, window: int, chunk: int | None, combine, needs) -> tuple:
+    """The banded kernel's backward: ``(dq, dk, dv)``, None where ``needs`` says no."""
+    n, width = probs.shape[-2:]
+    w = (width - 1) // 2
+    lead = probs.shape[:-2]
+    need_q, need_k, need_v = needs
+    # new_*(shape) rather than *_like: inputs may be expanded (stride-0) views, and
+    # the gradient buffers must be dense. dk and dv are accumulated padded, like the
+    # keys and values the forward read.
+    dq = q_s.new_empty(q_s.shape) if need_q else None
+    dkp = k.new_zeros(*lead, n + 2 * w, k.shape[-1]) if need_k else None
+    dvp = v.new_zeros(*lead, n + 2 * w, v.shape[-1]) if need_v else None
+    kp = torch.nn.functional.pad(k, (0, 0, w, w)) if need_q else None
+    vp = torch.nn.functional.pad(v, (0, 0, w, w)) if (need_q or need_k) else None
+    for s, nb, r in band_groups(n, window, chunk):
+        rows, span = nb * r, r + 2 * w
+        p = probs[..., s : s + rows, :]
+        g = _blocks(grad_out, s, nb, r, r)
+        full = p.new_zeros(*lead, nb, r, span)
+        strip = _strip(full, width)
+        _to_strip(strip, p)
+        if need_v:
+            _add_windows_(dvp, s, r, full.transpose(-2, -1) @ g)
+        if not (need_q or need_k):
+            continue
+        # dL/dp on the band; the rest of each block is never read
+        dp = g @ _blocks(vp, s, nb, r, span).transpose(-2, -1)
+        dp = _strip(dp, width).flatten(-3, -2)
+        if combine is not None:  # dL/dp sums over every rank's value channels
+            dp = combine(dp)
+        # softmax backward: p * (dp - sum_j p_j dp_j)
+        ds = dp.sub_((dp * p).sum(dim=-1, keepdim=True)).mul_(p)
+        _to_strip(strip, ds)
+        del ds, dp
+        if need_q:
+            dq[..., s : s + rows, :] = (full @ _blocks(kp, s, nb, r, span)).flatten(-3, -2)
+        if need_k:
+            _add_windows_(dkp, s, r, full.transpose(-2, -1) @ _blocks(q_s, s, nb, r, r))
+        del full
+    dk = dkp[..., w : w + n, :] if need_k else None
+    dv = dvp[..., w : w + n, :] if need_v else None
+    return dq, dk, dv
 
 
 def local_attention_banded(
@@ -357,7 +369,53 @@ def local_attention_banded(
     args = banded_arguments(q, k, v, window, chunk, scale)
     if args is None:
         return local_attention_full(q, k, v, int(window), scale)
+    if combine is None and torch.compiler.is_compiling():
+        # under torch.compile the kernel is one opaque operator: traced, its strided views
+        # of storage offsets break the graph, and the strata's breaks exhaust the
+        # recompile limit (the loop index is guarded), leaving most strata uncompiled
+        q_s, k, v, w, c = args
+        return torch.ops.ampflow.banded_attention(q_s, k, v, w, c or 0)[0]
     return _BandedLocalAttention.apply(*args, combine)
+
+
+@torch.library.custom_op("ampflow::banded_attention", mutates_args=())
+def _banded_attention_op(q_s: Tensor, k: Tensor, v: Tensor, window: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """:func:`_banded_forward` as an operator (for torch.compile): ``(out, probs)``."""
+    return _banded_forward(q_s, k, v, window, chunk or None)
+
+
+@_banded_attention_op.register_fake
+def _(q_s, k, v, window, chunk):
+    n = q_s.shape[-2]
+    return q_s.new_empty(*q_s.shape[:-2], n, v.shape[-1]), q_s.new_empty(*q_s.shape[:-2], n, band_width(n, window))
+
+
+@torch.library.custom_op("ampflow::banded_attention_backward", mutates_args=())
+def _banded_backward_op(q_s: Tensor, k: Tensor, v: Tensor, probs: Tensor, grad_out: Tensor, window: int, chunk: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_banded_backward` as an operator: ``(dq, dk, dv)``, each dense (no view
+    of another output)."""
+    dq, dk, dv = _banded_backward(q_s, k, v, probs, grad_out.contiguous(), window, chunk or None, None, (True, True, True))
+    return dq, dk.contiguous(), dv.contiguous()
+
+
+@_banded_backward_op.register_fake
+def _(q_s, k, v, probs, grad_out, window, chunk):
+    return q_s.new_empty(q_s.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _banded_setup(ctx, inputs, output):
+    q_s, k, v, window, chunk = inputs
+    ctx.save_for_backward(q_s, k, v, output[1])
+    ctx.window, ctx.chunk = window, chunk
+
+
+def _banded_op_backward(ctx, grad_out, grad_probs):
+    q_s, k, v, probs = ctx.saved_tensors
+    dq, dk, dv = torch.ops.ampflow.banded_attention_backward(q_s, k, v, probs, grad_out, ctx.window, ctx.chunk)
+    return dq, dk, dv, None, None
+
+
+_banded_attention_op.register_autograd(_banded_op_backward, setup_context=_banded_setup)
 
 
 def banded_arguments(q: Tensor, k: Tensor, v: Tensor, window: int, chunk: int | None, scale: float | None):
