@@ -986,6 +986,8 @@ def hires_train_config(args, mode: str, device: str, epochs: int, early: bool) -
     base = template_train_config(args.template)
     compile_, graphs = HIRES_MODES[mode]
     cfg = replace(base, batch_size=args.batch, device=device, compile=compile_, cuda_graphs=graphs, seed=args.seed)
+    if args.threads:  # the threads the floor's matrix-product rate was measured with
+        cfg = replace(cfg, threads=args.threads)
     if early:
         return cfg
     from ampflow.contract.config import EarlyStoppingConfig, StageConfig
