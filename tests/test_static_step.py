@@ -335,3 +335,25 @@ def test_the_compiled_forward_is_one_graph():
     args = (bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
     explained = torch._dynamo.explain(forward_terms)(model, WEIGHTS, *args)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), [r.reason[:200] for r in explained.break_reasons]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_resident_counts_densify_to_the_matrix_rows(device):
+    """Referee: scipy's own dense rows of the CSR matrix, for rows of every length (empty
+    ones included), repeated rows and two batch sizes."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from ampflow.train.device_cells import DeviceCells, padded_bytes
+
+    rng = np.random.default_rng(0)
+    dense = rng.poisson(0.3, size=(50, 37)).astype(np.float32)
+    dense[[3, 17]] = 0  # cells without a contact
+    dense[5] = rng.poisson(5.0, size=37)  # the longest row sets the padding
+    mat = sp.csr_matrix(dense)
+    cells = DeviceCells(mat, device)
+    assert cells.width == int(np.diff(mat.indptr).max()) and cells.nbytes == padded_bytes(mat)
+    for rows in ([5, 3, 0, 49, 17, 5], list(range(50))):
+        out = torch.full((len(rows), 37), -1.0, device=device)  # overwritten whole
+        cells.densify(torch.as_tensor(rows, device=device), out)
+        np.testing.assert_array_equal(out.cpu().numpy(), mat[rows].toarray())
