@@ -78,8 +78,9 @@ def choose_mode(compile_setting, graphs_setting, device: torch.device, world: in
     """The step's mode from ``train.compile`` and ``train.cuda_graphs`` (each ``auto``,
     true or false).
 
-    ``auto`` compiles nowhere (on this project's CPU benchmark the compiled step was not
-    faster: ``scripts/bench_train.py --compile``) and captures CUDA graphs on one GPU. A
+    ``auto`` compiles nowhere (``scripts/bench_train.py --hires --modes eager compiled``
+    on 2 CPU cores: 1.0x to 1.1x the eager step at mm10 1 Mb/10, 500 kb/20 and 100 kb/30,
+    for a compile of 50 to 100 s) and captures CUDA graphs on one GPU. A
     multi-process mesh stays eager whatever the settings: capture of the collectives is not
     proven yet (the plan's strategies run eagerly, as before). CUDA graphs need CUDA.
     """
