@@ -252,18 +252,10 @@ class EsmcModel(nn.Module):
         packed rows, each row's sequences numbered 1, 2, ... (a token sees the tokens of
         its number only) with ``positions (B, L)`` each sequence's rotary positions
         from 0."""
-        built = len(self.transformer.blocks)
-        if any(not 0 <= layer <= built for layer in layers):
-            raise ValueError(f"layers {layers} outside 0..{built} (the blocks built)")
         mask = (attention_mask[:, :, None] == attention_mask[:, None, :])[:, None]
-        x = self.embed(input_ids)
-        out = {0: x} if 0 in layers else {}
-        deepest = max(layers)
+        x, out, deepest, dtype = self._embedded(input_ids, layers)
         if deepest == 0:
             return out
-        # in the dtype of q and k: the projections' output (autocast's, or the weights')
-        kind = x.device.type
-        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
         cos, sin = rotary_tables(x.shape[1], self.config.d_model // self.config.n_heads, x.device, dtype)
         if positions is not None:  # (B, L, D): each token its own sequence's position
             cos, sin = cos[positions], sin[positions]
@@ -275,20 +267,25 @@ class EsmcModel(nn.Module):
                 out[i] = x
         return out
 
-    def hidden_states_packed(self, input_ids: torch.Tensor, packed, layers: list[int]) -> dict[int, torch.Tensor]:
-        """:meth:`hidden_states` of packed sequences: ``input_ids (T,)`` one sequence after
-        another (:class:`~ampflow.extract.varlen.Packed`), states ``(T, d_model)``; no
-        mask, each sequence's rotary positions from 0, attention over ``cu_seqlens``."""
+    def _embedded(self, input_ids: torch.Tensor, layers: list[int]) -> tuple[torch.Tensor, dict, int, torch.dtype]:
+        """The token embeddings, the outputs so far (layer 0's if asked for), the deepest
+        layer asked for and the dtype of q and k (the projections' output: autocast's, or
+        the weights'). Raises ValueError for a layer outside the blocks built."""
         built = len(self.transformer.blocks)
         if any(not 0 <= layer <= built for layer in layers):
             raise ValueError(f"layers {layers} outside 0..{built} (the blocks built)")
         x = self.embed(input_ids)
-        out = {0: x} if 0 in layers else {}
-        deepest = max(layers)
-        if deepest == 0:
-            return out
         kind = x.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        return x, ({0: x} if 0 in layers else {}), max(layers), dtype
+
+    def hidden_states_packed(self, input_ids: torch.Tensor, packed, layers: list[int]) -> dict[int, torch.Tensor]:
+        """:meth:`hidden_states` of packed sequences: ``input_ids (T,)`` one sequence after
+        another (:class:`~ampflow.extract.varlen.Packed`), states ``(T, d_model)``; no
+        mask, each sequence's rotary positions from 0, attention over ``cu_seqlens``."""
+        x, out, deepest, dtype = self._embedded(input_ids, layers)
+        if deepest == 0:
+            return out
         cos, sin = rotary_tables(packed.max_len, self.config.d_model // self.config.n_heads, x.device, dtype)
         cos, sin = cos[packed.positions], sin[packed.positions]
         for i, block in enumerate(self.transformer.blocks[:deepest], start=1):
