@@ -357,3 +357,24 @@ def test_resident_counts_densify_to_the_matrix_rows(device):
         out = torch.full((len(rows), 37), -1.0, device=device)  # overwritten whole
         cells.densify(torch.as_tensor(rows, device=device), out)
         np.testing.assert_array_equal(out.cpu().numpy(), mat[rows].toarray())
+
+
+def test_validation_loss_does_not_depend_on_its_batches():
+    """A GPU validates in larger batches than it trains: the loss is the cell-weighted mean
+    of per-cell terms under eval-mode normalisation (running statistics), so the batches
+    change its rounding only. Referee: the same loss over one cell at a time."""
+    import numpy as np
+
+    from ampflow.contract.config import LossWeights, ModelConfig
+    from ampflow.train.early_stopping import validation_loss
+    from ampflow.train.trainer import build_model
+
+    data = _hic_only_data(40)
+    data.use_batches("batch")
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**MODEL_KW), data)
+    rows, w = np.arange(3, 40), LossWeights()
+    single = validation_loss(model, data, rows, w, 1, "cpu", torch.float32)
+    for batch in (8, 64):
+        got = validation_loss(model, data, rows, w, batch, "cpu", torch.float32)
+        assert abs(got - single) <= 1e-6 * abs(single), (batch, got, single)

@@ -103,10 +103,12 @@ def validation_loss(model, data, rows: np.ndarray, weights, batch_size: int, dev
     """The stage's weighted per-cell loss terms over the validation ``rows`` (eval mode,
     in batches of ``batch_size``, weighted by cells), the model left in training mode.
     The graph loss's edge sampling uses its own generator, so the training's random
-    streams are untouched."""
+    streams are untouched. The sum is kept on the device in float64 and read once (the
+    same float64 operations as reading each batch's term: one host sync instead of one
+    per batch)."""
     was_training = model.training
     model.eval()
-    total, n = 0.0, 0
+    total, n = torch.zeros((), dtype=torch.float64, device=device), 0
     try:
         for i in range(0, len(rows), batch_size):
             idx = rows[i : i + batch_size]
@@ -114,8 +116,8 @@ def validation_loss(model, data, rows: np.ndarray, weights, batch_size: int, dev
             cond = data.conditions(idx, dtype)
             cond = None if cond is None else cond.to(device)
             terms = model(rna, hic, weights, generator=torch.Generator().manual_seed(0), cond=cond)
-            total += float(PairedModel.weighted_total(terms, weights, 1.0, 0.0)) * len(idx)
+            total += PairedModel.weighted_total(terms, weights, 1.0, 0.0).double() * len(idx)
             n += len(idx)
     finally:
         model.train(was_training)
-    return total / max(n, 1)
+    return float(total) / max(n, 1)

@@ -72,6 +72,9 @@ MEASURED_STEPS = 3
 #: (the CUDA context, cuBLAS workspaces and the allocator's slack lie outside the plan).
 RESIDENT_MARGIN_BYTES = 2 * 2**30
 
+#: On a GPU, the validation's batches hold this many training batches' cells.
+VALIDATION_BATCH_FACTOR = 8
+
 
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
     """The plain model for ``data``, its Hi-C input weighed by the training cells' strata
@@ -205,6 +208,10 @@ class Trainer:
         self.pending: list[dict] = []  # rows whose loss terms are still on the device
         # a read from a GPU waits for its queue (a host sync); from the CPU it costs nothing
         self.read_every = train_cfg.log_every if self.device.type == "cuda" else 1
+        # an eval forward holds no activations for a backward: on a GPU, where a batch's
+        # cost is its kernel launches, fewer and larger batches (per-cell terms are
+        # weighted by cells, so only rounding differs); on CPU the training batch, as before
+        self.validation_batch = train_cfg.batch_size * (VALIDATION_BATCH_FACTOR if self.device.type == "cuda" else 1)
         self.step = 0
         self.position = (0, 0, 0)  # stage, epoch, batch: the next batch to run
         self.work_ratios: list[float] = []  # per step, under data parallelism
@@ -567,7 +574,7 @@ class Trainer:
                             t_val = time.perf_counter()
                             # before this step's checkpoint, so that a resumed run has it
                             row["validation"] = validation_loss(self.model, self.data, self.val_rows, stage_cfg.weights,
-                                                                self.cfg.batch_size, self.device, self.dtype)  # fmt: skip
+                                                                self.validation_batch, self.device, self.dtype)  # fmt: skip
                             stop = self.early.update(row["validation"], epoch, lambda: full_state(self.model)[0])
                             self._window_start += time.perf_counter() - t_val  # not a step's time
                         self.pending.append(row)
