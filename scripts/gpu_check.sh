@@ -2,9 +2,11 @@
 # gpu_check.sh (`make gpu-check`): does ampflow work on this GPU node, and how fast?
 #
 # Run it from the checkout's root on the GPU node (in the job that has the GPU), under
-# 11 minutes. One line per check:  CHECK <name> <PASS|FAIL|TIMEOUT|INFO> <figure>
+# 18 minutes (or in parts: GPU_CHECK_ONLY). One line per check:  CHECK <name> <PASS|FAIL|TIMEOUT|INFO> <figure>
 # Every check has a time limit (`timeout`); the full output of each goes to
-# $GPU_CHECK_OUT/<name>.log (default /tmp/ampflow-gpu-check).
+# $GPU_CHECK_OUT/<name>.log (default /tmp/ampflow-gpu-check). GPU_CHECK_ONLY="NAME ..."
+# runs only the checks named (the whole script's limits add up to about 18 minutes, so a
+# job with less time runs it in parts).
 #
 #   env      torch, CUDA, the GPUs ampflow sees (ampflow.devices.probe_devices)
 #   mem      memory model vs the CUDA caching allocator (bench_memory_model --device cuda)
@@ -55,6 +57,9 @@ failed=0
 check() {
     local name=$1 limit=$2 figure=$3
     shift 4
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && [[ " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+        return 0  # not asked for: no line
+    fi
     local log="$OUT/$name.log" t0=$SECONDS rc status fig
     timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
     rc=$?

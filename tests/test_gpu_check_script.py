@@ -83,3 +83,13 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
     assert checks["pytest"].startswith("CHECK pytest PASS 5 passed")
     assert lines[-1].startswith("gpu-check: FAIL") and p.returncode == 1
     assert (tmp_path / "o" / "mem.log").read_text().startswith("worst ratio")
+
+
+def test_only_the_checks_asked_for_run(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    p = run({"PYTHON": str(fake), "GPU_CHECK_OUT": str(tmp_path / "o"), "GPU_CHECK_ONLY": "env train-hires"})
+    names = [ln.split()[1] for ln in p.stdout.splitlines() if ln.startswith("CHECK ")]
+    assert names == ["env", "train-hires"], p.stdout
+    assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith("gpu-check: PASS")
