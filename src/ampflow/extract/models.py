@@ -9,6 +9,7 @@ looks at padding, so a sequence's vector does not depend on its batch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -236,6 +237,14 @@ class Embedder:
         return [Tokenized(ids, [not m for m in mask]) for ids, mask in zip(enc["input_ids"], enc["special_tokens_mask"])]
 
     # ---------------------------------------------------------------- forward
+    def _precision(self):
+        """Autocast to the configured dtype on CUDA, else nothing."""
+        if self._autocast is None:
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast("cuda", dtype=self._autocast)
+
     def _hidden(self, ids, mask, positions=None) -> dict:
         """Hidden states of every asked layer, from one forward pass. Packed rows
         (``positions`` given): ``mask`` numbers each row's sequences 1, 2, ... (0 at
@@ -372,10 +381,7 @@ class Embedder:
         starts = packed.cu_seqlens[:-1].long()
         out = {}
         with torch.inference_mode():
-            if self._autocast is not None:
-                with torch.autocast("cuda", dtype=self._autocast):
-                    states = self._hidden_varlen(ids, packed)
-            else:
+            with self._precision():
                 states = self._hidden_varlen(ids, packed)
             counts = {}
             for layer, h in states.items():
@@ -414,10 +420,7 @@ class Embedder:
         real = mask.bool()
         out = {}
         with torch.inference_mode():
-            if self._autocast is not None:
-                with torch.autocast("cuda", dtype=self._autocast):
-                    states = self._hidden(ids, mask)
-            else:
+            with self._precision():
                 states = self._hidden(ids, mask)
             for layer, h in states.items():
                 h = h.float()
