@@ -34,6 +34,7 @@ import yaml
 from parallel_equivalence import LR, WEIGHTS, _adam_tolerance, _problem, _rel
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ampflow.base.errors import InputError
 from ampflow.train.static_step import StaticStep, StepMode, choose_mode, draw_step, forward_terms
 
 CUDA = torch.cuda.is_available()
@@ -159,7 +160,7 @@ def test_choose_mode():
     assert m.graphs and not m.compile
     assert choose_mode(True, "auto", cpu, 1).compile
     assert not choose_mode(True, True, cuda, 2).static
-    with pytest.raises(ValueError, match="cuda_graphs"):
+    with pytest.raises(InputError, match="train.cuda_graphs"):
         choose_mode("auto", True, cpu, 1)
 
 

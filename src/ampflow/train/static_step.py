@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..base.errors import InputError
 from ..contract.config import LossWeights
 from ..model.graph import graph_sample_sizes
 from ..model.paired import PairedModel
@@ -89,13 +90,11 @@ def choose_mode(compile_setting, graphs_setting, device: torch.device, world: in
         asked = compile_setting is True or graphs_setting is True
         return StepMode(reason=f"{world} processes: the multi-process step stays eager" + (" (train.compile/cuda_graphs ignored)" if asked else ""))
     if graphs_setting is True and not cuda:
-        raise ValueError("train.cuda_graphs: true needs train.device cuda")
+        raise InputError(f"CUDA graphs need a GPU; this run trains on {device.type}", key="train.cuda_graphs", value=graphs_setting)
     graphs = cuda if graphs_setting == "auto" else bool(graphs_setting)
     compiled = False if compile_setting == "auto" else bool(compile_setting)
-    why = []
-    why.append(f"train.compile {compile_setting}")
-    why.append(f"train.cuda_graphs {graphs_setting}" + ("" if cuda else " (CPU)"))
-    return StepMode(compile=compiled, graphs=graphs, reason=", ".join(why))
+    why = f"train.compile {compile_setting}, train.cuda_graphs {graphs_setting}" + ("" if cuda else " (CPU)")
+    return StepMode(compile=compiled, graphs=graphs, reason=why)
 
 
 @dataclass
