@@ -173,7 +173,7 @@ def static_steps(model, optimizer, rna, hic, weights, mode: StepMode) -> tuple[S
     memories = []
     for _ in range(2):
         _, memory = measure_step(lambda on_stratum=None, on_phase=None: step.step(bufs, weights, rna.shape[0]), model, optimizer, bufs.rna, bufs.hic)
-        memories.append(memory if step.graph_peak is None else replace(memory, peak=max(memory.peak, step.graph_peak), peak_phase="graph"))
+        memories.append(step.step_memory(memory))
     return memories[0], memories[1]
 
 

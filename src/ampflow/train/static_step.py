@@ -35,6 +35,7 @@ gradients from the same draws (tests/test_static_step.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -220,6 +221,13 @@ class StaticStep:
             self._capture(bufs, weights, batch, lr)
         self._graph[2].replay()
         return self._graph[3].out.clone()
+
+    def step_memory(self, memory):
+        """A measured step's :class:`~ampflow.train.measured_memory.StepMemory` as the step
+        uses memory: a replay allocates nothing, so with a graph the peak is its capture's."""
+        if memory is None or self.graph_peak is None:
+            return memory
+        return dataclasses.replace(memory, peak=max(memory.peak, self.graph_peak), peak_phase="graph")
 
     # ------------------------------------------------------------- capture
     def _capture(self, bufs: StepBuffers, weights: LossWeights, batch: int, lr) -> None:

@@ -27,7 +27,6 @@ and every rank's RNG states.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -454,9 +453,7 @@ class Trainer:
         else:
             out, memory = run(), None
         self.measured_steps += memory is not None
-        if memory is not None and self.static.graph_peak is not None:
-            # a replay allocates nothing: the graph's memory is what its capture allocated
-            memory = dataclasses.replace(memory, peak=max(memory.peak, self.static.graph_peak), peak_phase="graph")
+        memory = self.static.step_memory(memory)
         row = self._metrics_row(stage_name, epoch, len(idx), dict(zip(self.static.term_names(), out.unbind())), time.perf_counter() - t0, memory)
         if self.device.type == "cuda":  # timed when read (:meth:`_flush`)
             row["_launch_seconds"] = row["seconds"]
