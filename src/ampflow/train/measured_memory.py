@@ -483,15 +483,14 @@ def measured_dp_step(dp_step, model, optimizer, rna: Tensor, hic: Tensor, weight
     """One rank's S1 data-parallel step
     (:meth:`~ampflow.parallel.data_parallel.DataParallelStep.step` on this rank's rows
     ``rna`` / ``hic``, batch indicators ``cond``, of a batch of ``batch_size`` cells) with this rank's
-    :class:`StepMemory`. ``measure=False`` on CPU runs the step untraced (full speed)
-    and returns None for the memory; on CUDA the step is always measured (it costs
-    nothing there)."""
+    :class:`StepMemory`. ``measure=False`` runs the step unmeasured and returns None
+    for the memory (on CUDA reading the allocator's peaks waits for the GPU)."""
     model.train()
 
     def run(on_stratum=None, on_phase=None):
         return dp_step.step(model, optimizer, rna, hic, weights, rows, batch_size=batch_size, generator=generator,
                             on_stratum=on_stratum, on_phase=on_phase, cond=cond)  # fmt: skip
 
-    if measure or rna.is_cuda:
+    if measure:
         return measure_step(run, model, optimizer, rna, hic)
     return run(), None

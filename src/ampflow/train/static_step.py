@@ -156,6 +156,7 @@ class StaticStep:
         self._buffers: dict[int, StepBuffers] = {}
         self._graph: tuple | None = None  # (B, lr, CUDAGraph, StepBuffers)
         self.captures = 0
+        self._side = None  # the capture stream (CUDA graphs), made at the first capture
         #: bytes allocated at the peak of the last capture (what a replay's step uses:
         #: the graph replays the captured allocations in its private pool); None: no graph
         self.graph_peak: int | None = None
@@ -237,7 +238,16 @@ class StaticStep:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         saved = _snapshot(self.model, self.optimizer)
-        side = torch.cuda.Stream()
+        # dropout draws from the device's default generator: the warm-up must leave it
+        # where it was, or a run resumed from a checkpoint (capturing at another step)
+        # would draw other masks than the uninterrupted run (a replay advances it as an
+        # eager step does)
+        rng = torch.cuda.get_rng_state(self.device)
+        # one side stream for every warm-up and capture: cuBLAS keeps a workspace per
+        # stream (66 MiB), so a new stream per capture would add one each time
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_ITERS):
@@ -247,10 +257,11 @@ class StaticStep:
         self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):
             bufs.out = self._compute(bufs, weights)
         self.graph_peak = int(torch.cuda.max_memory_allocated())
         _restore(self.model, self.optimizer, saved)
+        torch.cuda.set_rng_state(rng, self.device)
         torch.cuda.synchronize()
         self._graph = (batch, lr, graph, bufs)
         self.captures += 1
@@ -258,11 +269,17 @@ class StaticStep:
                  batch, ", ".join(f"{x:g}" for x in lr), time.perf_counter() - t0, WARMUP_ITERS)  # fmt: skip
 
 
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
 def _snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple:
-    """Copies of the parameters, buffers and optimizer state (None: no state yet)."""
-    params = [p.detach().clone() for p in model.parameters()]
-    buffers = [b.detach().clone() for b in model.buffers()]
-    state = [{k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in optimizer.state[p].items()} if p in optimizer.state else None
+    """Copies of the parameters, buffers and optimizer state (None: no state yet), in
+    host memory: on the device they would sit beside the capture (up to three times the
+    parameters' bytes) and raise its peak above the step's, which the plan predicts."""
+    params = [_host_copy(p) for p in model.parameters()]
+    buffers = [_host_copy(b) for b in model.buffers()]
+    state = [{k: (_host_copy(v) if torch.is_tensor(v) else v) for k, v in optimizer.state[p].items()} if p in optimizer.state else None
              for g in optimizer.param_groups for p in g["params"]]  # fmt: skip
     return params, buffers, state
 
