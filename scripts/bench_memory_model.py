@@ -29,8 +29,10 @@ are printed beside it. The CUDA shapes (:func:`cuda_configurations`) are the
 demo-sized one, mm10 at 1 Mb with 10 strata at batch 32 and 64, and the four shapes of
 the issue; dtypes ``fp32,bf16`` (bf16 where the GPU supports it).
 
-``--step compiled`` runs both steps through ``torch.compile``
-(:class:`~ampflow.train.static_step.StaticStep`, draws made on the device) and
+``--step static`` runs both steps through the training step of one process
+(:class:`~ampflow.train.static_step.StaticStep`, draws made on the device, every
+stratum in one pass where nothing is chunked: the prediction then counts the strata
+stacked), ``--step compiled`` the same through ``torch.compile``, and
 ``--step graphed`` (CUDA) captures the whole step in a CUDA graph: the first step is the
 warm-up and capture, and the figure compared is the capture's allocator peak (a replay
 allocates nothing: the graph's private pool holds what the capture allocated), net of the
@@ -197,7 +199,8 @@ def run(cfg: Config, dtype: str, sizes: Path | None = None, device: str = "cpu",
     del model, optimizer, rna, hic
     if device != "cpu":
         torch.cuda.empty_cache()  # the next shape starts from the workspaces alone
-    est = predict(spec, chunk=mcfg.chunk, key_first=mcfg.key_first)
+    # the static step (every mode but eager) stacks the strata where it does not chunk
+    est = predict(spec, chunk=mcfg.chunk, key_first=mcfg.key_first, stacked=step != "eager")
     return Result(cfg, dtype, spec, est, first, steady, seconds)
 
 
@@ -257,8 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--step",
         default="eager",
-        choices=["eager", "compiled", "graphed"],
-        help="the step measured: eager (default), torch.compile'd, or captured in a CUDA graph (CUDA)",
+        choices=["eager", "static", "compiled", "graphed"],
+        help="the step measured: eager (default), the one-process static step (strata stacked), the same torch.compile'd, or captured in a CUDA graph (CUDA)",
     )
     ap.add_argument("--only", default="", help="run only the shapes whose name contains this")
     ap.add_argument("--sweep", default="2,4,8,16", help="numbers of strata of the linearity sweep ('' skips it)")

@@ -112,6 +112,26 @@ def test_prediction_matches_a_measured_training_step(L, chunk, key_first, decode
     _assert_matches(est, measured, marks)
 
 
+@pytest.mark.parametrize("name, n, L, B, key_first, cross", [
+    ("n2k L8 B8 D64", 2000, 8, 8, False, False),  # the stacked feed-forward's backward holds the peak
+    ("n1k L10 B4 D64", 1000, 10, 4, False, False),
+    ("n800 L8 B4 D64 kf cross", 800, 8, 4, True, True),
+])  # fmt: skip
+def test_stacked_strata_match_a_measured_static_step(name, n, L, B, key_first, cross):
+    """The training step of one process (:class:`~ampflow.train.static_step.StaticStep`)
+    runs every stratum in one pass: each backward then holds all strata's transients at
+    once. The prediction with ``stacked=True`` against the allocator's peak of that step,
+    and closer to it than the prediction of the loop over strata."""
+    bench = load_script("bench_memory_model")
+    cfg = bench.Config(name, n, L, B, decoder_dim=64, key_first=key_first, cross=cross, n_genes=200)
+    result = bench.run(cfg, "fp32", step="static")
+    measured = result.net
+    looped = predict(result.spec, chunk=0, key_first=key_first)
+    assert result.est.total != looped.total
+    assert abs(result.est.total - measured) <= TOLERANCE * measured, (result.est.total, measured, result.est.peak_part)
+    assert abs(result.est.total - measured) < abs(looped.total - measured), (result.est.total, looped.total, measured)
+
+
 @pytest.mark.parametrize(
     "L, chunk, key_first, decoder_dim",
     [(1, 0, False, 32), (2, 0, False, None), (5, 8, True, 32), (4, 0, False, None)],

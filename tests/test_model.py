@@ -50,7 +50,7 @@ def test_graph_conv_is_symmetric_normalised_propagation():
     assert torch.allclose(conv(x), expected, atol=1e-12)
 
 
-def _decoder(chunk, key_first, n_anchors, n_strata, window, D, latent, seed):
+def _decoder(chunk, key_first, n_anchors, n_strata, window, D, latent, seed, n_batches=0):
     g = torch.Generator().manual_seed(seed)
     # every (anchor, stratum) pair that stays inside the anchors, some dropped at random
     feats = [(a, k) for k in range(n_strata) for a in range(n_anchors - k)]
@@ -59,7 +59,7 @@ def _decoder(chunk, key_first, n_anchors, n_strata, window, D, latent, seed):
     anchor = torch.tensor([a for a, _ in feats])
     stratum = torch.tensor([k for _, k in feats])
     torch.manual_seed(seed)
-    dec = StratifiedZINBDecoder(latent, D, 2, window, 2, True, chunk, anchor, stratum, n_strata, key_first=key_first)
+    dec = StratifiedZINBDecoder(latent, D, 2, window, 2, True, chunk, anchor, stratum, n_strata, key_first=key_first, n_batches=n_batches)
     with torch.no_grad():  # non-trivial values for the zero-initialised parameters
         for p in dec.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g))
@@ -89,6 +89,47 @@ def test_chunked_attention_and_key_first_decode_equal_the_naive_model(n_anchors,
         assert torch.allclose(loss, ref_loss, rtol=0, atol=1e-10), key
         for name, gr in grads.items():
             assert torch.allclose(gr, ref_grads[name], rtol=0, atol=1e-10), (key, name)
+
+
+@pytest.mark.parametrize("n_anchors, n_strata, window, chunk, D, key_first, n_batches", [
+    (37, 4, 3, 0, 8, False, 0), (20, 3, 7, 0, 6, True, 0), (11, 5, 0, 4, 4, False, 2), (25, 6, 2, 0, 6, True, 3),
+])  # fmt: skip
+def test_stacked_strata_equal_the_loop_over_strata(n_anchors, n_strata, window, chunk, D, key_first, n_batches):
+    """Every stratum in one pass (``stack_strata``, the training step's) against the
+    loop over strata, one block at a time (what the parallel strategies are proven
+    against): means, loss and every gradient (parameters, cell and anchor latents,
+    batch indicators) in float64; the per-stratum hook keeps the loop."""
+    latent, B = 6, 5
+    g = torch.Generator().manual_seed(11)
+    u = torch.randn(B, latent, generator=g, dtype=F64)
+    v = torch.randn(n_anchors, latent, generator=g, dtype=F64)
+    cond = torch.nn.functional.one_hot(torch.arange(B) % n_batches, n_batches).to(F64) if n_batches else None
+    totals = torch.rand(B, n_strata, generator=g, dtype=F64) * 100 + 10
+    results, hooked = {}, []
+    for stacked in (False, True):
+        dec = _decoder(chunk, key_first, n_anchors, n_strata, window, D, latent, seed=5, n_batches=n_batches)
+        dec.stack_strata = stacked
+        if stacked:  # a per-stratum hook asks for the loop
+            dec(u, v, totals, on_stratum=hooked.append, cond=cond)
+        x = torch.poisson(torch.full((B, dec.scale_lin.numel()), 0.7, dtype=F64), generator=torch.Generator().manual_seed(2))
+        uu, vv = u.clone().requires_grad_(), v.clone().requires_grad_()
+        cc = None if cond is None else cond.clone().requires_grad_()
+        z = dec(uu, vv, totals, cond=cc)
+        loss = -z.log_prob(x).sum()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in dec.named_parameters()}
+        grads["u"], grads["v"] = uu.grad, vv.grad
+        if cc is not None:
+            grads["cond"] = cc.grad
+        results[stacked] = (z.mu.detach(), loss.detach(), grads)
+    assert hooked == list(range(n_strata))
+    (mu0, loss0, g0), (mu1, loss1, g1) = results[False], results[True]
+    scale = max(float(x.abs().max()) for x in g0.values())
+    torch.testing.assert_close(mu1, mu0, rtol=1e-12, atol=0)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-12, atol=0)
+    assert g0.keys() == g1.keys()
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=1e-12 * scale, msg=name)
 
 
 def test_alignment_pulls_only_the_shared_dimensions():

@@ -91,6 +91,50 @@ class StratumBlock(nn.Module):
         return key + self.w_out(a * F.gelu(g))
 
 
+def _stacked(blocks, name: str) -> torch.Tensor:
+    """Parameter ``name`` of every block, stacked on a new first axis."""
+    return torch.stack([b.get_parameter(name) for b in blocks])
+
+
+def _stacked_linear(blocks, name: str, x: torch.Tensor) -> torch.Tensor:
+    """Every block's linear layer ``name`` on its own slice of ``x`` (S, n, in): one
+    batched product for all of them."""
+    w = _stacked(blocks, f"{name}.weight").transpose(1, 2)  # (S, in, out)
+    if getattr(blocks[0], name).bias is None:
+        return torch.bmm(x, w)
+    return torch.baddbmm(_stacked(blocks, f"{name}.bias").unsqueeze(1), x, w)
+
+
+def _stacked_norm(blocks, name: str, x: torch.Tensor) -> torch.Tensor:
+    """Every block's LayerNorm ``name`` on ``x`` ((n, C) shared, or (S, n, C) one slice per
+    block): the normalisation once, then each block's scale and shift."""
+    ref = getattr(blocks[0], name)
+    h = F.layer_norm(x, ref.normalized_shape, eps=ref.eps)
+    return torch.addcmul(_stacked(blocks, f"{name}.bias").unsqueeze(1), h, _stacked(blocks, f"{name}.weight").unsqueeze(1))
+
+
+def stacked_keys(blocks, v: torch.Tensor) -> torch.Tensor:
+    """The keys of every stratum k >= 1 at once: ``(S, n_anchors, D)`` with row ``k - 1``
+    equal to ``blocks[k - 1](v)`` (:class:`StratumBlock`), each block's parameters
+    stacked so that every operation is one kernel for all strata instead of one per
+    stratum (a step's kernel count then barely grows with the strata). The banded
+    attention runs over a leading strata axis. Same math as the blocks one by one; the
+    sums in another order (float rounding)."""
+    first = blocks[0]
+    S, n = len(blocks), v.shape[0]
+    h = _stacked_norm(blocks, "norm_in", v)  # (S, n, latent)
+    x = _stacked_linear(blocks, "w_v", h)  # (S, n, D)
+    key = x
+    if first.attention:
+        D, H = x.shape[-1], first.heads
+        qk = _stacked_linear(blocks, "w_k", h).view(S, n, H, D // H).transpose(1, 2)  # (S, H, n, D/H)
+        val = x.view(S, n, H, D // H).transpose(1, 2)
+        att = local_attention(qk, qk, val, first.window, chunk=first.chunk or None)
+        key = x + att.transpose(1, 2).reshape(S, n, D)
+    a, g = _stacked_linear(blocks, "w_ff", _stacked_norm(blocks, "norm_ff", key)).chunk(2, dim=-1)
+    return key + _stacked_linear(blocks, "w_out", a * F.gelu(g))
+
+
 class StratifiedZINBDecoder(nn.Module):
     """Hi-C strata decoder ("HiCZINB").
 
@@ -141,6 +185,10 @@ class StratifiedZINBDecoder(nn.Module):
         self.key_first = key_first
         self.bounds = [0] + torch.cumsum(counts, 0).tolist()
         self.register_buffer("feature_anchor", feature_anchor.long(), persistent=False)
+        self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
+        #: one pass over all strata (:meth:`_stacked_logits`) instead of a loop; set by
+        #: the training step where no per-stratum hook is asked for
+        self.stack_strata = False
         self.blocks = nn.ModuleList(StratumBlock(latent, D, heads, window, ffn_mult, attention, chunk) for _ in range(1, n_strata))
         self.n_batches = n_batches
         p = hic_decoder_shared_params(latent, D, n_strata, int(counts.sum()), n_batches)
@@ -178,6 +226,19 @@ class StratifiedZINBDecoder(nn.Module):
         u_load = u if u_load is None else u_load
         return F.softplus(self.scale_lin[lo:hi]) * raw + u_load @ self.loading[lo:hi].T + self.bias[lo:hi]
 
+    def _stacked_logits(self, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor, u_load: torch.Tensor) -> torch.Tensor:
+        """Logits over every feature, ``(B, F)``: :meth:`stratum_logits` of each stratum
+        side by side, the strata k >= 1 from :func:`stacked_keys` in one product."""
+        lo = self.bounds[1]
+        a0, rest = self.feature_anchor[:lo], self.feature_anchor[lo:]
+        keys = stacked_keys(self.blocks, v_anchors).flatten(0, 1)  # ((L-1) n, D)
+        rows = (self.feature_stratum[lo:] - 1) * v_anchors.shape[0] + rest  # each feature's key row
+        if self.key_first:
+            raw = torch.cat([u @ v_anchors.index_select(0, a0).T, u_D @ keys.index_select(0, rows).T], dim=1)
+        else:
+            raw = torch.cat([(u @ v_anchors.T).index_select(1, a0), (u_D @ keys.T).index_select(1, rows)], dim=1)
+        return F.softplus(self.scale_lin) * raw + u_load @ self.loading.T + self.bias
+
     def forward(
         self,
         u: torch.Tensor,
@@ -195,11 +256,17 @@ class StratifiedZINBDecoder(nn.Module):
         u_D = self.u_proj(u) if self.u_proj is not None else u
         u_load = self.loading_input(u, cond)
         means = []
-        for k in range(self.n_strata):
-            p = torch.softmax(self.stratum_logits(k, u, u_D, v_anchors, u_load), dim=1)
-            means.append(p * band_totals[:, k : k + 1])
-            if on_stratum is not None:
-                on_stratum(k)
+        if self.stack_strata and on_stratum is None and self.n_strata > 1:
+            logits = self._stacked_logits(u, u_D, v_anchors, u_load)
+            for k in range(self.n_strata):
+                p = torch.softmax(logits[:, self.bounds[k] : self.bounds[k + 1]], dim=1)
+                means.append(p * band_totals[:, k : k + 1])
+        else:
+            for k in range(self.n_strata):
+                p = torch.softmax(self.stratum_logits(k, u, u_D, v_anchors, u_load), dim=1)
+                means.append(p * band_totals[:, k : k + 1])
+                if on_stratum is not None:
+                    on_stratum(k)
         mu = torch.cat(means, dim=1)
         return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))
 

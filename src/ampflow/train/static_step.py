@@ -129,6 +129,18 @@ def forward_terms(model: PairedModel, weights: LossWeights, rna, hic, cond, eps_
     return model(rna, hic, weights, noise=(eps_rna, eps_hic, eps_nodes), cond=cond, graph_sample=(edge_idx, neg_idx))
 
 
+def stack_strata(model: PairedModel) -> bool:
+    """Let the Hi-C decoder compute every stratum's keys and logits in one pass
+    (:func:`~ampflow.model.decoders.stacked_keys`): a few kernels for all strata instead
+    of a few hundred per stratum. Not where the plan chunks the attention (S3): the
+    chunks bound one block's transient scores, and stacking would hold every stratum's at
+    once. Returns whether it is on."""
+    dec = model.hic_decoder
+    on = len(dec.blocks) > 0 and not dec.blocks[0].chunk
+    dec.stack_strata = on
+    return on
+
+
 class StaticStep:
     """Runs training steps of ``model`` with ``optimizer`` in ``mode`` (one process).
 
@@ -149,6 +161,7 @@ class StaticStep:
         self.device, self.dtype = param.device, param.dtype
         if mode.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
+        self.stacked = stack_strata(model)
         self.fn = forward_terms
         self.compile_seconds = 0.0
         if mode.compile:

@@ -99,6 +99,7 @@ def predict(
     tp: int = 1,
     dp: int = 1,
     strategies=frozenset(),
+    stacked: bool = False,
 ) -> Estimate:
     """Predict one training step's per-device memory.
 
@@ -128,6 +129,10 @@ def predict(
     strategies : iterable of str
         Names from :data:`~ampflow.contract.strategies.BUILT_IN`. ``data_parallel`` is implied by ``dp``;
         ``chunked_attention`` requires ``chunk > 0``.
+    stacked : bool
+        The Hi-C decoder's strata in one pass, as the single-process training step runs
+        them without a chunk (:func:`~ampflow.train.static_step.stack_strata`); ignored
+        with a chunk or on a mesh.
 
     Returns
     -------
@@ -151,6 +156,7 @@ def predict(
         hp_div=tp if HIDDEN_PARALLEL in strategies else 1,
         fp_div=tp if FEATURE_PARALLEL in strategies else 1,
         dp=dp,
+        stacked=bool(stacked) and not chunk and tp == 1 and dp == 1,
     )
     led = _ledger(dev)
     return _summarise(led, dev)

@@ -107,7 +107,9 @@ class Device:
 
     ``B`` is this device's cells; ``hp_div`` and ``fp_div`` are the ways S5 and S2 split
     the D-proportional and the feature-proportional terms (1 when the strategy is off);
-    ``dp`` is the data-parallel degree (gradients are all-reduced when it is > 1).
+    ``dp`` is the data-parallel degree (gradients are all-reduced when it is > 1);
+    ``stacked``: the Hi-C decoder computes every stratum in one pass (the
+    single-process training step, :func:`~ampflow.model.decoders.stacked_keys`).
     """
 
     spec: ShapeSpec
@@ -117,6 +119,7 @@ class Device:
     hp_div: int
     fp_div: int
     dp: int = 1
+    stacked: bool = False
 
     def hp(self, x: int) -> int:
         """D-proportional elements on one rank."""
@@ -394,26 +397,60 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
 
     _, attention = attention_transients(n, s.window, dev.chunk or None, H, hp(n * D), b)
     scores = H * banded_score_elements(n, s.window) * b  # (H, n, 2w + 1), no mask, chunked or not
-    for k in range(L):
-        fk = fps[k]
-        if k:
-            step = led.step("stratum_block")
+
+    def block_terms(k: int, step: BackwardStep) -> None:
+        """Stratum k's block: its parameters (first pass), saved activations and the
+        transient of its backward, in ``step``."""
+        if first:
+            bp = _Params(led, dev)
+            bp.add(_local(block, dev), len(block), k)
+            bp.tensor([(_largest(block, dev) * b, k)])
+            step.kept.extend(bp.grads)
+        led.add("stratum_norms", n * d * b + 4 * n * b, k, at(k))
+        feed_forward = 2 * f * hp(n * D) * b
+        if s.attention:
+            led.add("stratum_projections", 5 * hp(n * D) * b, k, at(k))
+            led.add("stratum_attention_scores", scores, k, at(k))
+            step.transient.append((max(feed_forward, attention), k))
+        else:
+            led.add("stratum_projections", 2 * hp(n * D) * b, k, at(k))
+            step.transient.append((feed_forward, k))
+        led.add("stratum_feed_forward", 4 * f * hp(n * D) * b, k, at(k))
+
+    # stacked strata (the single-process training step, unchunked: decoders.stacked_keys):
+    # every block's attention is one part of the forward pass, every block's feed-forward
+    # the next and every stratum's decode the one after, so each backward holds the
+    # transients of all strata at once. The batched products also save the stacked copies
+    # of the blocks' parameters, and the feed-forward's LayerNorm its normalised input
+    # (each stratum's scale and shift applied apart).
+    stacked = dev.stacked and L > 1
+    if stacked:
+        attention_step = led.step("stratum_block")
+        for k in range(1, L):
             if first:
                 bp = _Params(led, dev)
                 bp.add(_local(block, dev), len(block), k)
                 bp.tensor([(_largest(block, dev) * b, k)])
-                step.kept.extend(bp.grads)
-            led.add("stratum_norms", n * d * b + 4 * n * b, k, at(k))
-            feed_forward = 2 * f * hp(n * D) * b
+                attention_step.kept.extend(bp.grads)
+            led.add("stratum_parameters_stacked", _local(block, dev) * b, k, at(k))
+            led.add("stratum_norms", n * d * b + 2 * n * b, k, at(k))
             if s.attention:
                 led.add("stratum_projections", 5 * hp(n * D) * b, k, at(k))
                 led.add("stratum_attention_scores", scores, k, at(k))
-                step.transient.append((max(feed_forward, attention), k))
+                attention_step.transient.append((attention, k))
             else:
                 led.add("stratum_projections", 2 * hp(n * D) * b, k, at(k))
-                step.transient.append((feed_forward, k))
+        feed_forward_step = led.step("stratum_feed_forward")
+        for k in range(1, L):
+            led.add("stratum_norms", hp(n * D) * b + 2 * n * b, k, at(k))
             led.add("stratum_feed_forward", 4 * f * hp(n * D) * b, k, at(k))
-        step = led.step("stratum_decode")
+            feed_forward_step.transient.append((2 * f * hp(n * D) * b, k))
+        decode_step = led.step("stratum_decode")
+    for k in range(L):
+        fk = fps[k]
+        if k and not stacked:
+            block_terms(k, led.step("stratum_block"))
+        step = decode_step if stacked else led.step("stratum_decode")
         # the scattered gradient of the gathered keys (key-first) or of the B x n scores,
         # and the keys' gradient
         width_k = hp(D) if k else d
