@@ -92,7 +92,7 @@ def test_trainer_trains_is_killed_and_resumes(device, graphs, tmp_path):
 
     data = _paired_data(tmp_path, 32)
     w = LossWeights()
-    cfg = TrainConfig(device=device, batch_size=8, checkpoint_every=2, threads=1, cuda_graphs=graphs,
+    cfg = TrainConfig(device=device, batch_size=8, checkpoint_every=2, checkpoint_seconds=0, threads=1, cuda_graphs=graphs,
                       pretrain=StageConfig(2, 2e-3, w), finetune=StageConfig(1, 5e-4, w), early_stopping=EarlyStoppingConfig(patience=0))  # fmt: skip
     steps = 3 * math.ceil(32 / 8)
     caught: list = []

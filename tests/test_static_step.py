@@ -202,7 +202,7 @@ def _cfg(device, **kw):
     from ampflow.contract.config import EarlyStoppingConfig, LossWeights, StageConfig, TrainConfig
 
     w = LossWeights()
-    base = dict(seed=0, batch_size=8, checkpoint_every=4, threads=1, device=device, pretrain=StageConfig(2, 1e-2, w),
+    base = dict(seed=0, batch_size=8, checkpoint_every=4, checkpoint_seconds=0, threads=1, device=device, pretrain=StageConfig(2, 1e-2, w),
                 finetune=StageConfig(1, 1e-3, w), early_stopping=EarlyStoppingConfig(patience=0))  # fmt: skip
     return TrainConfig(**{**base, **kw})
 

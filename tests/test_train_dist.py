@@ -63,9 +63,10 @@ def plan_file(tmp_path_factory) -> Path:
     return p
 
 
-def train(data_dir: Path, out: Path, plan: Path, *extra: str, launch: bool = True, stop_after: int | None = None) -> subprocess.CompletedProcess:
+def train(data_dir: Path, out: Path, plan: Path, *extra: str, launch: bool = True, stop_after: int | None = None,
+          settings: dict = DP_SETTINGS) -> subprocess.CompletedProcess:  # fmt: skip
     args = ["train", "--data", data_dir, "--out", out, "--model", json.dumps(DP_MODEL.to_dict()),
-            "--train", json.dumps(DP_SETTINGS), "--plan", plan, *extra]  # fmt: skip
+            "--train", json.dumps(settings), "--plan", plan, *extra]  # fmt: skip
     if launch:  # `ampflow train --launch` starts torchrun itself
         cmd = [sys.executable, "-m", "ampflow.cli", *args, "--launch"]
     else:
@@ -165,6 +166,20 @@ def test_dp_kill_and_resume_bit_identical(dp_run, data_dir, plan_file, tmp_path)
     a, b = metrics(dp_run), metrics(out)
     assert [r["step"] for r in b] == list(range(1, N_STEPS + 1))
     assert [r["loss"] for r in a] == [r["loss"] for r in b]
+
+
+@pytest.mark.parametrize("seconds, written", [(1e-9, [3, 6, 9]), (1e9, [])])
+def test_dp_checkpoint_seconds_decided_by_rank_0(dp_run, data_dir, plan_file, tmp_path, seconds, written):
+    """``train.checkpoint_seconds`` > 0 on a mesh: rank 0's clock decides for every rank
+    (a broadcast at each multiple of ``checkpoint_every``; ranks deciding apart would
+    hang in the checkpoint's collectives). Passed at once (1e-9 s): a checkpoint at every
+    multiple; never (1e9 s): none. The model is the reference run's either way."""
+    out = tmp_path / "run"
+    res = train(data_dir, out, plan_file, settings={**DP_SETTINGS, "checkpoint_seconds": seconds})
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert f"at least {seconds:g} s apart" in res.stderr
+    assert sorted(int(p.stem.split("-")[1]) for p in (out / "checkpoints").glob("step-*.pt")) == written
+    assert_same_model(dp_run, out)
 
 
 TP_PLAN = {

@@ -615,6 +615,66 @@ def test_train_on_real_rna_matrix(shared_data, tmp_path):
     assert np.isfinite(emb.obsm["X_joint"]).all()
 
 
+class _Ticks:
+    """``time`` for the trainer module with a ``monotonic`` that advances one second per
+    call (the trainer reads it at the start, at each multiple of ``checkpoint_every`` and
+    after each checkpoint)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        self.now += 1.0
+        return self.now
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+
+def test_checkpoints_wait_checkpoint_seconds_and_resume_the_same_model(paired, reference, tmp_path, monkeypatch, caplog):
+    """``train.checkpoint_seconds``: a checkpoint is written at a multiple of
+    ``checkpoint_every`` only once that many seconds have passed since the last one, so
+    on a fake clock only some multiples get one; where they fall does not change the
+    model: killed after step 11 and resumed from the last one, the run equals the
+    uninterrupted reference (checkpoints at every multiple) bit for bit."""
+    import ampflow.train.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "time", _Ticks())
+    saved, real_save = [], checkpoint.save
+
+    def save(folder, step, payload, keep):
+        saved.append(step)
+        return real_save(folder, step, payload, keep)
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    cfg = dataclasses.replace(TRAIN, checkpoint_seconds=2.5)
+    out = tmp_path / "run"
+    assert StoppingTrainer(paired, MODEL, cfg, out, stop_after=11).fit() is False
+    multiples = [k for k in range(1, 12) if k % TRAIN.checkpoint_every == 0]
+    assert saved and set(saved) < set(multiples), (saved, multiples)  # some multiples, not all
+    last = saved[-1]
+    with caplog.at_level(logging.INFO, logger="ampflow.train.trainer"):
+        assert StoppingTrainer(paired, MODEL, cfg, out).fit() is True
+    assert f"step-{last:08d}.pt (step {last}," in caplog.text  # resumed from the last one written
+    assert_same_model(reference, out)
+    assert_same_embeddings(reference, out)
+    assert_same_metrics(reference, out)
+
+
+def test_checkpoint_seconds_auto_waits_on_a_gpu_only():
+    """``auto``: 30 s on CUDA, where 50 steps take a fraction of a second; none on CPU."""
+    from ampflow.contract.config import GPU_CHECKPOINT_SECONDS
+
+    auto = TrainConfig()
+    assert auto.checkpoint_seconds == "auto"
+    assert auto.checkpoint_interval("cuda") == GPU_CHECKPOINT_SECONDS == 30.0
+    assert auto.checkpoint_interval("cpu") == 0.0
+    assert TrainConfig(checkpoint_seconds=5).checkpoint_interval("cpu") == 5.0
+    for bad in (-1, True, "soon", float("nan")):
+        with pytest.raises(InputError, match="train.checkpoint_seconds"):
+            TrainConfig(checkpoint_seconds=bad)
+
+
 def test_checkpoints_of_another_run_are_not_resumed(paired, reference, tmp_path, caplog):
     """After the settings change, old checkpoints are deleted and training starts fresh."""
     out = tmp_path / "run"

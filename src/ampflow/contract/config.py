@@ -262,6 +262,11 @@ def require_gpus(config: dict, host: dict) -> None:
     )  # fmt: skip
 
 
+#: ``train.checkpoint_seconds: auto`` on a GPU: at most about this much training is
+#: lost to a crash, and checkpoints cost a few percent of a fast step's time.
+GPU_CHECKPOINT_SECONDS = 30.0
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Settings of one training run (config section ``train``).
@@ -286,6 +291,7 @@ class TrainConfig:
     seed: int = 0
     batch_size: int = 32
     checkpoint_every: int = 50
+    checkpoint_seconds: float | str = "auto"
     keep_checkpoints: int = 3
     threads: int | str = AUTO_THREADS
     device: str = "auto"
@@ -303,6 +309,9 @@ class TrainConfig:
             raise InputError("must be an integer >= 2 (batch normalisation needs two cells)", key="train.batch_size", value=self.batch_size)
         if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
             raise InputError("checkpoint_every and keep_checkpoints must be >= 1", key="train", value=asdict(self))
+        c = self.checkpoint_seconds
+        if c != "auto" and (isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0):
+            raise InputError("must be a number of seconds >= 0 or auto", key="train.checkpoint_seconds", value=c)
         t = self.threads
         if t != AUTO_THREADS and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
             raise InputError(f"must be an integer >= 1 or {AUTO_THREADS!r}", key="train.threads", value=t)
@@ -317,6 +326,17 @@ class TrainConfig:
         for key in ("compile", "cuda_graphs"):
             if getattr(self, key) not in (True, False, "auto"):
                 raise InputError("must be true, false or auto", key=f"train.{key}", value=getattr(self, key))
+
+    def checkpoint_interval(self, device_type: str) -> float:
+        """Seconds a checkpoint waits after the last one (it is written at the first
+        multiple of ``checkpoint_every`` steps after that): ``checkpoint_seconds``, or for
+        ``auto`` :data:`GPU_CHECKPOINT_SECONDS` on a GPU and none on CPU. On one H200 a
+        HiRES-size run checkpointing every 50 graphed steps (0.6 s of training, a 123 MB
+        checkpoint at mm10 1 Mb/10) trained at 44.5 steps/s against 85 without; on 2 CPU
+        cores the same 50 steps take about 9 s and a checkpoint 0.2 to 0.6 s."""
+        if self.checkpoint_seconds == "auto":
+            return GPU_CHECKPOINT_SECONDS if device_type == "cuda" else 0.0
+        return float(self.checkpoint_seconds)
 
     @property
     def explicit_threads(self) -> int | None:

@@ -207,6 +207,9 @@ class Trainer:
         self.pending: list[dict] = []  # rows whose loss terms are still on the device
         # a read from a GPU waits for its queue (a host sync); from the CPU it costs nothing
         self.read_every = train_cfg.log_every if self.device.type == "cuda" else 1
+        self.checkpoint_interval = train_cfg.checkpoint_interval(self.device.type)
+        log.info("checkpoints: every %d steps%s (train.checkpoint_seconds %s)", train_cfg.checkpoint_every,
+                 f", at least {self.checkpoint_interval:g} s apart" if self.checkpoint_interval else "", train_cfg.checkpoint_seconds)  # fmt: skip
         # an eval forward holds no activations for a backward: on a GPU, where a batch's
         # cost is its kernel launches, fewer and larger batches (per-cell terms are
         # weighted by cells, so only rounding differs); on CPU the training batch, as before
@@ -227,7 +230,7 @@ class Trainer:
         for m in (d.rna, d.hic):
             h.update(np.asarray(m.shape, dtype=np.int64).tobytes())
             h.update(np.asarray([m.nnz, float(m.data.sum(dtype=np.float64))]).tobytes())
-        skip = ("checkpoint_every", "keep_checkpoints", "gpus", "log_every", "compile", "cuda_graphs")
+        skip = ("checkpoint_every", "checkpoint_seconds", "keep_checkpoints", "gpus", "log_every", "compile", "cuda_graphs")
         train = {k: v for k, v in self.cfg.to_dict().items() if k not in skip}
         train["threads"] = self.threads  # as it runs: CPU reductions split by thread count
         h.update(json.dumps([self.model_cfg.to_dict(), _plain(train)], sort_keys=True).encode())
@@ -427,6 +430,16 @@ class Trainer:
         if bufs.cond is not None:
             self.pinned.copy(self.data.conditions(cells, self.dtype), bufs.cond)
 
+    def _checkpoint_time(self) -> bool:
+        """Whether ``train.checkpoint_seconds`` have passed since the last checkpoint (or
+        the start), as rank 0 sees it: every rank takes part in a checkpoint."""
+        if self.checkpoint_interval <= 0:
+            return True
+        due = [time.monotonic() - self._last_checkpoint >= self.checkpoint_interval]
+        if self.mesh.world > 1:
+            dist.broadcast_object_list(due, src=0)
+        return bool(due[0])
+
     def _measure_now(self) -> bool:
         """Whether this step's memory is measured: the first :data:`MEASURED_STEPS` steps,
         and on CUDA each checkpoint's step too."""
@@ -553,6 +566,7 @@ class Trainer:
         # every row goes to both files as its step completes: the working copy (fsynced
         # at each checkpoint, for resume) and metrics.jsonl (flushed, for people watching)
         self._window_start = time.perf_counter()
+        self._last_checkpoint = time.monotonic()  # a resumed run has just read one
         with open(metrics_path, "a") as mfh, open(live_path, "a") as lfh:
             for s, (stage_name, stage_cfg) in enumerate(self.cfg.stages):
                 if s < start_stage:
@@ -575,7 +589,7 @@ class Trainer:
                             stop = self.early.update(row["validation"], epoch, lambda: full_state(self.model)[0])
                             self._window_start += time.perf_counter() - t_val  # not a step's time
                         self.pending.append(row)
-                        checkpoint_due = self.step % self.cfg.checkpoint_every == 0
+                        checkpoint_due = self.step % self.cfg.checkpoint_every == 0 and self._checkpoint_time()
                         # the terms stay on the device until read: every log_every steps, and
                         # before a checkpoint (its rows fsynced first) or the epoch's end
                         if len(self.pending) >= self.read_every or checkpoint_due or b + 1 == len(batches) or stop:
@@ -595,6 +609,7 @@ class Trainer:
                             if main:
                                 os.fsync(mfh.fileno())
                             self._save_checkpoint()
+                            self._last_checkpoint = time.monotonic()
                             self._window_start += time.perf_counter() - t_save  # not a step's time
                     if stop:
                         break
