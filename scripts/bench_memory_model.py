@@ -166,9 +166,10 @@ class Result:
 
 
 def static_steps(model, optimizer, rna, hic, weights, mode: StepMode) -> tuple[StepMemory, StepMemory]:
-    """Two steps through :class:`StaticStep` in ``mode``, each measured as the trainer
-    measures it; with CUDA graphs the second step's peak is the capture's."""
-    step = StaticStep(model.train(), optimizer, mode, torch.Generator(rna.device).manual_seed(1))
+    """Two steps through :class:`StaticStep` in ``mode``, strata stacked (where not
+    chunked, on any device), each measured as the trainer measures it; with CUDA graphs
+    the second step's peak is the capture's."""
+    step = StaticStep(model.train(), optimizer, mode, torch.Generator(rna.device).manual_seed(1), stack=True)
     bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0)
     bufs.rna.copy_(rna)
     bufs.hic.copy_(hic)

@@ -39,11 +39,13 @@ from ampflow.train.static_step import StaticStep, StepMode, choose_mode, draw_st
 
 CUDA = torch.cuda.is_available()
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
+# (device, mode, stacked strata): None is the step's own choice (stacked on a GPU)
 MODES = [
-    pytest.param("cpu", StepMode(compile=True, reason="test"), id="cpu-compiled", marks=pytest.mark.slow),
-    pytest.param("cuda", StepMode(compile=True, reason="test"), id="cuda-compiled", marks=GPU),
-    pytest.param("cuda", StepMode(graphs=True, reason="test"), id="cuda-graphed", marks=GPU),
-    pytest.param("cuda", StepMode(compile=True, graphs=True, reason="test"), id="cuda-compiled-graphed", marks=GPU),
+    pytest.param("cpu", StepMode(reason="test"), True, id="cpu-stacked"),
+    pytest.param("cpu", StepMode(compile=True, reason="test"), None, id="cpu-compiled", marks=pytest.mark.slow),
+    pytest.param("cuda", StepMode(compile=True, reason="test"), None, id="cuda-compiled", marks=GPU),
+    pytest.param("cuda", StepMode(graphs=True, reason="test"), None, id="cuda-graphed", marks=GPU),
+    pytest.param("cuda", StepMode(compile=True, graphs=True, reason="test"), None, id="cuda-compiled-graphed", marks=GPU),
 ]
 
 
@@ -65,11 +67,13 @@ def _demo_problem(tmp: Path):
     return model, rna, hic, None
 
 
-def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: int = 11, fp64: bool = False) -> dict:
+def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: int = 11, fp64: bool = False,
+              stack: bool | None = None) -> dict:  # fmt: skip
     """One step of ``model`` on the batch, with the draws of a generator seeded ``seed``:
-    through :class:`StaticStep` in ``mode``, or (None) the plain eager forward and
-    autograd; ``fp64``: the eager step in float64 from the same (float32) draws, widened.
-    Loss terms, gradients and parameters after Adam."""
+    through :class:`StaticStep` in ``mode`` (``stack``: its strata stacked or not, None
+    its own choice), or (None) the plain eager forward and autograd, the Hi-C decoder's
+    strata one at a time; ``fp64``: the eager step in float64 from the same (float32)
+    draws, widened. Loss terms, gradients and parameters after Adam."""
     if fp64:
         model, rna, hic = model.double(), rna.double(), hic.double()
         cond = None if cond is None else cond.double()
@@ -78,7 +82,7 @@ def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: i
     gen = torch.Generator(device).manual_seed(seed)
     names = None
     if mode is None:
-        holder = StaticStep(model, opt, StepMode(), gen)
+        holder = StaticStep(model, opt, StepMode(), gen, stack=False)
         bufs = holder.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])
         _fill(bufs, rna, hic, cond, device)
         if fp64:  # the float32 draws, widened: the generator draws other numbers in float64
@@ -95,7 +99,9 @@ def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: i
         names = holder.term_names()
         values = torch.stack([terms[k].detach() for k in names])
     else:
-        step = StaticStep(model, opt, mode, gen)
+        step = StaticStep(model, opt, mode, gen, stack=stack)
+        chunked = bool(model.hic_decoder.blocks[0].chunk)
+        assert step.stacked == ((device == "cuda" if stack is None else stack) and not chunked)
         bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])
         _fill(bufs, rna, hic, cond, device)
         values = step.step(bufs, WEIGHTS, full_batch=rna.shape[0])
@@ -115,11 +121,11 @@ def _fill(bufs, rna, hic, cond, device):
 
 
 @pytest.mark.parametrize("problem", ["equivalence", "demo"])
-@pytest.mark.parametrize("device, mode", MODES)
-def test_static_step_equals_the_eager_step(device, mode, problem, tmp_path):
+@pytest.mark.parametrize("device, mode, stack", MODES)
+def test_static_step_equals_the_eager_step(device, mode, stack, problem, tmp_path):
     make = (lambda: _problem(torch.float32, "narrow")) if problem == "equivalence" else (lambda: _demo_problem(tmp_path))
     ref = _one_step(*make(), None, device)
-    got = _one_step(*make(), mode, device)
+    got = _one_step(*make(), mode, device, stack=stack)
     truth = _one_step(*make(), None, device, fp64=True)
     assert got["terms"].keys() == ref["terms"].keys() == truth["terms"].keys()
     assert got["grads"].keys() == ref["grads"].keys() and len(ref["grads"]) == len(ref["params"])

@@ -202,6 +202,7 @@ class Trainer:
             # every draw of the step, made on the device (saved in checkpoints)
             self.step_generator = torch.Generator(self.device).manual_seed(train_cfg.seed + 2)
             self.static = StaticStep(self.model, self.optimizer, self.mode, self.step_generator)
+            log.info("Hi-C decoder strata: %s", "all in one pass (stacked)" if self.static.stacked else "one at a time")
             self.resident = self._resident_cells()
             self.pinned = PinnedCopy()
         self.pending: list[dict] = []  # rows whose loss terms are still on the device

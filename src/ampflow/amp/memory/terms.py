@@ -398,23 +398,26 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     _, attention = attention_transients(n, s.window, dev.chunk or None, H, hp(n * D), b)
     scores = H * banded_score_elements(n, s.window) * b  # (H, n, 2w + 1), no mask, chunked or not
 
-    def block_terms(k: int, step: BackwardStep) -> None:
-        """Stratum k's block: its parameters (first pass), saved activations and the
-        transient of its backward, in ``step``."""
+    feed_forward = 2 * f * hp(n * D) * b  # the backward's transient of one block's feed-forward
+
+    def attention_part(k: int, step: BackwardStep) -> None:
+        """Stratum k's block up to its attention: its parameters (first pass), the input
+        LayerNorm, the projections and the attention's probabilities."""
         if first:
             bp = _Params(led, dev)
             bp.add(_local(block, dev), len(block), k)
             bp.tensor([(_largest(block, dev) * b, k)])
             step.kept.extend(bp.grads)
-        led.add("stratum_norms", n * d * b + 4 * n * b, k, at(k))
-        feed_forward = 2 * f * hp(n * D) * b
+        led.add("stratum_norms", n * d * b + 2 * n * b, k, at(k))
         if s.attention:
             led.add("stratum_projections", 5 * hp(n * D) * b, k, at(k))
             led.add("stratum_attention_scores", scores, k, at(k))
-            step.transient.append((max(feed_forward, attention), k))
         else:
             led.add("stratum_projections", 2 * hp(n * D) * b, k, at(k))
-            step.transient.append((feed_forward, k))
+
+    def feed_forward_part(k: int) -> None:
+        """Stratum k's feed-forward: its LayerNorm's statistics and the GEGLU's tensors."""
+        led.add("stratum_norms", 2 * n * b, k, at(k))
         led.add("stratum_feed_forward", 4 * f * hp(n * D) * b, k, at(k))
 
     # stacked strata (the single-process training step, unchunked: decoders.stacked_keys):
@@ -427,29 +430,23 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
     if stacked:
         attention_step = led.step("stratum_block")
         for k in range(1, L):
-            if first:
-                bp = _Params(led, dev)
-                bp.add(_local(block, dev), len(block), k)
-                bp.tensor([(_largest(block, dev) * b, k)])
-                attention_step.kept.extend(bp.grads)
+            attention_part(k, attention_step)
             led.add("stratum_parameters_stacked", _local(block, dev) * b, k, at(k))
-            led.add("stratum_norms", n * d * b + 2 * n * b, k, at(k))
             if s.attention:
-                led.add("stratum_projections", 5 * hp(n * D) * b, k, at(k))
-                led.add("stratum_attention_scores", scores, k, at(k))
                 attention_step.transient.append((attention, k))
-            else:
-                led.add("stratum_projections", 2 * hp(n * D) * b, k, at(k))
         feed_forward_step = led.step("stratum_feed_forward")
         for k in range(1, L):
-            led.add("stratum_norms", hp(n * D) * b + 2 * n * b, k, at(k))
-            led.add("stratum_feed_forward", 4 * f * hp(n * D) * b, k, at(k))
-            feed_forward_step.transient.append((2 * f * hp(n * D) * b, k))
+            feed_forward_part(k)
+            led.add("stratum_norms", hp(n * D) * b, k, at(k))
+            feed_forward_step.transient.append((feed_forward, k))
         decode_step = led.step("stratum_decode")
     for k in range(L):
         fk = fps[k]
         if k and not stacked:
-            block_terms(k, led.step("stratum_block"))
+            step = led.step("stratum_block")
+            attention_part(k, step)
+            feed_forward_part(k)
+            step.transient.append((max(feed_forward, attention) if s.attention else feed_forward, k))
         step = decode_step if stacked else led.step("stratum_decode")
         # the scattered gradient of the gathered keys (key-first) or of the B x n scores,
         # and the keys' gradient
