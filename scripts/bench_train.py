@@ -697,8 +697,11 @@ HIRES_MODES = {  # mode -> (train.compile, train.cuda_graphs)
     "eager": (False, False),
     "compiled": (True, False),
     "graphed": (False, True),
+    "graphed-loop": (False, True),  # graphed, the Hi-C decoder's strata one at a time (as before stacking)
     "compiled+graphed": (True, True),
 }
+#: modes whose step runs the strata one at a time where the step would stack them
+LOOP_MODES = {"graphed-loop"}
 TEMPLATE_CONFIG = REPO / "config" / "config.yaml"
 
 
@@ -1010,6 +1013,10 @@ def run_mode(args, data, mode: str, plan: StepPlan, device: str) -> ModeResult:
     cfg = hires_train_config(args, mode, device, 1, early=False)
     with tempfile.TemporaryDirectory(prefix="bench-hires-") as tmp:
         trainer = bench_trainer_class()(data, MC(), cfg, tmp)
+        if mode in LOOP_MODES and trainer.static is not None:
+            from ampflow.train.static_step import stack_strata
+
+            trainer.static.stacked = stack_strata(trainer.model, False)
         trainer.setup(plan, plan.total, None)
         trainer.fit()
     if trainer.step != plan.total or trainer.timed_seconds is None:
@@ -1288,7 +1295,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     h.add_argument("--hires-steps", type=int, default=20, help="timed steps per mode, after the warm-up")
     h.add_argument("--hires-warmup", type=int, default=5, help="steps before the clock starts (compile, capture, measured steps)")
     h.add_argument("--modes", nargs="*", choices=list(HIRES_MODES), default=["eager", "compiled", "graphed"],
-                   help="step modes: eager (today's step), compiled (torch.compile), graphed (CUDA graph), compiled+graphed")  # fmt: skip
+                   help="step modes: eager (today's step), compiled (torch.compile), graphed (CUDA graph; strata stacked), graphed-loop (the same, strata one at a time), compiled+graphed")  # fmt: skip
     h.add_argument("--compiled-shapes", type=parse_shape, nargs="*", default=None, metavar="RES:STRATA",
                    help="run the compiled modes at these shapes only (default: every shape)")  # fmt: skip
     h.add_argument("--hires-early-stopping", action="store_true", help="then train the first shape to early stopping")

@@ -2,10 +2,10 @@
 # gpu_check.sh (`make gpu-check`): does ampflow work on this GPU node, and how fast?
 #
 # Run it from the checkout's root on the GPU node (in the job that has the GPU), under
-# 18 minutes (or in parts: GPU_CHECK_ONLY). One line per check:  CHECK <name> <PASS|FAIL|TIMEOUT|INFO> <figure>
+# 19 minutes (or in parts: GPU_CHECK_ONLY). One line per check:  CHECK <name> <PASS|FAIL|TIMEOUT|INFO> <figure>
 # Every check has a time limit (`timeout`); the full output of each goes to
 # $GPU_CHECK_OUT/<name>.log (default /tmp/ampflow-gpu-check). GPU_CHECK_ONLY="NAME ..."
-# runs only the checks named (the whole script's limits add up to about 18 minutes, so a
+# runs only the checks named (the whole script's limits add up to about 19 minutes, so a
 # job with less time runs it in parts).
 #
 #   env      torch, CUDA, the GPUs ampflow sees (ampflow.devices.probe_devices)
@@ -118,14 +118,15 @@ check train 150 'grep -E "^  new: step|matrix-product rate" | sed -E "s/; its co
     --shapes 1000000:10 500000:20 100000:30 --batch 32 --cells 128 --steps 3 --shape-seconds 30 --matmul 4096 --threads 4
 
 # the HiRES-size case through the trainer (7,469 synthetic cells, batch 32, fp32) at the three
-# mm10 shapes: steps/s eager (today's step) and graphed, compiled at 1 Mb/10 only (its compile
-# takes a minute or more), launches and GPU kernels per step, the FLOP and bytes floor ratios;
+# mm10 shapes: steps/s eager (today's step), graphed with the strata one at a time and
+# stacked (the default), compiled + graphed at 1 Mb/10 only (its compile takes a minute or
+# more), launches and GPU kernels per step, the FLOP and bytes floor ratios;
 # then 1 Mb/10 trained to early stopping under the template's settings, at most 20 s here
 # (the full log says the host syncs per step, compile and capture seconds, seconds per epoch)
-FIGURE_WIDTH=2000 check train-hires 250 'grep -E "^hires [0-9]+:[0-9]+ [a-z+]+: |^hires early-stopping|FAILED" | grep -v "by op" | sed -E "s/^hires //; s/ \(eager [0-9.]+: ([0-9.]+x)\)/ \1/; s/ \(graph launches [0-9]+\)//; s/GPU kernels\+copies\/step/kernels/; s/ \(\+[0-9.]+ in optimizer.step; CUDA sync debug mode ([0-9.]+)\)/ (sync debug mode \1)/; s/ \(\+[0-9.]+ in optimizer[^)]*\)//; s/, first step [0-9.]+ s//; s/ \([0-9]+ steps\), FLOP floor ratio/, FLOP floor/; s/bytes floor ratio/bytes floor/; s/ \(parameters[^)]*\)//; s/$/;/"' -- \
+FIGURE_WIDTH=2400 check train-hires 300 'grep -E "^hires [0-9]+:[0-9]+ [a-z+-]+: |^hires early-stopping|FAILED" | grep -v "by op" | sed -E "s/^hires //; s/ \(eager [0-9.]+: ([0-9.]+x)\)/ \1/; s/ \(graph launches [0-9]+\)//; s/GPU kernels\+copies\/step/kernels/; s/ \(\+[0-9.]+ in optimizer.step; CUDA sync debug mode ([0-9.]+)\)/ (sync debug mode \1)/; s/ \(\+[0-9.]+ in optimizer[^)]*\)//; s/, first step [0-9.]+ s//; s/ \([0-9]+ steps\), FLOP floor ratio/, FLOP floor/; s/bytes floor ratio/bytes floor/; s/ \(parameters[^)]*\)//; s/$/;/"' -- \
     "$PY" scripts/bench_train.py --hires --device cuda --chrom-sizes "$OUT/annotation/mm10.chrom.sizes" \
     --shapes 1000000:10 500000:20 100000:30 --batch 32 --hires-cells 7469 --contacts 20000 \
-    --modes eager compiled graphed --compiled-shapes 1000000:10 --hires-steps 20 --matmul 4096 \
+    --modes eager graphed-loop graphed compiled+graphed --compiled-shapes 1000000:10 --hires-steps 20 --matmul 4096 \
     --hires-early-stopping --early-stopping-seconds 20
 
 # the packed extraction path against the padded one and the floor (one line per figure in the log)
