@@ -1295,7 +1295,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     h.add_argument("--hires-steps", type=int, default=20, help="timed steps per mode, after the warm-up")
     h.add_argument("--hires-warmup", type=int, default=5, help="steps before the clock starts (compile, capture, measured steps)")
     h.add_argument("--modes", nargs="*", choices=list(HIRES_MODES), default=["eager", "compiled", "graphed"],
-                   help="step modes: eager (today's step), compiled (torch.compile), graphed (CUDA graph; strata stacked), graphed-loop (the same, strata one at a time), compiled+graphed")  # fmt: skip
+                   help="step modes: eager (today's step), compiled (torch.compile), graphed (CUDA graph; strata stacked), "
+                        "graphed-loop (the same, strata one at a time), compiled+graphed")  # fmt: skip
     h.add_argument("--compiled-shapes", type=parse_shape, nargs="*", default=None, metavar="RES:STRATA",
                    help="run the compiled modes at these shapes only (default: every shape)")  # fmt: skip
     h.add_argument("--hires-early-stopping", action="store_true", help="then train the first shape to early stopping")

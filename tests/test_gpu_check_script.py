@@ -45,7 +45,8 @@ case "$args" in
   *torch.__version__*) echo "2.13.0 12.4 True" ;;
   *is_bf16_supported*) exit 0 ;;
   *bench_memory_model*) echo "worst ratio 1.250 (mm10 1Mb L10, fp32)"; exit 1 ;;
-  *bench_train*--hires*) echo "hires 1000000:10 graphed-loop: 85.05 steps/s (eager 17.2: 4.9x), launches/step 120 (graph launches 1), GPU kernels+copies/step 4044"
+  *bench_train*--hires*) echo "hires 1000000:10 graphed-loop: 85.05 steps/s (eager 17.2: 4.9x), launches/step 120" \
+      "(graph launches 1), GPU kernels+copies/step 4044"
     printf '%s%s%s%s\n' "hires 1000000:10 graphed: 312.40 steps/s (eager 17.2: 18.2x), launches/step 1 (graph launches 1), " \
       "GPU kernels+copies/step 3300, host syncs/step 0 (+0 in optimizer.step; CUDA sync debug mode 0), " \
       "compile 0.0 s, capture 1.20 s, first step 2.10 s, epoch 0.68 s (211 steps), " \
