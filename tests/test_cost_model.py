@@ -248,7 +248,7 @@ MODEL_CHANGES = {
 }  # fmt: skip
 STAGE = StageConfig(5, 0.01, LossWeights())
 TRAIN_CHANGES = {
-    "seed": [7], "batch_size": [16], "checkpoint_every": [9], "keep_checkpoints": [2], "threads": [2], "device": ["auto"],
+    "seed": [7], "batch_size": [16], "checkpoint_every": [9], "checkpoint_seconds": [5], "keep_checkpoints": [2], "threads": [2], "device": ["auto"],
     "dtype": ["float64"], "deterministic": [False], "log_every": [5], "compile": [True], "cuda_graphs": [False],
     "early_stopping": [EarlyStoppingConfig(patience=0)],
     "pretrain": [replace(STAGE, epochs=50), replace(STAGE, lr=0.5), replace(STAGE, weights=LossWeights(align=3.0, hic_kl=1.0))],
