@@ -1016,7 +1016,7 @@ def run_mode(args, data, mode: str, plan: StepPlan, device: str) -> ModeResult:
         if mode in LOOP_MODES and trainer.static is not None:
             from ampflow.train.static_step import stack_strata
 
-            trainer.static.stacked = stack_strata(trainer.model, False)
+            stack_strata(trainer.model, False)
         trainer.setup(plan, plan.total, None)
         trainer.fit()
     if trainer.step != plan.total or trainer.timed_seconds is None:

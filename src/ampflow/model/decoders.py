@@ -223,7 +223,11 @@ class StratifiedZINBDecoder(nn.Module):
             raw = q @ key.index_select(0, anchors).T
         else:
             raw = (q @ key.T).index_select(1, anchors)
-        u_load = u if u_load is None else u_load
+        return self._head(raw, u if u_load is None else u_load, lo, hi)
+
+    def _head(self, raw: torch.Tensor, u_load: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        """Logits of features ``lo:hi`` from their key scores ``raw`` (B, hi - lo): the
+        scaled scores, the loadings' term and the bias."""
         return F.softplus(self.scale_lin[lo:hi]) * raw + u_load @ self.loading[lo:hi].T + self.bias[lo:hi]
 
     def _stacked_logits(self, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor, u_load: torch.Tensor) -> torch.Tensor:
@@ -237,7 +241,7 @@ class StratifiedZINBDecoder(nn.Module):
             raw = torch.cat([u @ v_anchors.index_select(0, a0).T, u_D @ keys.index_select(0, rows).T], dim=1)
         else:
             raw = torch.cat([(u @ v_anchors.T).index_select(1, a0), (u_D @ keys.T).index_select(1, rows)], dim=1)
-        return F.softplus(self.scale_lin) * raw + u_load @ self.loading.T + self.bias
+        return self._head(raw, u_load, 0, self.bounds[-1])
 
     def forward(
         self,
@@ -255,18 +259,16 @@ class StratifiedZINBDecoder(nn.Module):
         """
         u_D = self.u_proj(u) if self.u_proj is not None else u
         u_load = self.loading_input(u, cond)
+        stacked = self._stacked_logits(u, u_D, v_anchors, u_load) if self.stack_strata and on_stratum is None and self.n_strata > 1 else None
         means = []
-        if self.stack_strata and on_stratum is None and self.n_strata > 1:
-            logits = self._stacked_logits(u, u_D, v_anchors, u_load)
-            for k in range(self.n_strata):
-                p = torch.softmax(logits[:, self.bounds[k] : self.bounds[k + 1]], dim=1)
-                means.append(p * band_totals[:, k : k + 1])
-        else:
-            for k in range(self.n_strata):
-                p = torch.softmax(self.stratum_logits(k, u, u_D, v_anchors, u_load), dim=1)
-                means.append(p * band_totals[:, k : k + 1])
-                if on_stratum is not None:
-                    on_stratum(k)
+        for k in range(self.n_strata):
+            if stacked is None:
+                logits = self.stratum_logits(k, u, u_D, v_anchors, u_load)
+            else:
+                logits = stacked[:, self.bounds[k] : self.bounds[k + 1]]
+            means.append(torch.softmax(logits, dim=1) * band_totals[:, k : k + 1])
+            if on_stratum is not None:
+                on_stratum(k)
         mu = torch.cat(means, dim=1)
         return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))
 

@@ -170,7 +170,7 @@ class StaticStep:
         self.device, self.dtype = param.device, param.dtype
         if mode.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
-        self.stacked = stack_strata(model, stack)
+        stack_strata(model, stack)
         self.fn = forward_terms
         self.compile_seconds = 0.0
         if mode.compile:
@@ -184,6 +184,11 @@ class StaticStep:
         self.graph_peak: int | None = None
         self._weights: LossWeights | None = None  # the last step's (which terms it returns)
         self.eager_steps = 0  # steps that ran outside a graph (trailing batches, warm-up excluded)
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the Hi-C decoder runs its strata in one pass (:func:`stack_strata`)."""
+        return self.model.hic_decoder.stack_strata
 
     # ------------------------------------------------------------- buffers
     def term_names(self, weights: LossWeights | None = None) -> list[str]:
