@@ -26,6 +26,11 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
   before the training cells' band means weighed it);
 * ``band_sqrt``: the square root of the band means;
 * ``no_diagonal``: the encoder does not read stratum 0 (``model.hic_diagonal: false``);
+* ``log1p``, ``linear``: the weighed input through ``log1p`` or as it is
+  (``model.hic_transform``);
+* ``patience10``: early stopping waits 10 epochs, not the template's 30
+  (``train.early_stopping.patience``; a stage that stopped inside a loss spike's
+  recovery kept a third-trained model);
 * ``hic_kl1``: the Hi-C latent's KL term at weight 1, the plain ELBO (``weights.hic_kl``,
   20 by default).
 
@@ -93,14 +98,19 @@ from ampflow.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "hic_kl1", "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")
+ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "patience10", "hic_kl1",
+             "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
     "band_sqrt": {"hic_band_weight": "sqrt"},
     "no_diagonal": {"hic_diagonal": False},
     "latent32": {"latent_dim": 32},
+    "log1p": {"hic_transform": "log1p"},
+    "linear": {"hic_transform": "linear"},
 }
+#: Ablations that are training settings (``train.*``, merged into the template's).
+TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}}
 #: Ablations that are loss weights of both training stages (``train.*.weights``).
 WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}}
 OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32")
@@ -153,7 +163,7 @@ def input_pca(data, fit: np.ndarray, model_cfg: dict, n_comps: int = 20) -> np.n
     the ``fit`` cells) of ``data`` (:func:`load_paired`), axes fitted on those cells: what a
     model that learnt nothing beyond its input would score."""
     cfg = ModelConfig.from_dict(model_cfg)
-    transform = HiCInput(data.feature_stratum, data.n_strata, cfg.hic_band_weight, cfg.hic_diagonal).double()
+    transform = HiCInput(data.feature_stratum, data.n_strata, cfg.hic_band_weight, cfg.hic_diagonal, cfg.hic_transform).double()
     transform.fit(data.stratum_totals(np.flatnonzero(fit)))
     x = transform(torch.as_tensor(data.hic.toarray(), dtype=torch.float64)).numpy()
     return pca_fit_transform(x, fit, n_comps)
@@ -296,12 +306,15 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
                 model_cfg.update(CONFIG_ABLATIONS[name])
             for seed in a.train_seeds:
                 train_cfg = {**_train_cfg(template, a), "seed": seed}
+                for name in names & set(TRAIN_ABLATIONS):
+                    for key, value in TRAIN_ABLATIONS[name].items():
+                        train_cfg[key] = {**(train_cfg.get(key) or {}), **value}
                 for name in names & set(WEIGHT_ABLATIONS):
                     for stage in ("pretrain", "finetune"):
                         stage_cfg = dict(train_cfg.get(stage) or {})
                         stage_cfg["weights"] = {**(stage_cfg.get("weights") or {}), **WEIGHT_ABLATIONS[name]}
                         train_cfg[stage] = stage_cfg
-                with ablated(names - set(CONFIG_ABLATIONS) - set(WEIGHT_ABLATIONS)):
+                with ablated(names - set(CONFIG_ABLATIONS) - set(WEIGHT_ABLATIONS) - set(TRAIN_ABLATIONS)):
                     z, seconds, steps, lines = train_and_embed(data_dir, held, model_cfg, train_cfg, a.work / "runs" / f"{variant}-{split}-{seed}")
                 rows.append({"split": split, "train_seed": seed, "method": variant, "seconds": seconds, "steps": steps,
                              **_flat(score(z, types, batches, held))})  # fmt: skip

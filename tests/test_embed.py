@@ -171,6 +171,25 @@ def test_a_model_from_before_the_weighed_hic_input_is_refused_not_misread(data_d
     assert not (tmp_path / "e.h5ad").exists()
 
 
+@pytest.mark.parametrize("transform", ["log1p", "linear"])
+def test_the_hic_transform_comes_from_the_model_file(data_dir, tmp_path, transform):
+    """Referee: the trainer's own vectors of a model trained with each
+    ``model.hic_transform``. Its file embeds the training folder to them; with the key
+    taken out of its settings (a model.pt from before the key existed, which read its
+    input through log1p), a log1p model still does and a linear one no longer does."""
+    from dataclasses import replace
+
+    out = tmp_path / "run"
+    assert Trainer(load_paired(data_dir), replace(MODEL, hic_transform=transform), TRAIN, out).fit() is True
+    reference = ad.read_h5ad(out / "embeddings.h5ad")
+    assert_same_vectors(embed(out / "model.pt", tmp_path / "emb.h5ad", "--data", data_dir), reference)
+    m = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
+    del m["model_config"]["hic_transform"]
+    torch.save(m, tmp_path / "old.pt")
+    old = embed(tmp_path / "old.pt", tmp_path / "old.h5ad", "--data", data_dir)
+    assert np.array_equal(old.obsm["X_hic"], reference.obsm["X_hic"]) == (transform == "log1p")
+
+
 def test_no_overlap(data_dir, trained, tmp_path, capsys):
     a = ad.read_h5ad(data_dir / "rna.h5ad")
     a.var_names = [f"other{i}" for i in range(a.n_vars)]

@@ -26,25 +26,28 @@ def cells_with_decay(n_cells=12, seed=0):
     return rng.poisson(lam).astype(np.float64), stratum
 
 
-def bandnorm(x, stratum, fit, weight):
+def bandnorm(x, stratum, fit, weight, transform="log1p"):
     """BandNorm's normalisation written out: each band divided by the cell's mean over
-    it, times the fit cells' mean of those means (or its square root, or 1), log1p."""
+    it, times the fit cells' mean of those means (or its square root, or 1), log1p (or
+    nothing: ``transform="linear"``)."""
     L = stratum.max() + 1
     cell_mean = np.stack([x[:, stratum == k].mean(1) for k in range(L)], axis=1)  # (n, L)
     population = cell_mean[fit].mean(0)
     w = {"mean": population, "sqrt": np.sqrt(population), "none": np.ones(L)}[weight]
-    return np.log1p(x / cell_mean[:, stratum] * w[stratum]), population
+    scaled = x / cell_mean[:, stratum] * w[stratum]
+    return (np.log1p(scaled) if transform == "log1p" else scaled), population
 
 
+@pytest.mark.parametrize("transform", ["log1p", "linear"])
 @pytest.mark.parametrize("weight", ["mean", "sqrt", "none"])
 @pytest.mark.parametrize("diagonal", [False, True])
-def test_input_is_bandnorm_with_the_fit_cells_band_means(weight, diagonal):
+def test_input_is_bandnorm_with_the_fit_cells_band_means(weight, diagonal, transform):
     x, stratum = cells_with_decay()
     fit = np.arange(len(x)) < 8
-    want, population = bandnorm(x, stratum, fit, weight)
+    want, population = bandnorm(x, stratum, fit, weight, transform)
     if not diagonal:
         want[:, stratum == 0] = 0.0
-    t = HiCInput(torch.as_tensor(stratum), int(stratum.max()) + 1, weight, diagonal).double()
+    t = HiCInput(torch.as_tensor(stratum), int(stratum.max()) + 1, weight, diagonal, transform).double()
     counts = torch.as_tensor(x)
     totals = torch.stack([counts[:, torch.as_tensor(stratum == k)].sum(1) for k in range(stratum.max() + 1)], dim=1)
     t.fit(totals[torch.as_tensor(fit)])

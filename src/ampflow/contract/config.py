@@ -24,6 +24,9 @@ def batch_names(values) -> list[str]:
 #: (:class:`ampflow.model.encoders.HiCInput`): the training cells' mean count per feature
 #: of the stratum, its square root, or none (every stratum alike).
 HIC_BAND_WEIGHTS = ("mean", "sqrt", "none")
+#: ``model.hic_transform``: what the Hi-C encoder's input does to the weighed counts
+#: (:class:`ampflow.model.encoders.HiCInput`): ``log1p``, or nothing (``linear``).
+HIC_TRANSFORMS = ("linear", "log1p")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class ModelConfig:
     share and cells of a batch training never saw embed all the same (as scGLUE's
     decoders do). A data file without the column, or with one batch, trains without it;
     None turns it off.
-    ``hic_band_weight`` and ``hic_diagonal`` say how the Hi-C encoder weighs the
-    strata and whether it reads stratum 0 (see :class:`~ampflow.model.encoders.HiCInput`).
+    ``hic_band_weight``, ``hic_diagonal`` and ``hic_transform`` say how the Hi-C encoder
+    weighs the strata, whether it reads stratum 0 and whether it takes the log of what it
+    reads (see :class:`~ampflow.model.encoders.HiCInput`).
     """
 
     latent_dim: int = 12
@@ -62,8 +66,11 @@ class ModelConfig:
     batch_key: str | None = "batch"
     hic_band_weight: str = "mean"
     hic_diagonal: bool = True
+    hic_transform: str = "log1p"
 
     def __post_init__(self):
+        if self.hic_transform not in HIC_TRANSFORMS:
+            raise InputError(f"must be one of {', '.join(HIC_TRANSFORMS)}", key="model.hic_transform", value=self.hic_transform)
         if self.hic_band_weight not in HIC_BAND_WEIGHTS:
             raise InputError(f"must be one of {', '.join(HIC_BAND_WEIGHTS)}", key="model.hic_band_weight", value=self.hic_band_weight)
         if not isinstance(self.hic_diagonal, bool):
@@ -164,7 +171,11 @@ class EarlyStoppingConfig:
     """
 
     validation: float = 0.1
-    patience: int = 10
+    # 30, not 10: a loss spike (a training cell's posterior width collapsing for a few
+    # steps) takes 10 to 20 epochs to recover from, and a stage that stopped inside it
+    # kept the weights from before it, a model a third of the way trained (real cortex
+    # cells, scripts/bench_science.py: ablation patience10)
+    patience: int = 30
     min_delta: float = 1e-4
 
     def __post_init__(self):

@@ -116,7 +116,7 @@ class CellEncoders(nn.Module):
     def __init__(self, cfg: ModelConfig, n_genes: int, feature_stratum: torch.Tensor, n_strata: int):
         super().__init__()
         self.latent = cfg.latent_dim
-        self.hic_input = HiCInput(feature_stratum, n_strata, cfg.hic_band_weight, cfg.hic_diagonal)
+        self.hic_input = HiCInput(feature_stratum, n_strata, cfg.hic_band_weight, cfg.hic_diagonal, cfg.hic_transform)
         self.has_rna = n_genes > 0  # a Hi-C-only model (no genes) has no RNA encoder
         if self.has_rna:
             self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, cfg.latent_dim, cfg.dropout)
@@ -169,7 +169,8 @@ def load_trained(model_path, device: str | torch.device = "cpu") -> TrainedModel
     for key in ("state_dict", "model_config", *NAME_KEYS):
         if key not in m:
             raise InputError("the model file lacks this key (train it again with this version to embed with it)", path=path, key=key)
-    cfg = ModelConfig.from_dict(m["model_config"])
+    # a model written before model.hic_transform existed read its Hi-C input through log1p
+    cfg = ModelConfig.from_dict({"hic_transform": "log1p", **m["model_config"]})
     train = m.get("train_config", {})
     dtype = getattr(torch, train.get("dtype", "float32"))
     stratum = torch.as_tensor(m["feature_stratum"], dtype=torch.long)

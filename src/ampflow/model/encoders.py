@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..contract.config import HIC_BAND_WEIGHTS
+from ..contract.config import HIC_BAND_WEIGHTS, HIC_TRANSFORMS
 from ..contract.model_shapes import ENCODER_LAYERS, encoder_params
 from .layers import batch_norm_from, linear_from
 
@@ -54,9 +54,10 @@ def stratum_totals(counts: torch.Tensor, feature_stratum: torch.Tensor, n_strata
 
 
 class HiCInput(nn.Module):
-    """The Hi-C encoder's input: ``log1p(count / m_ck * w_k)`` for a feature of stratum k
-    of cell c, with m_ck the cell's mean count over stratum k's features and w_k a weight
-    per stratum taken from the training cells.
+    """The Hi-C encoder's input: ``f(count / m_ck * w_k)`` for a feature of stratum k
+    of cell c, with m_ck the cell's mean count over stratum k's features, w_k a weight
+    per stratum taken from the training cells and f ``log1p`` (``transform="log1p"``) or
+    nothing (``"linear"``).
 
     Dividing by m_ck takes out each cell's distance decay and depth (which vary from cell
     to cell, with cycle and sequencing batch, and would otherwise dominate the input).
@@ -68,18 +69,22 @@ class HiCInput(nn.Module):
     with ``diagonal``, weighed like the others; otherwise its columns are zero. Which
     of these the model defaults to was measured on real cortex cells the model never
     trained on (``scripts/bench_science.py``: ablations ``band_none``, ``band_sqrt``,
-    ``no_diagonal``).
+    ``no_diagonal``, ``linear``). Without the log, a near stratum's feature weighs in
+    proportion to its count: the log flattens the near strata towards the far ones, as the
+    weight ``none`` does.
 
     ``band_mean`` (L,) is a buffer in the state dict, set once by :meth:`fit` from the
     training cells and saved with the model, so that ``ampflow embed`` applies exactly
     this transform to new cells and batches. Before :meth:`fit` it is all ones.
     """
 
-    def __init__(self, feature_stratum: torch.Tensor, n_strata: int, band_weight: str = "mean", diagonal: bool = True):
+    def __init__(self, feature_stratum: torch.Tensor, n_strata: int, band_weight: str = "mean", diagonal: bool = True, transform: str = "log1p"):
         super().__init__()
         if band_weight not in HIC_BAND_WEIGHTS:
             raise ValueError(f"band_weight must be one of {HIC_BAND_WEIGHTS}, not {band_weight!r}")
-        self.n_strata, self.band_weight, self.diagonal = n_strata, band_weight, diagonal
+        if transform not in HIC_TRANSFORMS:
+            raise ValueError(f"transform must be one of {HIC_TRANSFORMS}, not {transform!r}")
+        self.n_strata, self.band_weight, self.diagonal, self.transform = n_strata, band_weight, diagonal, transform
         self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
         self.register_buffer("sizes", torch.bincount(feature_stratum.long(), minlength=n_strata).double(), persistent=False)
         self.register_buffer("band_mean", torch.ones(n_strata))
@@ -104,4 +109,5 @@ class HiCInput(nn.Module):
         """counts: (B, F) -> (B, F)."""
         totals = stratum_totals(counts, self.feature_stratum, self.n_strata)  # (B, L)
         per_stratum = self.sizes.to(counts.dtype) * self.weights().to(counts.dtype) / totals.clamp_min(1.0)
-        return torch.log1p(counts * per_stratum[:, self.feature_stratum])
+        x = counts * per_stratum[:, self.feature_stratum]
+        return torch.log1p(x) if self.transform == "log1p" else x
