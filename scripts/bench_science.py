@@ -11,7 +11,7 @@ validation loss or baseline axis sees.
 
 Per split and variant, a Hi-C-only model is trained by :class:`ampflow.train.trainer.Trainer`
 with the template's model and training settings (``config/config.yaml``) and its latent
-``X_hic`` is clustered by k-means with k = the number of labels (seed 0, 10 starts), on the
+``X_hic`` is clustered by k-means with k = the number of labels (seed 0, 100 starts), on the
 held-out cells alone and on all cells. The referee is the BandNorm-style baseline
 (:func:`ampflow.evaluate.baselines.bandnorm_baseline`: strata 1-9 band-normalised, log1p,
 PCA 20 fitted on the same split's training cells) clustered the same way; the workflow's
@@ -89,6 +89,7 @@ from ampflow.cli import main as cli
 from ampflow.contract.config import ModelConfig, TrainConfig
 from ampflow.contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN
 from ampflow.evaluate.baselines import bandnorm_baseline, hic_baseline, pca_fit_transform
+from ampflow.evaluate.clusters import KMEANS_STARTS
 from ampflow.io.h5ad import read_h5ad
 from ampflow.model import decoders, paired
 from ampflow.model.encoders import HiCInput
@@ -171,7 +172,7 @@ def input_pca(data, fit: np.ndarray, model_cfg: dict, n_comps: int = 20) -> np.n
 
 # ------------------------------------------------------------------ scores
 def kmeans(z: np.ndarray, k: int) -> np.ndarray:
-    return KMeans(k, n_init=10, random_state=0).fit_predict(z)
+    return KMeans(k, n_init=KMEANS_STARTS, random_state=0).fit_predict(np.asarray(z, dtype=np.float64))
 
 
 def ari_with_control(labels: np.ndarray, clusters: np.ndarray, seed: int = 0) -> tuple[float, float]:

@@ -258,3 +258,24 @@ def test_umap_kernels_compile_once_per_machine_not_per_process(tmp_path):
     assert all(hits == 0 and misses >= 1 for hits, misses in first.values()), first
     assert all(hits >= 1 and misses == 0 for hits, misses in second.values()), second
     assert any(tmp_path.rglob("*.nbi")), "numba wrote no cache index"
+
+
+def test_kmeans_scores_find_the_lowest_inertia_partition():
+    """Referee: sklearn's k-means with 1000 starts (the best partition it finds, scored
+    against the generating types). Data with a local optimum: one large type in two
+    lobes beside three small ones. With 10 starts, half of the random states settle in
+    it (another ARI); the scores' k-means must reach the referee's on every one."""
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import adjusted_rand_score
+
+    from ampflow.evaluate.clusters import kmeans_scores
+
+    rng = np.random.default_rng(1)
+    big = np.vstack([rng.normal([0, 0, 0], [1.5, 0.5, 0.5], (30, 3)), rng.normal([4, 0, 0], [1.5, 0.5, 0.5], (25, 3))])
+    small = [rng.normal(c, 0.6, (n, 3)) for c, n in (([2, 5, 0], 8), ([2, -5, 0], 6), ([2, 0, 5], 6))]
+    x = np.vstack([big, *small])
+    labels = pd.Series(np.repeat(["big", "a", "b", "c"], [55, 8, 6, 6]))
+    best = adjusted_rand_score(labels, KMeans(4, n_init=1000, random_state=0).fit_predict(x))
+    few = [adjusted_rand_score(labels, KMeans(4, n_init=10, random_state=s).fit_predict(x)) for s in range(20)]
+    assert sum(abs(a - best) > 1e-9 for a in few) >= 5  # the trap is real
+    assert [round(kmeans_scores(x, labels, seed=s)["ari"], 12) for s in range(20)] == [round(best, 12)] * 20

@@ -232,8 +232,15 @@ def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "lat
     return found
 
 
+#: k-means starts (k-means++ seeds) of :func:`kmeans_scores`; the lowest inertia wins. With
+#: 10, the held-out HiRES RNA latent of one seed got a local optimum (inertia 221.6, ARI 0.67
+#: against the labels) where other random states found the better partition (216.7, 0.96).
+KMEANS_STARTS = 100
+
+
 def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0, batches: pd.Series | None = None) -> dict | None:
-    """k-means with k = the number of distinct labels (10 starts), scored over the
+    """k-means with k = the number of distinct labels (:data:`KMEANS_STARTS` starts, the
+    lowest inertia kept), scored over the
     labelled cells with the shuffled-label control beside it; None without labels or
     with fewer cells than labels. With ``batches`` (the cells' batch, two or more
     values) the same clusters are scored against the batch over every cell too
@@ -258,7 +265,7 @@ def kmeans_scores(rep, labels: pd.Series | None, seed: int = 0, batches: pd.Seri
     k = len(set(truth))
     if k < 2 or len(rep) < k:
         return None
-    every = KMeans(k, n_init=10, random_state=seed).fit_predict(np.asarray(rep, dtype=np.float64))
+    every = KMeans(k, n_init=KMEANS_STARTS, random_state=seed).fit_predict(np.asarray(rep, dtype=np.float64))
     clusters = every[mask]
     out = {
         "ari": float(adjusted_rand_score(truth, clusters)),
