@@ -30,7 +30,7 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
   (``model.hic_transform``);
 * ``patience10``: early stopping waits 10 epochs, not the template's 30
   (``train.early_stopping.patience``; a stage that stopped inside a loss spike's
-  recovery kept a third-trained model);
+  recovery kept a fifth-trained model);
 * ``hic_kl1``: the Hi-C latent's KL term at weight 1, the plain ELBO (``weights.hic_kl``,
   20 by default).
 

@@ -173,7 +173,7 @@ class EarlyStoppingConfig:
     validation: float = 0.1
     # 30, not 10: a loss spike (a training cell's posterior width collapsing for a few
     # steps) takes 10 to 20 epochs to recover from, and a stage that stopped inside it
-    # kept the weights from before it, a model a third of the way trained (real cortex
+    # kept the weights from before it, a model a fifth of the way trained (real cortex
     # cells, scripts/bench_science.py: ablation patience10)
     patience: int = 30
     min_delta: float = 1e-4
