@@ -44,16 +44,17 @@ def need(profile, names, dp, tp, chunk) -> int:
 
 # ------------------------------------------------------------------ the model itself
 def test_solve_recovers_the_constants_of_synthetic_timings():
-    flops, dense_flops, blocks = 3.0e7, 1.0e8, 64
-    rate, dense_rate, overhead = 2.5e9, 4.0e10, 1.2e-3
+    flops, dense_flops, enc_flops, blocks = 3.0e7, 1.0e8, 5.0e7, 64
+    rate, dense_rate, enc_rate, overhead = 2.5e9, 4.0e10, 6.0e10, 1.2e-3
     one = flops / rate + overhead
     many = flops / rate + blocks * overhead
-    c = cm.solve_calibration(one, many, blocks, flops, dense_flops / dense_rate, dense_flops, 17)
+    c = cm.solve_calibration(one, many, blocks, flops, dense_flops / dense_rate, dense_flops, enc_flops / enc_rate, enc_flops, 17)
     assert c.attention_flops_per_s == pytest.approx(rate, rel=5e-3)
     assert c.dense_flops_per_s == pytest.approx(dense_rate, rel=5e-3)
+    assert c.encoder_flops_per_s == pytest.approx(enc_rate, rel=5e-3)
     assert c.chunk_overhead_s == pytest.approx(overhead, rel=5e-3)
     # noise that makes chunks look free or faster never gives a negative overhead
-    noisy = cm.solve_calibration(one, one * 0.9, blocks, flops, 1.0, dense_flops, 17)
+    noisy = cm.solve_calibration(one, one * 0.9, blocks, flops, 1.0, dense_flops, 1.0, enc_flops, 17)
     assert noisy.chunk_overhead_s > 0 and noisy.attention_flops_per_s > 0
 
 
@@ -83,7 +84,13 @@ def test_calibration_file_errors_name_the_file(tmp_path):
     bad.write_text(json.dumps({"constants": {"attention_flops_per_s": 1e9}}))
     with pytest.raises(InputError, match="missing"):
         cm.read_calibration(bad)
-    bad.write_text(json.dumps({"constants": {"attention_flops_per_s": -1, "dense_flops_per_s": 1, "chunk_overhead_s": 1, "band_width": 17}}))
+    # a file from before the encoders were timed: calibrate again
+    old = {"attention_flops_per_s": 1e9, "dense_flops_per_s": 1e10, "chunk_overhead_s": 1e-4, "band_width": 17}
+    bad.write_text(json.dumps({"version": 2, "constants": old}))
+    with pytest.raises(InputError, match="calibrate") as e:
+        cm.read_calibration(bad)
+    assert "encoder_flops_per_s" in str(e.value) and "ampflow calibrate" in str(e.value)
+    bad.write_text(json.dumps({"constants": {**old, "attention_flops_per_s": -1, "encoder_flops_per_s": 1}}))
     with pytest.raises(InputError, match="attention_flops_per_s"):
         cm.read_calibration(bad)
     bad.write_text("{nope")
@@ -128,6 +135,41 @@ def test_calibrated_constants_predict_the_kernel_at_other_chunk_sizes():
     assert measured[128] > measured[8] and predicted[128] > predicted[8]
 
 
+def _time_encoder(encoder, x, reps=5) -> float:
+    best = math.inf
+    for r in range(reps + 1):
+        t = time.perf_counter()
+        loc, std = encoder(x)
+        (loc.sum() + std.sum()).backward()
+        if r:
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def test_calibrated_encoder_rate_predicts_the_models_encoder():
+    """Referee: the wall-clock time of the model's own encoder (its LeakyReLU, BatchNorm,
+    dropout and Normal heads included), forward and backward, at input widths the
+    calibration did not time: predicted by ``encoder_flops`` over the calibrated rate
+    within a factor of 3, and the wider input the slower in both."""
+    from ampflow.model.encoders import Encoder
+
+    threads = torch.get_num_threads()
+    torch.manual_seed(0)
+    for batch, hidden in ((64, 128), (32, 256)):
+        doc = calibrate(ModelConfig(hidden_dim=hidden), TrainConfig(device="cpu", threads=1, batch_size=batch), anchors=256, blocks=4, reps=3)
+        assert doc["shape"]["hidden_dim"] == hidden and doc["shape"]["batch_size"] == batch
+        rate = cm.constants_from_doc(doc).encoder_flops_per_s
+        torch.set_num_threads(1)
+        try:
+            measured = {n_in: _time_encoder(Encoder(n_in, hidden, 12, 0.1).train(), torch.rand(batch, n_in)) for n_in in (2000, 12000)}
+        finally:
+            torch.set_num_threads(threads)
+        predicted = {n_in: cm.encoder_flops(batch, n_in, hidden, 12) / rate for n_in in measured}
+        for n_in in measured:
+            assert 1 / 3 < predicted[n_in] / measured[n_in] < 3, (batch, hidden, n_in, predicted, measured, doc["measured"])
+        assert measured[12000] > measured[2000] and predicted[12000] > predicted[2000]
+
+
 # ------------------------------------------------------------------ (b) tight and loose budgets
 def test_a_tight_budget_gets_a_chunk_that_fits_and_a_loose_one_the_fastest():
     p = mm10_profile()
@@ -157,7 +199,8 @@ def test_identical_inputs_give_byte_identical_plans(tmp_path):
     assert main(["calibrate", "--model", json.dumps({"window": 8}), "--train", json.dumps({"device": "cpu", "threads": 1}),
                  "--anchors", "512", "--blocks", "8", "--reps", "1", "--out", str(cal)]) == 0  # fmt: skip
     doc = json.loads(cal.read_text())
-    assert set(doc["constants"]) == {"attention_flops_per_s", "dense_flops_per_s", "chunk_overhead_s", "band_width", "collective_s"}
+    assert set(doc["constants"]) == {"attention_flops_per_s", "dense_flops_per_s", "encoder_flops_per_s", "chunk_overhead_s", "band_width",
+                                     "collective_s"}  # fmt: skip
     assert all(cm.sig(v) == v for v in doc["constants"].values())  # written rounded
     plans = []
     for i in range(2):
@@ -287,9 +330,11 @@ def test_calibration_sections_hold_exactly_what_the_benchmark_runs_with(decoder_
     if not torch.cuda.is_available():
         assert moved.pop(("TrainConfig", "device", "auto")) == (True, False)
     assert [k for k, (in_sections, ran) in moved.items() if in_sections != ran] == []
-    # the keys that matter: D (latent_dim where no decoder_dim is set), heads, window, ffn_mult, threads
+    # the keys that matter: D (latent_dim where no decoder_dim is set), heads, window,
+    # ffn_mult, the encoder's hidden_dim and batch_size, threads
     measured = sorted({k[1] for k, (in_sections, _) in moved.items() if in_sections})
-    expected = ["decoder_dim", "ffn_mult", "heads", "threads", "window"] + (["latent_dim"] if decoder_dim is None else [])
+    expected = ["batch_size", "decoder_dim", "ffn_mult", "heads", "hidden_dim", "threads", "window"]
+    expected += ["latent_dim"] if decoder_dim is None else []
     assert measured == sorted(expected)
 
 

@@ -31,18 +31,19 @@ def test_shell_json_is_one_quoted_argument_with_sorted_keys():
 
 def test_calibration_args_carry_only_what_is_measured():
     """The devices rule's params: the decoder's width (the latent size where no
-    decoder_dim is set), heads, window and feed-forward shape, the device and threads;
-    defaults filled in, the rest of the sections left out."""
+    decoder_dim is set), heads, window and feed-forward shape, the encoders' hidden
+    width, the batch, the device and threads; defaults filled in, the rest of the
+    sections left out."""
     model = {"latent_dim": 32, "hidden_dim": 256, "heads": 4, "window": 8, "dropout": 0.1}
     train = {"device": "cpu", "seed": 3, "pretrain": {"epochs": 36, "lr": 0.005}}
     args = calibration_args(model, train)
     assert args == (
-        """--model '{"decoder_dim": 32, "ffn_mult": 2, "heads": 4, "window": 8}'"""
-        """ --train '{"device": "cpu", "threads": "auto"}'"""
+        """--model '{"decoder_dim": 32, "ffn_mult": 2, "heads": 4, "hidden_dim": 256, "window": 8}'"""
+        """ --train '{"batch_size": 32, "device": "cpu", "threads": "auto"}'"""
     )
     assert calibration_args({**model, "decoder_dim": 16, "latent_dim": 8}, {**train, "seed": 4, "threads": 2}) == (
-        """--model '{"decoder_dim": 16, "ffn_mult": 2, "heads": 4, "window": 8}'"""
-        """ --train '{"device": "cpu", "threads": 2}'"""
+        """--model '{"decoder_dim": 16, "ffn_mult": 2, "heads": 4, "hidden_dim": 256, "window": 8}'"""
+        """ --train '{"batch_size": 32, "device": "cpu", "threads": 2}'"""
     )
     # the sections are checked as the trainer checks them, naming the key
     with pytest.raises(InputError, match="model.heads"):

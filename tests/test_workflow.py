@@ -346,10 +346,11 @@ def dry_run_jobs(r: subprocess.CompletedProcess) -> dict[str, int]:
     [
         ("train: {seed: 1}", False),
         ("train: {pretrain: {epochs: 7, lr: 0.002, weights: {align: 10.0}}}", False),
-        ("model: {hidden_dim: 128}", False),  # the encoders' width: the benchmark times the decoder's kernel
+        ("model: {dropout: 0.2}", False),
+        ("model: {hidden_dim: 128}", True),  # the encoders' width: the benchmark times their hidden layers
         ("model: {heads: 8}", True),
     ],
-    ids=["seed", "schedule", "hidden_dim", "heads"],
+    ids=["seed", "schedule", "dropout", "hidden_dim", "heads"],
 )
 def test_a_changed_config_times_the_machine_again_only_when_the_measurement_changes(run_dir, change, measured):
     """After a finished run, one config value changed: every configuration is planned

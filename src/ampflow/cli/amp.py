@@ -161,10 +161,10 @@ def add_commands(sub) -> None:
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_devices)
 
-    s = sub.add_parser("calibrate", help="time the attention kernel on the training device: the cost model's constants (JSON)")
+    s = sub.add_parser("calibrate", help="time the decoder's kernels and the encoder's layers on the training device: the cost model's constants (JSON)")
     s.add_argument("--model-config", default=None, help="YAML/JSON with 'model' (and 'train') sections")
-    s.add_argument("--model", default="", help="model settings as JSON: heads, decoder width, window, ffn_mult (other keys are accepted and not used)")
-    s.add_argument("--train", default="", help="training settings as JSON: device and threads")
+    s.add_argument("--model", default="", help="model settings as JSON: heads, decoder width, window, ffn_mult, hidden_dim (other keys: not used)")
+    s.add_argument("--train", default="", help="training settings as JSON: device, threads and batch_size")
     s.add_argument("--anchors", type=int, default=4096, help="sequence length timed")
     s.add_argument("--blocks", type=int, default=64, help="query chunks of the chunked timing")
     s.add_argument("--reps", type=int, default=5, help="timed runs per setting (the fastest counts)")

@@ -383,12 +383,13 @@ def calibration_sections(model: ModelConfig, train: TrainConfig) -> dict:
 
     The kernel it times has the decoder's heads, width ``D`` (``decoder_dim``, else the
     latent size: given here resolved) and window, the matrix product the feed-forward
-    shape ``ffn_mult``; it runs on ``train.device`` (``auto`` is left as it is: it is
-    resolved on the node that runs the job) with ``train.threads``. Seeds, schedules,
-    learning rates, loss weights, the encoders' widths, the batch and ``train.dtype``
-    (the benchmark times float32) change nothing it measures. The ``devices`` rule hands
-    these to ``ampflow calibrate`` as its params, so that Snakemake times the machine
-    again only when one of them changes; the plan takes the whole sections.
+    shape ``ffn_mult``, the encoder's hidden layers ``hidden_dim`` over a batch of
+    ``train.batch_size`` cells; it runs on ``train.device`` (``auto`` is left as it is: it
+    is resolved on the node that runs the job) with ``train.threads``. Seeds, schedules,
+    learning rates, loss weights, dropout and ``train.dtype`` (the benchmark times
+    float32) change nothing it measures. The ``devices`` rule hands these to ``ampflow
+    calibrate`` as its params, so that Snakemake times the machine again only when one
+    of them changes; the plan takes the whole sections.
 
     Returns
     -------
@@ -398,8 +399,8 @@ def calibration_sections(model: ModelConfig, train: TrainConfig) -> dict:
         configs that calibrate alike.
     """
     return {
-        "model": {"decoder_dim": model.D, "heads": model.heads, "window": model.window, "ffn_mult": model.ffn_mult},
-        "train": {"device": train.device, "threads": train.threads},
+        "model": {"decoder_dim": model.D, "heads": model.heads, "window": model.window, "ffn_mult": model.ffn_mult, "hidden_dim": model.hidden_dim},
+        "train": {"device": train.device, "threads": train.threads, "batch_size": train.batch_size},
     }
 
 

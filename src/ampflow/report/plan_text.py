@@ -57,7 +57,7 @@ def step_text(plan: Plan) -> str:
     if plan.predicted_step_seconds is None:
         return "not predicted"
     source = plan.cost_model.source if plan.cost_model else ""
-    return f"{plan.predicted_step_seconds:.3g} s (Hi-C decoder, cost model{'; ' + source if source else ''})"
+    return f"{plan.predicted_step_seconds:.3g} s (Hi-C decoder and encoders, cost model{'; ' + source if source else ''})"
 
 
 def peak_counts_text(plan: Plan) -> str:

@@ -3,7 +3,9 @@
 Times, forward and backward, the banded attention kernel the model runs
 (:func:`ampflow.model.attention.local_attention_banded`) at the model's head count, head
 width and window over ``anchors`` anchors, in one block and in ``blocks`` query chunks,
-and one matrix product of the stratum block's feed-forward shape. The two kernel timings
+one matrix product of the stratum block's feed-forward shape, and the cell encoder's two
+hidden layers (:class:`ampflow.model.encoders.Encoder`) at the model's hidden width over
+one batch of ``train.batch_size`` cells of :data:`ENCODER_INPUTS` features. The two kernel timings
 share their FLOPs, so their difference is the per-chunk overhead and the rest of one
 block's time gives the kernel's rate (:func:`~.model.solve_calibration`). Each
 timing is the fastest of ``reps`` runs after a warm-up, the two chunk settings
@@ -23,7 +25,7 @@ import torch
 
 from ...contract.attention_blocks import band_groups, band_width
 from ...contract.config import ModelConfig, TrainConfig
-from .model import CALIBRATION_VERSION, attention_flops, solve_calibration
+from .model import CALIBRATION_VERSION, attention_flops, encoder_flops, solve_calibration
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 #: show beside its overhead, small enough to take about a second on one CPU thread.
 ANCHORS = 4096
 BLOCKS = 64
+#: Input features of the encoder timed: the rate of its skinny products depends on the
+#: batch and the hidden width (both timed as the model has them) far more than on this.
+ENCODER_INPUTS = 4096
 
 
 def _device(train: TrainConfig) -> torch.device:
@@ -67,10 +72,11 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
     Parameters
     ----------
     model : ModelConfig, optional
-        Heads, head width ``D / heads`` and window of the kernel timed; default the
-        default model.
+        Heads, head width ``D / heads`` and window of the kernel timed, and the encoder's
+        ``hidden_dim``; default the default model.
     train : TrainConfig, optional
-        ``device`` (auto: CUDA when visible) and ``threads`` (CPU) the training runs with.
+        ``device`` (auto: CUDA when visible) and ``threads`` (CPU) the training runs with,
+        and the ``batch_size`` the encoder is timed at.
     anchors : int
         Sequence length ``N`` of the kernel timed.
     blocks : int
@@ -110,6 +116,10 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
         v = torch.randn(H, anchors, Dh, generator=g).to(dev).requires_grad_()
         x = torch.randn(anchors, D, generator=g).to(dev).requires_grad_()
         weight = torch.randn(2 * f * D, D, generator=g).to(dev).requires_grad_()
+        B, hidden = train.batch_size, model.hidden_dim
+        cells = torch.randn(B, ENCODER_INPUTS, generator=g).to(dev)  # data: no gradient
+        layer1 = torch.randn(hidden, ENCODER_INPUTS, generator=g).to(dev).requires_grad_()
+        layer2 = torch.randn(hidden, hidden, generator=g).to(dev).requires_grad_()
 
         def attention(c):
             def fn():
@@ -120,20 +130,26 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
         def dense():
             (x @ weight.T).sum().backward()
 
+        def encoder():
+            ((cells @ layer1.T) @ layer2.T).sum().backward()
+
         timed = _timer(dev)
         one, many, mm = attention(None), attention(chunk), dense
-        for fn in (one, many, mm):  # warm-up
+        for fn in (one, many, mm, encoder):  # warm-up
             timed(fn)
-        t_one = t_many = t_mm = math.inf
+        t_one = t_many = t_mm = t_enc = math.inf
         for _ in range(max(1, reps)):
             t_one = min(t_one, timed(one))
             t_many = min(t_many, timed(many))
             t_mm = min(t_mm, timed(mm))
+            t_enc = min(t_enc, timed(encoder))
         name = _device_name(dev, threads)
         flops = attention_flops(anchors, w, H, Dh)
         dense_flops = 3.0 * 2.0 * anchors * D * 2 * f * D
+        enc_flops = encoder_flops(B, ENCODER_INPUTS, hidden)
         width = band_width(anchors, w)
-        constants = solve_calibration(t_one, t_many, n_blocks, flops, t_mm, dense_flops, width, source=f"calibrated on {name}")
+        constants = solve_calibration(t_one, t_many, n_blocks, flops, t_mm, dense_flops, t_enc, enc_flops, width,
+                                      source=f"calibrated on {name}")  # fmt: skip
     finally:
         torch.set_num_threads(threads_before)
     doc = {
@@ -148,12 +164,24 @@ def calibrate(model: ModelConfig | None = None, train: TrainConfig | None = None
             "band_width": width,
             "D": D,
             "ffn_mult": f,
+            "batch_size": B,
+            "hidden_dim": hidden,
+            "encoder_inputs": ENCODER_INPUTS,
             "chunk": chunk,
             "blocks": n_blocks,
             "reps": reps,
         },  # fmt: skip
-        "measured": {"one_block_s": t_one, "chunked_s": t_many, "dense_s": t_mm, "attention_flops": flops, "dense_flops": dense_flops},
+        "measured": {
+            "one_block_s": t_one,
+            "chunked_s": t_many,
+            "dense_s": t_mm,
+            "encoder_s": t_enc,
+            "attention_flops": flops,
+            "dense_flops": dense_flops,
+            "encoder_flops": enc_flops,
+        },  # fmt: skip
         "constants": constants.to_dict(),
     }
-    log.info("calibration on %s: one block %.3g s, %d chunks %.3g s, matmul %.3g s -> %s", name, t_one, n_blocks, t_many, t_mm, doc["constants"])
+    log.info("calibration on %s: one block %.3g s, %d chunks %.3g s, matmul %.3g s, encoder %.3g s -> %s", name, t_one, n_blocks,
+             t_many, t_mm, t_enc, doc["constants"])  # fmt: skip
     return doc

@@ -1,12 +1,14 @@
-"""Cost model: predicted seconds per training step of the Hi-C decoder, from shapes only.
+"""Cost model: predicted seconds per training step of the Hi-C decoder and the encoders, from shapes only.
 
 The diagnosis (:mod:`ampflow.amp.decide.diagnose`) uses it to choose the plan's free knob, the query
 chunk of S3, as the fastest candidate among those that fit the memory budget. It counts
 the part of a step the knobs change, the Hi-C decoder's strata (their attention blocks
-and decode, forward and backward), on one device:
+and decode, forward and backward), and the encoders' matrix products, which the mesh
+divides (each device encodes its share of the batch), on one device:
 
 ``seconds = attention FLOPs / attention rate + dense FLOPs / dense rate
-+ attention calls x query chunks x per-chunk overhead + collectives x latency``
++ encoder FLOPs / encoder rate + attention calls x query chunks x per-chunk overhead
++ collectives x latency``
 
 * **attention FLOPs**: the banded kernel (:func:`ampflow.model.attention.local_attention_banded`)
   of each attention stratum, ``H n (12 D_h (R + 2w) + 9 W)`` forward and backward (six
@@ -27,13 +29,15 @@ and decode, forward and backward), on one device:
   partial sums, forward and backward); S2 four per stratum (the softmax normaliser's max
   and sum, forward and backward). Latency only; their bytes do not depend on the knobs.
 
-What is left out (encoders, graph, likelihood, optimizer, data loading) does not depend
-on the chunk or on key-first decode, so it cannot change the choice; the prediction is
-a comparison between candidates, not a forecast of the whole step's wall time.
+What is left out (graph, likelihood, optimizer, data loading, elementwise work) does not
+depend on the chunk or on key-first decode, so it cannot change the choice; the
+prediction is a comparison between candidates, not a forecast of the whole step's wall
+time.
 
 The constants (:class:`CostConstants`) come from a calibration (:mod:`.calibrate`, a
-micro-benchmark of the banded kernel at two chunk settings and of one matmul on the
-training device, written to ``calibration.json``), or without one from
+micro-benchmark of the banded kernel at two chunk settings, of one stratum-block matmul
+and of the encoder's hidden layers on the training device, written to
+``calibration.json``), or without one from
 :data:`DEFAULT_CONSTANTS`. They are rounded to three significant digits when read, so a
 plan is a pure function of (profile, devices, calibration file).
 """
@@ -51,7 +55,7 @@ from ...contract.attention_blocks import band_groups, band_width, block_rows
 from ...contract.profile import Profile, as_profile
 from ...contract.strategies import CHUNKED_ATTENTION, FEATURE_PARALLEL, HIDDEN_PARALLEL, KEY_FIRST_DECODE
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 #: Significant digits of the constants (as written and as read) and of predicted seconds.
 CONSTANT_DIGITS = 3
 SECONDS_DIGITS = 4
@@ -79,6 +83,19 @@ def attention_flops(n: int, window: int, heads: int, head_dim: float, chunk: int
     return float(heads) * n * (12.0 * head_dim * span + 9.0 * width)
 
 
+def encoder_flops(rows: float, n_in: float, hidden: int, latent: int = 0) -> float:
+    """FLOPs of one cell encoder (:class:`ampflow.model.encoders.Encoder`) over ``rows``
+    cells, forward and backward, counting its matrix products.
+
+    Per cell: the first layer ``2 n_in h`` forward and ``2 n_in h`` for its weight's
+    gradient (the input needs none); the second ``2 h^2`` forward and ``4 h^2`` backward
+    (weight and input gradients); the two Normal heads (``latent`` wide) ``4 h d``
+    forward and ``8 h d`` backward. ``latent`` 0 counts the hidden layers alone (what the
+    calibration times).
+    """
+    return float(rows) * (4.0 * n_in * hidden + 6.0 * hidden * hidden + 12.0 * hidden * latent)
+
+
 @dataclass(frozen=True)
 class CostConstants:
     """The device's constants of the cost model.
@@ -89,6 +106,8 @@ class CostConstants:
         Rate of the banded kernel's elementwise work (:func:`attention_flops`).
     dense_flops_per_s : float
         Rate of the decoder's matrix products.
+    encoder_flops_per_s : float
+        Rate of the encoders' matrix products (:func:`encoder_flops`).
     chunk_overhead_s : float
         Seconds one query chunk of one attention call adds (forward and backward), at
         ``band_width`` scores per query.
@@ -103,13 +122,14 @@ class CostConstants:
 
     attention_flops_per_s: float
     dense_flops_per_s: float
+    encoder_flops_per_s: float
     chunk_overhead_s: float
     band_width: int
     collective_s: float
     source: str = "defaults"
 
     def __post_init__(self):
-        for name in ("attention_flops_per_s", "dense_flops_per_s", "chunk_overhead_s", "collective_s"):
+        for name in ("attention_flops_per_s", "dense_flops_per_s", "encoder_flops_per_s", "chunk_overhead_s", "collective_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0) or (name.endswith("per_s") and v <= 0):
                 raise InputError("must be a finite number > 0 (>= 0 for times)", key=name, value=v)
@@ -119,8 +139,8 @@ class CostConstants:
     def rounded(self) -> CostConstants:
         """The constants at :data:`CONSTANT_DIGITS` significant digits."""
         return CostConstants(
-            sig(self.attention_flops_per_s), sig(self.dense_flops_per_s), sig(self.chunk_overhead_s),
-            int(self.band_width), sig(self.collective_s), self.source,
+            sig(self.attention_flops_per_s), sig(self.dense_flops_per_s), sig(self.encoder_flops_per_s),
+            sig(self.chunk_overhead_s), int(self.band_width), sig(self.collective_s), self.source,
         )  # fmt: skip
 
     def to_dict(self) -> dict:
@@ -137,16 +157,17 @@ class CostConstants:
 
 
 #: Without a calibration file: :func:`ampflow.amp.cost.calibrate.calibrate` on one thread of a
-#: shared x86 server CPU with the default model (4 heads of 8, w 8; 4,096 anchors),
-#: rounded: the blocked banded kernel's products run at about 4 GFLOP/s (as counted by
-#: :func:`attention_flops`), the stratum block's matmul at about 50 GFLOP/s, and a query
-#: chunk (one group of blocks: a few dozen small kernels, forward and backward) costs
-#: about 0.4 ms. A GPU's rates are far higher and its overhead per chunk of the same
-#: order (launches): calibrate there. The collective latency is a guess for an
-#: all-reduce of a few KiB within one node.
+#: shared x86 server CPU with the default model (4 heads of 8, w 8; 4,096 anchors;
+#: hidden 256, batch 32), rounded: the blocked banded kernel's products run at a few
+#: GFLOP/s (as counted by :func:`attention_flops`), the stratum block's matmul and the
+#: encoder's hidden layers at about 50 GFLOP/s, and a query chunk (one group of blocks:
+#: a few dozen small kernels, forward and backward) costs about 0.4 ms. A GPU's rates are
+#: far higher and its overhead per chunk of the same order (launches): calibrate there.
+#: The collective latency is a guess for an all-reduce of a few KiB within one node.
 DEFAULT_CONSTANTS = CostConstants(
     attention_flops_per_s=4.0e9,
     dense_flops_per_s=5.0e10,
+    encoder_flops_per_s=5.0e10,
     chunk_overhead_s=4.0e-4,
     band_width=17,
     collective_s=5.0e-5,
@@ -154,7 +175,8 @@ DEFAULT_CONSTANTS = CostConstants(
 
 
 def solve_calibration(one_block_s: float, chunked_s: float, blocks: int, flops: float, dense_s: float, dense_flops: float,
-                      width: int, collective_s: float = DEFAULT_CONSTANTS.collective_s, source: str = "defaults") -> CostConstants:  # fmt: skip
+                      encoder_s: float, encoder_flops: float, width: int, collective_s: float = DEFAULT_CONSTANTS.collective_s,
+                      source: str = "defaults") -> CostConstants:  # fmt: skip
     """Constants from the micro-benchmark's timings.
 
     The banded kernel took ``one_block_s`` in one block and ``chunked_s`` in ``blocks``
@@ -162,17 +184,19 @@ def solve_calibration(one_block_s: float, chunked_s: float, blocks: int, flops: 
     ``attention rate = flops / (one - chunk_overhead)``. Timing noise can make the
     difference non-positive (the overhead is then taken as 1% of one block's time per
     chunk) or leave almost nothing for the FLOPs (at least a tenth of one block's time
-    is then given to them). ``dense_s`` timed ``dense_flops`` of matrix products.
+    is then given to them). ``dense_s`` timed ``dense_flops`` of matrix products,
+    ``encoder_s`` the encoder's hidden layers' ``encoder_flops``.
     """
     if blocks < 2:
         raise ValueError(f"blocks must be >= 2, got {blocks}")
-    if min(one_block_s, chunked_s, dense_s) <= 0 or flops <= 0 or dense_flops <= 0:
+    if min(one_block_s, chunked_s, dense_s, encoder_s) <= 0 or min(flops, dense_flops, encoder_flops) <= 0:
         raise ValueError("timings and FLOPs must be > 0")
     overhead = (chunked_s - one_block_s) / (blocks - 1)
     if overhead <= 0:
         overhead = 0.01 * one_block_s
     work = max(one_block_s - overhead, 0.1 * one_block_s)
-    return CostConstants(flops / work, dense_flops / dense_s, overhead, int(width), collective_s, source).rounded()
+    return CostConstants(flops / work, dense_flops / dense_s, encoder_flops / encoder_s, overhead, int(width), collective_s,
+                         source).rounded()  # fmt: skip
 
 
 # ---------------------------------------------------------------- the calibration file
@@ -187,13 +211,14 @@ def constants_from_doc(doc: dict, path=None) -> CostConstants:
     if not isinstance(doc, dict) or not isinstance(doc.get("constants"), dict):
         raise InputError("a calibration file needs a 'constants' object", path=path)
     c = doc["constants"]
-    missing = sorted({"attention_flops_per_s", "dense_flops_per_s", "chunk_overhead_s", "band_width"} - set(c))
+    missing = sorted({"attention_flops_per_s", "dense_flops_per_s", "encoder_flops_per_s", "chunk_overhead_s", "band_width"} - set(c))
     if missing:
-        raise InputError("calibration constants missing", path=path, key="constants", value=missing)
+        # a file from before a constant existed: its device was never timed for it
+        raise InputError("calibration constants missing (run `ampflow calibrate` again)", path=path, key="constants", value=missing)
     try:
         return CostConstants(
-            float(c["attention_flops_per_s"]), float(c["dense_flops_per_s"]), float(c["chunk_overhead_s"]),
-            int(c["band_width"]), float(c.get("collective_s", DEFAULT_CONSTANTS.collective_s)),
+            float(c["attention_flops_per_s"]), float(c["dense_flops_per_s"]), float(c["encoder_flops_per_s"]),
+            float(c["chunk_overhead_s"]), int(c["band_width"]), float(c.get("collective_s", DEFAULT_CONSTANTS.collective_s)),
             f"calibrated on {doc.get('device', 'an unnamed device')}",
         ).rounded()  # fmt: skip
     except InputError as e:
@@ -211,7 +236,8 @@ def read_calibration(path) -> CostConstants:
 # ---------------------------------------------------------------- the step
 @dataclass(frozen=True)
 class StepShape:
-    """What the cost model needs of a profile: the Hi-C decoder's shapes and the batch."""
+    """What the cost model needs of a profile: the Hi-C decoder's shapes, the encoders'
+    and the batch."""
 
     n_anchors: int
     features_per_stratum: tuple[int, ...]
@@ -222,6 +248,8 @@ class StepShape:
     ffn_mult: int
     attention: bool
     batch_size: int
+    hidden: int = 0
+    rna_inputs: int = 0  # the RNA encoder's input genes; 0: no RNA encoder
 
     @property
     def n_strata(self) -> int:
@@ -242,16 +270,24 @@ class StepShape:
         fps = given[:L] + [n] * (L - len(given[:L]))
         window = cfg.window if hic.window is None else int(hic.window)
         attention = cfg.attention if hic.attention is None else bool(hic.attention)
-        return cls(n, tuple(fps), window, cfg.heads, cfg.D, cfg.latent_dim, cfg.ffn_mult, attention, int(profile.train.batch_size))
+        rna = int(profile.rna.n_features or 0) if profile.rna is not None else 0
+        return cls(n, tuple(fps), window, cfg.heads, cfg.D, cfg.latent_dim, cfg.ffn_mult, attention, int(profile.train.batch_size),
+                   cfg.hidden_dim, rna)  # fmt: skip
+
+    @property
+    def hic_inputs(self) -> int:
+        """The Hi-C encoder's input features: every stratum's."""
+        return sum(self.features_per_stratum)
 
 
 @dataclass(frozen=True)
 class StepCost:
-    """Predicted seconds of one step's Hi-C decoder on one device, by term."""
+    """Predicted seconds of one step's Hi-C decoder and encoders on one device, by term."""
 
     seconds: float
     attention_s: float
     dense_s: float
+    encoder_s: float
     overhead_s: float
     collective_s: float
     blocks: int  # query chunks per attention call (1: one block)
@@ -259,7 +295,7 @@ class StepCost:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for k in ("seconds", "attention_s", "dense_s", "overhead_s", "collective_s"):
+        for k in ("seconds", "attention_s", "dense_s", "encoder_s", "overhead_s", "collective_s"):
             d[k] = sig(d[k], SECONDS_DIGITS)
         return d
 
@@ -269,7 +305,7 @@ def _ceil(a: int, b: int) -> int:
 
 
 def step_cost(shape: StepShape, constants: CostConstants, names=(), dp: int = 1, tp: int = 1, chunk: int = 0) -> StepCost:
-    """Predicted seconds per step of the Hi-C decoder for one candidate.
+    """Predicted seconds per step of the Hi-C decoder and the encoders for one candidate.
 
     Parameters
     ----------
@@ -314,10 +350,14 @@ def step_cost(shape: StepShape, constants: CostConstants, names=(), dp: int = 1,
         collectives += att_calls * S5_PER_CHUNK * blocks + blocks_k * S5_PER_BLOCK
     if fp > 1:
         collectives += L * S2_PER_STRATUM
+    enc_flops = encoder_flops(B, shape.hic_inputs / fp, shape.hidden, d)
+    if shape.rna_inputs:
+        enc_flops += encoder_flops(B, shape.rna_inputs, shape.hidden, d)
     att_s = att_flops / c.attention_flops_per_s
     dense_s = 3.0 * dense_fwd / c.dense_flops_per_s
+    enc_s = enc_flops / c.encoder_flops_per_s
     coll_s = collectives * c.collective_s
-    return StepCost(att_s + dense_s + overhead + coll_s, att_s, dense_s, overhead, coll_s, blocks, collectives)
+    return StepCost(att_s + dense_s + enc_s + overhead + coll_s, att_s, dense_s, enc_s, overhead, coll_s, blocks, collectives)
 
 
 def cost_for_profile(profile: Profile | dict, names, dp: int, tp: int, chunk: int, constants: CostConstants = DEFAULT_CONSTANTS) -> StepCost | None:
@@ -331,6 +371,7 @@ def describe(constants: CostConstants) -> str:
     c = constants.rounded()
     return (
         f"attention {c.attention_flops_per_s:.3g} FLOP/s, dense {c.dense_flops_per_s:.3g} FLOP/s, "
+        f"encoders {c.encoder_flops_per_s:.3g} FLOP/s, "
         f"{c.chunk_overhead_s * 1e3:.3g} ms per query chunk at {c.band_width} scores per query, "
         f"{c.collective_s * 1e6:.3g} us per collective ({'the documented defaults: no calibration file' if c.source == 'defaults' else c.source})"
     )
