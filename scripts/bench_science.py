@@ -31,6 +31,8 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``patience10``: early stopping waits 10 epochs, not the template's 30
   (``train.early_stopping.patience``; a stage that stopped inside a loss spike's
   recovery kept a fifth-trained model);
+* ``pretrain300``: pretraining stops at epoch 300 at the latest, not the template's 600
+  (``train.pretrain.epochs``; most runs' validation loss still improved there);
 * ``hic_kl1``: the Hi-C latent's KL term at weight 1, the plain ELBO (``weights.hic_kl``,
   20 by default).
 
@@ -99,7 +101,7 @@ from ampflow.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "patience10", "hic_kl1",
+ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "patience10", "pretrain300", "hic_kl1",
              "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
@@ -111,7 +113,7 @@ CONFIG_ABLATIONS = {
     "linear": {"hic_transform": "linear"},
 }
 #: Ablations that are training settings (``train.*``, merged into the template's).
-TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}}
+TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}, "pretrain300": {"pretrain": {"epochs": 300}}}
 #: Ablations that are loss weights of both training stages (``train.*.weights``).
 WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}}
 OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32")

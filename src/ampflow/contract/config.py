@@ -311,7 +311,7 @@ class TrainConfig:
     log_every: int = 20
     compile: bool | str = "auto"
     cuda_graphs: bool | str = "auto"
-    pretrain: StageConfig = field(default_factory=lambda: StageConfig(300, 5e-3, LossWeights()))
+    pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 

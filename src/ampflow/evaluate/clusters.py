@@ -39,6 +39,16 @@ DEFAULT_RESOLUTION = 1.0
 #: Neighbours in the kNN graph (scanpy's default); fewer when there are fewer cells.
 N_NEIGHBORS = 15
 
+#: The kNN graph's distance for each kind of representation, as its own tool prescribes:
+#: scanpy's default (euclidean) on a PCA; cosine on the model's latents, as GLUE's
+#: tutorials and evaluation build the graph on theirs. A latent's norm carries the
+#: posterior's confidence as much as the cell type: on the held-out HiRES brain cells the
+#: RNA latent's Leiden ARI over five seeds is 0.70 +- 0.23 (one seed 0.32) euclidean and
+#: 0.83 +- 0.07 cosine, while the scanpy PCA's is 0.80 euclidean and 0.72 cosine; k-means,
+#: which both are scored by as well, is euclidean on both.
+PCA_METRIC = "euclidean"
+LATENT_METRIC = "cosine"
+
 
 # ---------------------------------------------------------------- input checks
 def check_embeddings(adata: ad.AnnData, keys=EMBEDDING_KEYS, path=None) -> None:
@@ -127,8 +137,15 @@ def cache_umap_kernels() -> list[str]:
     return missed
 
 
-def _neighbors_adata(rep: np.ndarray, seed: int) -> ad.AnnData:
-    """A private AnnData with a kNN graph on ``rep``, so the caller's object is untouched."""
+def knn_metric(key: str) -> str:
+    """The kNN graph's distance for the representation stored under ``key``: a latent
+    (an ``obsm`` key of :data:`EMBEDDING_KEYS`) or a baseline's PCA."""
+    return LATENT_METRIC if key in EMBEDDING_KEYS else PCA_METRIC
+
+
+def _neighbors_adata(rep: np.ndarray, seed: int, metric: str = PCA_METRIC) -> ad.AnnData:
+    """A private AnnData with a kNN graph on ``rep`` (``metric`` distances), so the
+    caller's object is untouched."""
     import scanpy as sc
 
     cache_umap_kernels()
@@ -140,7 +157,7 @@ def _neighbors_adata(rep: np.ndarray, seed: int) -> ad.AnnData:
     # pynndescent above 8192 cells: latents are narrow, so exact search stays cheap
     # at tens of thousands of cells, the graph does not depend on thread count, and
     # scanpy 1.11's pynndescent path fails under scipy >= 1.17 (csr_array.getnnz).
-    sc.pp.neighbors(a, n_neighbors=n_neighbors, use_rep="X_rep", transformer="sklearn", random_state=seed)
+    sc.pp.neighbors(a, n_neighbors=n_neighbors, use_rep="X_rep", transformer="sklearn", metric=metric, random_state=seed)
     return a
 
 
@@ -159,10 +176,11 @@ def _leiden(a: ad.AnnData, resolution: float, seed: int) -> np.ndarray:
     return a.obs["leiden"].to_numpy()
 
 
-def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "latent") -> dict:
+def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "latent", metric: str = PCA_METRIC) -> dict:
     """Leiden clusters of one representation, scored against labels at the best resolution.
 
-    Builds a kNN graph on ``rep`` (15 neighbours, fewer for tiny data) and runs
+    Builds a kNN graph on ``rep`` (15 neighbours, fewer for tiny data; ``metric``
+    distances, see :func:`knn_metric`) and runs
     Leiden (igraph, 2 iterations) at each resolution of :data:`LEIDEN_RESOLUTIONS`.
     As in scIB, the resolution with the highest NMI against the labels is kept (the
     lowest one on ties) and ARI and NMI are reported there. ARI and NMI are computed
@@ -180,18 +198,21 @@ def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "lat
         Random state for the neighbour search and Leiden.
     what
         Name of the representation, for the log.
+    metric
+        The kNN graph's distance.
 
     Returns
     -------
     dict
         ``ari``, ``nmi`` (float or None), ``leiden_resolution`` (float),
-        ``n_clusters`` (int, at that resolution, over all rows) and ``n_labelled``.
+        ``n_clusters`` (int, at that resolution, over all rows), ``n_labelled`` and
+        ``knn_metric``.
     """
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     n = len(rep)
-    log.info("kNN graph on %s (%d cells, %d neighbours)", what, n, min(N_NEIGHBORS, n - 1))
-    graph = _neighbors_adata(rep, seed)
+    log.info("kNN graph on %s (%d cells, %d neighbours, %s)", what, n, min(N_NEIGHBORS, n - 1), metric)
+    graph = _neighbors_adata(rep, seed, metric)
     if labels is None:
         best_res = DEFAULT_RESOLUTION
         best_clusters = _leiden(graph, best_res, seed)
@@ -226,7 +247,8 @@ def leiden_search(rep, labels: pd.Series | None, seed: int = 0, what: str = "lat
         "n/a" if ari is None else f"{ari:.4f}",
         "n/a" if nmi is None else f"{nmi:.4f}",
     )
-    found = {"ari": ari, "nmi": nmi, "leiden_resolution": float(best_res), "n_clusters": int(n_clusters), "n_labelled": n_labelled}
+    found = {"ari": ari, "nmi": nmi, "leiden_resolution": float(best_res), "n_clusters": int(n_clusters), "n_labelled": n_labelled,
+             "knn_metric": metric}  # fmt: skip
     if labels is not None:
         found.update(control)
     return found
@@ -322,7 +344,7 @@ def cluster_scores(adata: ad.AnnData, use_rep: str = "X_joint", label_key: str |
     labels = _labels(adata, label_key)
     if labels is None and label_key is not None:
         log.info("no labels in obs[%r]: Leiden at resolution %.1f, no ARI/NMI", label_key, DEFAULT_RESOLUTION)
-    found = leiden_search(adata.obsm[use_rep], labels, seed, what=use_rep)
+    found = leiden_search(adata.obsm[use_rep], labels, seed, what=use_rep, metric=knn_metric(use_rep))
     return {
         **found,
         "n_cells": int(n),

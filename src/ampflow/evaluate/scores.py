@@ -20,7 +20,7 @@ import logging
 import anndata as ad
 import numpy as np
 
-from .clusters import _labels, aligned_latents, kmeans_scores, leiden_search
+from .clusters import _labels, aligned_latents, kmeans_scores, knn_metric, leiden_search
 from .controls import shuffled_foscttm
 from .foscttm import foscttm_directions
 from .groups import cell_groups, headline_group
@@ -116,7 +116,7 @@ def score_group(
         if rep is None:
             methods[method] = None
             continue
-        found = leiden_search(rep[rows], sub_labels, seed, what=f"{name} {key}".strip())
+        found = leiden_search(rep[rows], sub_labels, seed, what=f"{name} {key}".strip(), metric=knn_metric(key))
         found.pop("n_labelled")
         methods[method] = {**found, "representation": key, "kmeans": kmeans_scores(rep[rows], sub_labels, seed, sub_batches)}
     entry["methods"] = methods
@@ -162,7 +162,7 @@ def headline_scores(groups: dict, label_key: str | None, seed: int) -> dict:
     -------
     dict
         ``ari``, ``nmi`` (and the 95th percentiles of the same clusters' scores against
-        shuffled labels), ``leiden_resolution``, ``n_clusters``, ``n_cells``,
+        shuffled labels), ``leiden_resolution``, ``n_clusters``, ``knn_metric``, ``n_cells``,
         ``n_labelled``, ``foscttm``, ``foscttm_rna_to_hic``, ``foscttm_hic_to_rna``,
         ``use_rep`` (``X_joint``), ``label_key`` (None without labels), ``seed`` and
         ``headline_group``; values None where the group was too small to score, or
@@ -179,6 +179,7 @@ def headline_scores(groups: dict, label_key: str | None, seed: int) -> dict:
         "nmi_shuffled_p95": joint.get("nmi_shuffled_p95"),
         "leiden_resolution": joint.get("leiden_resolution"),
         "n_clusters": joint.get("n_clusters"),
+        "knn_metric": joint.get("knn_metric"),
         "n_cells": entry["n_cells"],
         "n_labelled": entry["n_labelled"],
         "foscttm": align.get("foscttm"),

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..base.atomic import atomic_path
-from .clusters import _labels, _neighbors_adata, aligned_latents, check_embeddings
+from .clusters import LATENT_METRIC, _labels, _neighbors_adata, aligned_latents, check_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def _palette(n: int) -> list[str]:
 def _umap(rep: np.ndarray, seed: int) -> np.ndarray:
     import scanpy as sc
 
-    a = _neighbors_adata(rep, seed)
+    a = _neighbors_adata(rep, seed, LATENT_METRIC)  # only latents are drawn
     sc.tl.umap(a, random_state=seed)
     return np.asarray(a.obsm["X_umap"])
 

@@ -172,7 +172,8 @@ def summary_report(configs: dict[str, dict], out_dir, dataset: str = "") -> dict
             "<h2>Scores by method</h2>",
             html_table(compared, numeric=[c for c in compared.columns if c not in ("configuration", "method")]),
             f"<p>Cells scored: {esc(cells_note(table))}. Each representation is clustered on that group's cells alone "
-            "with the same Leiden resolution search. The baselines are plain PCA of one modality's counts (RNA: "
+            "with the same Leiden resolution search, on a kNN graph of cosine distances for the latents (as GLUE builds it) "
+            "and euclidean ones for the baselines' PCAs (scanpy's default). The baselines are plain PCA of one modality's counts (RNA: "
             "normalize_total, log1p, highly variable genes; Hi-C: per-cell normalised, log1p, per-stratum scaled strata "
             "features), learned from training cells only. The shuffled pairing gives every cell another cell's Hi-C "
             "latent: its FOSCTTM must read chance, 0.5 within the band shown; the paired latents' FOSCTTM should lie "
