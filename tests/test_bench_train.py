@@ -148,8 +148,12 @@ def test_hires_eager_and_early_stopping_limit(capsys, sizes):
     assert floors and all(float(floors.group(i)) > 0 for i in range(1, 7)), out
     # two stages of at least patience + 1 epochs do not fit in 1 s on a CPU; the steps run
     # are those of the epochs begun (the template validates on a tenth: 86 cells, 11 batches)
+    # and the stages' ceilings are the template's
+    template = bt.template_train_config()
+    ceilings = (template.pretrain.epochs, template.finetune.epochs)
     m = re.search(
-        rf"hires early-stopping 100000:{STRATA} eager: did not stop within 1 s: epochs pretrain (\d+) of 300(?:, finetune (\d+) of 60)? so far, (\d+) steps",
+        rf"hires early-stopping 100000:{STRATA} eager: did not stop within 1 s: epochs pretrain (\d+) of {ceilings[0]}"
+        rf"(?:, finetune (\d+) of {ceilings[1]})? so far, (\d+) steps",
         out,
     )
     assert m, out
