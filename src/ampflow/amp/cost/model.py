@@ -248,8 +248,8 @@ class StepShape:
     ffn_mult: int
     attention: bool
     batch_size: int
-    hidden: int = 0
-    rna_inputs: int = 0  # the RNA encoder's input genes; 0: no RNA encoder
+    hidden: int
+    rna_inputs: int  # the RNA encoder's input genes; 0: no RNA encoder
 
     @property
     def n_strata(self) -> int:
