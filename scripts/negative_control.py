@@ -95,6 +95,10 @@ class Settings:
     # off: the control asks whether the alignment memorises, which attention does not
     # change; on (the model default) times training at the issue's real shape
     attention: bool = False
+    #: leave the model keys and every train key but the seed and the threads out: the
+    #: schema's defaults, which equal the template's (tests/test_config.py), so the
+    #: control trains what a user's config.yaml trains (epochs and attention above unused)
+    defaults: bool = False
 
     @property
     def cfg(self) -> str:
@@ -174,6 +178,45 @@ def _write_gz_atomic(path: Path, text_chunks) -> None:
     os.replace(tmp, path)
 
 
+def control_config(data: Path, settings: Settings) -> dict:
+    """The control's own complete workflow configuration, reading the inputs in ``data``."""
+    config = {
+        "dataset": DATASET,
+        "inputs": {
+            "cells": "resources/cells.tsv",
+            # read where they lie: the matrix (fractional counts, rounded half-up by the
+            # workflow and reported in rna.h5ad) and the Ensembl BED, whose columns
+            # (chrom start0 end symbol ensembl_id strand, '#' header) ampflow reads as is
+            "rna": str(data / RNA),
+            "genes": str(data / GENES),
+            "chromsizes": str(data / CHROMSIZES),
+        },
+        "configs": [{"resolution": settings.resolution, "strata": settings.strata}],
+        "rna": {"rounding": "half_up", "n_top_genes": settings.n_top_genes},
+        # the graph reads the pseudobulk at the training resolution only
+        "pseudobulk": {"balance": True, "resolutions": []},
+        "train": {
+            "seed": settings.seed,
+            "batch_size": 32,
+            # one torch thread: on cores shared with other jobs two spinning OpenMP threads
+            # ran 40x slower (0.3 against 12 steps/s), one loses little when idle
+            "threads": 1,
+            "device": "cpu",
+            "pretrain": {"epochs": settings.pretrain_epochs},
+            "finetune": {"epochs": settings.finetune_epochs},
+        },
+        "model": {"attention": settings.attention},
+        # one CPU process with room to spare: the plan is plain single-process training
+        "amp": {"devices": 1, "device_memory_gb": 16.0},
+        "evaluate": {"label_key": "cell_type", "holdout": 0.2, "seed": settings.seed},
+        "threads": settings.cores,
+    }
+    if settings.defaults:
+        config["train"] = {key: config["train"][key] for key in ("seed", "threads")}
+        del config["model"]
+    return config
+
+
 def build_dataset(work: Path, data: Path, settings: Settings) -> dict:
     """Write the cell sheet, one subsampled ``.pairs.gz`` per RNA cell and the config.
 
@@ -220,37 +263,7 @@ def build_dataset(work: Path, data: Path, settings: Settings) -> dict:
     sheet.to_csv(tmp, sep="\t", index=False)
     os.replace(tmp, work / "resources" / "cells.tsv")
 
-    config = {
-        "dataset": DATASET,
-        "inputs": {
-            "cells": "resources/cells.tsv",
-            # read where they lie: the matrix (fractional counts, rounded half-up by the
-            # workflow and reported in rna.h5ad) and the Ensembl BED, whose columns
-            # (chrom start0 end symbol ensembl_id strand, '#' header) ampflow reads as is
-            "rna": str(data / RNA),
-            "genes": str(data / GENES),
-            "chromsizes": str(data / CHROMSIZES),
-        },
-        "configs": [{"resolution": settings.resolution, "strata": settings.strata}],
-        "rna": {"rounding": "half_up", "n_top_genes": settings.n_top_genes},
-        # the graph reads the pseudobulk at the training resolution only
-        "pseudobulk": {"balance": True, "resolutions": []},
-        "train": {
-            "seed": settings.seed,
-            "batch_size": 32,
-            # one torch thread: on cores shared with other jobs two spinning OpenMP threads
-            # ran 40x slower (0.3 against 12 steps/s), one loses little when idle
-            "threads": 1,
-            "device": "cpu",
-            "pretrain": {"epochs": settings.pretrain_epochs},
-            "finetune": {"epochs": settings.finetune_epochs},
-        },
-        "model": {"attention": settings.attention},
-        # one CPU process with room to spare: the plan is plain single-process training
-        "amp": {"devices": 1, "device_memory_gb": 16.0},
-        "evaluate": {"label_key": "cell_type", "holdout": 0.2, "seed": settings.seed},
-        "threads": settings.cores,
-    }
+    config = control_config(data, settings)
     (work / "config").mkdir(exist_ok=True)
     tmp = work / "config" / ".tmp-config.yaml"
     tmp.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -332,14 +345,17 @@ def _fmt(x) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
+def _training(settings: Settings) -> str:
+    if settings.defaults:
+        return "the template's model and training (the schema's defaults)"
+    return f"attention {'on' if settings.attention else 'off'}, {settings.pretrain_epochs}+{settings.finetune_epochs} epochs"
+
+
 def table(r: Result, settings: Settings) -> str:
     """The printed report."""
     lines = [
         f"Negative control: real HiRES brain RNA + uninformative Hi-C ({settings.fraction:.0%} subsamples of one embryo cell)",
-        (
-            f"  configuration {settings.cfg}, attention {'on' if settings.attention else 'off'}, {settings.pretrain_epochs}+{settings.finetune_epochs} epochs, "
-            f"{settings.n_top_genes} HVGs, labels {settings.label_column}, seed {settings.seed}"
-        ),
+        (f"  configuration {settings.cfg}, {_training(settings)}, {settings.n_top_genes} HVGs, labels {settings.label_column}, seed {settings.seed}"),
         f"  cells: {r.n_heldout} held-out, {r.n_train} training",
         (f"  FOSCTTM held-out        {r.foscttm_heldout:.3f}   chance band 0.5 +- {r.tolerance:.3f} = [{0.5 - r.tolerance:.3f}, {0.5 + r.tolerance:.3f}]"),
         f"  FOSCTTM training        {r.foscttm_train:.3f}   (memorised pairs read low here)",
@@ -399,6 +415,12 @@ def main(argv=None) -> int:
                    help=f"column of the inferred labels (default {d.label_column})")  # fmt: skip
     p.add_argument("--cores", type=int, default=d.cores, help=f"cores for snakemake and torch (default {d.cores})")
     p.add_argument("--attention", action="store_true", help="train with the model's local attention (default off)")
+    p.add_argument(
+        "--defaults",
+        action="store_true",
+        help="leave the model keys and the train keys but seed and threads out: the template's settings "
+        "(its epochs with early stopping, attention on; --epochs, --finetune-epochs and --attention unused)",
+    )
     args = p.parse_args(argv)
     data = find_data(args.data_dir)
     if data is None:
@@ -407,7 +429,7 @@ def main(argv=None) -> int:
     settings = Settings(
         fraction=args.fraction, seed=args.seed, resolution=args.resolution, strata=args.strata,
         n_top_genes=args.n_top_genes, pretrain_epochs=args.epochs, finetune_epochs=args.finetune_epochs,
-        label_column=args.label_column, cores=args.cores, attention=args.attention,
+        label_column=args.label_column, cores=args.cores, attention=args.attention, defaults=args.defaults,
     )  # fmt: skip
     tmp = None
     if args.work is None:

@@ -67,3 +67,33 @@ def test_real_negative_control(shared_data, tmp_path):
     assert abs(r.shuffled_heldout - 0.5) <= r.tolerance, report
     assert r.foscttm_at_chance, report
     assert r.joint_not_diluted, report
+
+
+def test_defaults_config_trains_what_the_template_trains(tmp_path):
+    """--defaults leaves the model keys and the train keys but seed and threads out, so the
+    workflow's schema fills them in: the model and the training then equal the template's
+    (config/config.yaml, the referee), seed and threads apart. Without it the control
+    trains its own short schedule with attention off."""
+    import dataclasses
+
+    import yaml
+    from conftest import REPO
+    from snakemake.utils import validate
+
+    from ampflow.contract.config import ModelConfig, TrainConfig
+
+    template = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    schema = str(REPO / "workflow/schemas/config.schema.yaml")
+
+    def trained(defaults):
+        config = nc.control_config(tmp_path, nc.Settings(seed=3, defaults=defaults))
+        validate(config, schema, set_default=True)
+        return ModelConfig.from_dict(config["model"]), TrainConfig.from_dict(config["train"])
+
+    model, train = trained(True)
+    want = TrainConfig.from_dict(template["train"])
+    assert model == ModelConfig.from_dict(template["model"])
+    assert (train.seed, train.threads) == (3, 1)
+    assert dataclasses.replace(train, seed=want.seed, threads=want.threads) == want
+    model, train = trained(False)
+    assert model != ModelConfig.from_dict(template["model"]) and train.pretrain.epochs == nc.Settings().pretrain_epochs
