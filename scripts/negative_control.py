@@ -272,13 +272,31 @@ def build_dataset(work: Path, data: Path, settings: Settings) -> dict:
 
 
 # ------------------------------------------------------------------ workflow
-def run_workflow(work: Path, settings: Settings, log=print) -> None:
+#: Seconds between the progress lines printed while the workflow runs.
+PROGRESS_EVERY_S = 20.0
+
+
+def latest_progress(work: Path) -> str | None:
+    """The last line of the rule log written most recently under ``work/logs`` (while the
+    model trains, the trainer's steps, rate and ETA), named by its log; None before any."""
+    logs = [p for p in (work / "logs").rglob("*.log") if p.is_file()] if (work / "logs").is_dir() else []
+    if not logs:
+        return None
+    newest = max(logs, key=lambda p: p.stat().st_mtime)
+    # the profiler's own stage markers (torch's CPU memory measurement) say nothing of progress
+    lines = [ln for ln in newest.read_text(errors="replace").splitlines() if ln.strip() and not ln.startswith(("USDT:", "STAGE:"))]
+    return f"{newest.relative_to(work / 'logs')}: {lines[-1]}" if lines else None
+
+
+def run_workflow(work: Path, settings: Settings, log=print, every: float = PROGRESS_EVERY_S) -> None:
     """``snakemake`` up to this configuration's ``scores.json``, in ``work``.
 
     ``work/config/config.yaml`` is this control's own complete configuration, given with
     ``--configfile``: the Snakefile then reads no other config file (no demo inputs, no
     FASTA extraction inputs). Only the scores are asked for: no report figures, no
-    extraction.
+    extraction. Snakemake's output goes to ``work/snakemake.log``; every ``every`` seconds
+    the newest rule log's last line is passed to ``log`` (:func:`latest_progress`), so a
+    run of minutes is never silent.
     """
     target = f"results/{DATASET}/eval/{settings.cfg}/scores.json"
     cmd = [
@@ -292,10 +310,18 @@ def run_workflow(work: Path, settings: Settings, log=print) -> None:
     src = str(REPO / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src]])
     log(f"  running: {' '.join(cmd)}")
-    res = subprocess.run(cmd, check=False, cwd=work, env=env, capture_output=True, text=True)
-    (work / "snakemake.log").write_text(res.stdout + res.stderr)
-    if res.returncode != 0:
-        raise RuntimeError(f"snakemake failed (exit {res.returncode}); log {work / 'snakemake.log'}:\n{res.stderr[-4000:]}")
+    out = work / "snakemake.log"
+    t0 = time.perf_counter()
+    with open(out, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT, text=True)
+        while True:
+            try:
+                proc.wait(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                log(f"  [{time.perf_counter() - t0:.0f} s] {latest_progress(work) or 'snakemake started'}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"snakemake failed (exit {proc.returncode}); log {out}:\n{out.read_text(errors='replace')[-4000:]}")
 
 
 # ------------------------------------------------------------------ scores

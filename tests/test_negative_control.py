@@ -97,3 +97,34 @@ def test_defaults_config_trains_what_the_template_trains(tmp_path):
     assert dataclasses.replace(train, seed=want.seed, threads=want.threads) == want
     model, train = trained(False)
     assert model != ModelConfig.from_dict(template["model"]) and train.pretrain.epochs == nc.Settings().pretrain_epochs
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_workflow_run_relays_progress_and_names_its_log(monkeypatch, tmp_path, code):
+    """While snakemake runs, the newest rule log's last line is relayed (the profiler's
+    markers skipped); its own output lands in work/snakemake.log, whose tail a failure
+    quotes. The stand-in writes a rule log, then runs on for 1.5 s: many 0.05 s ticks."""
+    fake = tmp_path / "snakemake"
+    fake.write_text(
+        "#!/bin/sh\nmkdir -p logs/negctl\n"
+        "printf 'INFO trained 5/10 steps (50.0%%), 9.0 steps/s, ETA 1s\\nUSDT: profiler_stop\\n' > logs/negctl/train.2mb_s8.log\n"
+        f"echo 'snakemake says hello'\nsleep 1.5\necho 'last words'\nexit {code}\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(nc, "tool", lambda name: str(fake))
+    work = tmp_path / "work"
+    work.mkdir()
+    said = []
+
+    def run():
+        nc.run_workflow(work, nc.Settings(), log=said.append, every=0.05)
+
+    if code:
+        with pytest.raises(RuntimeError, match=r"exit 3(.|\n)*last words"):
+            run()
+    else:
+        run()
+    relayed = [m for m in said if "trained 5/10 steps" in m]
+    assert relayed and all(m.rstrip().endswith("ETA 1s") for m in relayed)
+    assert not any("USDT" in m for m in said)
+    assert "snakemake says hello" in (work / "snakemake.log").read_text()
