@@ -279,12 +279,16 @@ PROGRESS_EVERY_S = 20.0
 def latest_progress(work: Path) -> str | None:
     """The last line of the rule log written most recently under ``work/logs`` (while the
     model trains, the trainer's steps, rate and ETA), named by its log; None before any."""
-    logs = [p for p in (work / "logs").rglob("*.log") if p.is_file()] if (work / "logs").is_dir() else []
-    if not logs:
+    try:
+        logs = [p for p in (work / "logs").rglob("*.log") if p.is_file()] if (work / "logs").is_dir() else []
+        if not logs:
+            return None
+        newest = max(logs, key=lambda p: p.stat().st_mtime)
+        text = newest.read_text(errors="replace")
+    except OSError:  # a log replaced while it was looked at: the next tick reads it
         return None
-    newest = max(logs, key=lambda p: p.stat().st_mtime)
     # the profiler's own stage markers (torch's CPU memory measurement) say nothing of progress
-    lines = [ln for ln in newest.read_text(errors="replace").splitlines() if ln.strip() and not ln.startswith(("USDT:", "STAGE:"))]
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("USDT:", "STAGE:"))]
     return f"{newest.relative_to(work / 'logs')}: {lines[-1]}" if lines else None
 
 
