@@ -11,10 +11,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -311,11 +313,23 @@ def _peak_memory(folder: Path, path: str, n: int, dtype: str = "float32") -> dic
     return {**peak, "before": sum(before)}
 
 
+ESM2_650M_BYTES = 2.7e9  # its model.safetensors, fp32
+
+
 @pytest.fixture(scope="module")
-def esm_650m(tmp_path_factory) -> tuple[Path, int]:
-    """An ESM-2 650M-shaped folder (~2.6 GB fp32) and its weight bytes."""
-    folder = write_esm2(tmp_path_factory.mktemp("big") / "esm2_650m", **ESM2_650M)
-    return folder, (folder / "model.safetensors").stat().st_size
+def esm_650m(tmp_path_factory) -> Iterator[tuple[Path, int]]:
+    """An ESM-2 650M-shaped folder (~2.6 GB fp32) and its weight bytes, removed after the
+    module: pytest keeps its last three temporary roots, and three copies of this folder
+    were what filled a machine's disk."""
+    root = tmp_path_factory.mktemp("big")
+    free = shutil.disk_usage(root).free
+    if free < 2 * ESM2_650M_BYTES:  # the file, and room for the other tests' files beside it
+        pytest.skip(f"{root}: {free / 1e9:.1f} GB free, the 650M model needs {2 * ESM2_650M_BYTES / 1e9:.1f} GB")
+    folder = write_esm2(root / "esm2_650m", **ESM2_650M)
+    try:
+        yield folder, (folder / "model.safetensors").stat().st_size
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 GB = 1e9
