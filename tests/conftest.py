@@ -32,6 +32,16 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(shared or item.path.name))
 
 
+def pytest_report_header(config):
+    """The free space where the tests write: the full run needs a few gigabytes, and a run
+    on a nearly full disk fails with ``No space left on device`` far from its cause."""
+    import tempfile
+
+    where = Path(tempfile.gettempdir())
+    free = shutil.disk_usage(where).free
+    return f"disk: {free / 1e9:.1f} GB free under {where}"
+
+
 def load_script(name: str):
     """``scripts/<name>.py`` as a module (scripts/ is no package)."""
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
