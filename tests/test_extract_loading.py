@@ -319,8 +319,8 @@ ESM2_650M_BYTES = 2.7e9  # its model.safetensors, fp32
 @pytest.fixture(scope="module")
 def esm_650m(tmp_path_factory) -> Iterator[tuple[Path, int]]:
     """An ESM-2 650M-shaped folder (~2.6 GB fp32) and its weight bytes, removed after the
-    module: pytest keeps its last three temporary roots, and three copies of this folder
-    were what filled a machine's disk."""
+    module: the largest thing the suite writes, which pytest would otherwise keep with its
+    last three temporary roots (6.4 GB on a disk that then ran out of space)."""
     root = tmp_path_factory.mktemp("big")
     free = shutil.disk_usage(root).free
     if free < 2 * ESM2_650M_BYTES:  # the file, and room for the other tests' files beside it
