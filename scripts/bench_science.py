@@ -28,6 +28,10 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``no_diagonal``: the encoder does not read stratum 0 (``model.hic_diagonal: false``);
 * ``log1p``, ``linear``: the weighed input through ``log1p`` or as it is
   (``model.hic_transform``);
+* ``pcs20``: the input projected on the training cells' first 20 principal axes
+  (``model.hic_pcs: 20``), as GLUE's encoders read a PCA;
+* ``near_pcs``: BandNorm's input without its log over strata 1-3 (``hic_transform:
+  linear``, ``hic_diagonal: false``, ``hic_max_stratum: 3``), projected as ``pcs20``;
 * ``patience10``: early stopping waits 10 epochs, not the template's 30
   (``train.early_stopping.patience``; a stage that stopped inside a loss spike's
   recovery kept a fifth-trained model);
@@ -102,7 +106,7 @@ from ampflow.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
-ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "patience10", "pretrain300", "hic_kl1",
+ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "pcs20", "near_pcs", "patience10", "pretrain300", "hic_kl1",
              "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
@@ -112,6 +116,8 @@ CONFIG_ABLATIONS = {
     "latent32": {"latent_dim": 32},
     "log1p": {"hic_transform": "log1p"},
     "linear": {"hic_transform": "linear"},
+    "pcs20": {"hic_pcs": 20},
+    "near_pcs": {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20},
 }
 #: Ablations that are training settings (``train.*``, merged into the template's).
 TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}, "pretrain300": {"pretrain": {"epochs": 300}}}

@@ -190,6 +190,24 @@ def test_the_hic_transform_comes_from_the_model_file(data_dir, tmp_path, transfo
     assert np.array_equal(old.obsm["X_hic"], reference.obsm["X_hic"]) == (transform == "log1p")
 
 
+def test_the_projection_and_the_farthest_stratum_come_from_the_model_file(data_dir, tmp_path):
+    """Referee: the trainer's own vectors of a model whose Hi-C input reads strata 0-2
+    projected on 3 principal axes. Its file embeds the training folder to them; the same
+    file with the axes zeroed does not (the axes are read from the file, not refitted)."""
+    from dataclasses import replace
+
+    out = tmp_path / "run"
+    assert Trainer(load_paired(data_dir), replace(MODEL, hic_max_stratum=2, hic_pcs=3), TRAIN, out).fit() is True
+    reference = ad.read_h5ad(out / "embeddings.h5ad")
+    assert_same_vectors(embed(out / "model.pt", tmp_path / "emb.h5ad", "--data", data_dir), reference)
+    m = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
+    assert m["state_dict"]["hic_input.pca_axes"].shape[0] == 3 and m["state_dict"]["hic_input.pca_axes"].abs().sum() > 0
+    m["state_dict"]["hic_input.pca_axes"].zero_()
+    torch.save(m, tmp_path / "zeroed.pt")
+    zeroed = embed(tmp_path / "zeroed.pt", tmp_path / "zeroed.h5ad", "--data", data_dir)
+    assert not np.allclose(zeroed.obsm["X_hic"], reference.obsm["X_hic"])
+
+
 def test_no_overlap(data_dir, trained, tmp_path, capsys):
     a = ad.read_h5ad(data_dir / "rna.h5ad")
     a.var_names = [f"other{i}" for i in range(a.n_vars)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
 import torch
 from helpers import batched_paired_data
 
@@ -81,3 +82,70 @@ def test_the_model_weighs_strata_by_its_training_cells_never_the_held_out_ones()
     model = build_model(ModelConfig(latent_dim=4, hidden_dim=8, heads=2, window=2), data)
     np.testing.assert_allclose(model.hic_input.band_mean.double().numpy(), expected, rtol=1e-6)
     assert "hic_input.band_mean" in model.state_dict()
+
+
+@pytest.mark.parametrize("transform, diagonal, max_stratum", [("log1p", True, None), ("linear", False, 2)])
+def test_the_projection_is_the_fit_cells_principal_axes(transform, diagonal, max_stratum):
+    """Referee: BandNorm's input written out with numpy, its principal axes from numpy's
+    SVD of the centred fit cells. The encoder's input is every cell's input projected on
+    the first k axes of the fit cells (``(x - mean) A^T A``), fitted from sparse counts as
+    from dense ones; strata beyond ``max_stratum`` read zero."""
+    x, stratum = cells_with_decay(n_cells=30, seed=1)
+    fit = np.arange(len(x)) < 22
+    want, _ = bandnorm(x, stratum, fit, "mean", transform)
+    if not diagonal:
+        want[:, stratum == 0] = 0.0
+    if max_stratum is not None:
+        want[:, stratum > max_stratum] = 0.0
+    centre = want[fit].mean(0)
+    axes = np.linalg.svd(want[fit] - centre, full_matrices=False)[2][:3]
+    expected = (want - centre) @ axes.T @ axes
+    counts = torch.as_tensor(x)
+    totals = torch.stack([counts[:, torch.as_tensor(stratum == k)].sum(1) for k in range(stratum.max() + 1)], dim=1)
+    for given in (sp.csr_matrix(x[fit]), x[fit]):
+        t = HiCInput(torch.as_tensor(stratum), 4, "mean", diagonal, transform, max_stratum=max_stratum, pcs=3).double()
+        t.fit(totals[torch.as_tensor(fit)], given)
+        got = t(counts).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-9 * np.abs(expected).max())
+        if max_stratum is not None:
+            assert not got[:, stratum > max_stratum].any()
+    # the projection keeps 3 directions of the 18 the fit cells' input spans
+    assert np.linalg.matrix_rank(got, tol=1e-8 * np.abs(got).max()) == 3
+    # the axes and centre are in the state dict and come back
+    again = HiCInput(torch.as_tensor(stratum), 4, "mean", diagonal, transform, max_stratum=max_stratum, pcs=3).double()
+    again.load_state_dict(t.state_dict())
+    assert torch.equal(again(counts), t(counts))
+    with pytest.raises(ValueError, match="needs the 22 training cells' counts"):
+        t.fit(totals[torch.as_tensor(fit)])
+
+
+def test_the_projection_is_fitted_on_the_training_cells_only():
+    """Held-out cells a hundred times deeper, and shifted in every feature, leave the
+    axes and the centre where the training cells alone put them (referee: a model built
+    on the training cells alone)."""
+    data = batched_paired_data(n_cells=24)
+    held = np.arange(data.n_cells) >= 16
+    cfg = ModelConfig(latent_dim=4, hidden_dim=8, heads=2, window=2, hic_pcs=3, hic_transform="linear")
+    data.obs = data.obs.copy()
+    data.obs[SPLIT_COLUMN] = pd.Categorical(np.where(held, HELDOUT, TRAIN), categories=[TRAIN, HELDOUT])
+    model = build_model(cfg, data)
+    alone = batched_paired_data(n_cells=24)
+    alone.hic = alone.hic[~held]
+    alone.obs = alone.obs.iloc[~held].copy()
+    reference = build_model(cfg, alone).hic_input
+    dense = data.hic.toarray()
+    dense[held] = dense[held] * 100.0 + 1.0
+    data.hic = sp.csr_matrix(dense)
+    moved = build_model(cfg, data).hic_input
+    for name in ("pca_mean", "pca_axes", "band_mean"):
+        np.testing.assert_allclose(getattr(model.hic_input, name).numpy(), getattr(reference, name).numpy(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(getattr(moved, name).numpy(), getattr(reference, name).numpy(), rtol=1e-5, atol=1e-7)
+    assert model.hic_input.pca_axes.abs().sum() > 0
+
+
+@pytest.mark.parametrize("key, value", [("hic_max_stratum", -1), ("hic_max_stratum", 2.5), ("hic_pcs", -3), ("hic_pcs", True)])
+def test_a_bad_stratum_limit_or_projection_names_its_key_and_value(key, value):
+    from ampflow.base.errors import InputError
+
+    with pytest.raises(InputError, match=f"model.{key}: .*{value}"):
+        ModelConfig.from_dict({key: value})

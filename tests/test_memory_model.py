@@ -172,6 +172,25 @@ def test_batch_conditioned_model_matches_a_measured_training_step(L, key_first, 
     assert predict(replace(spec, n_batches=50), key_first=key_first).total > est.total
 
 
+def test_the_input_projection_is_counted_as_the_allocator_holds_it():
+    """``model.hic_pcs``: the Hi-C input's axes and centre are buffers of ``(pcs + 1) x
+    F`` elements. The prediction of a model with 40 axes matches the allocator, and what
+    it adds to the prediction is what it adds to the allocator's peak (referee: the same
+    step measured without them)."""
+    cfg = ModelConfig(latent_dim=16, hidden_dim=32, heads=4, window=3)
+    peaks = {}
+    for pcs in (0, 40):
+        model, rna, hic, spec = _model(300, 3, 8, replace(cfg, hic_pcs=pcs))
+        assert spec.hic_pcs == pcs
+        peaks[pcs], marks = _measure(model, rna, hic)
+        est = predict(spec)
+        _assert_matches(est, peaks[pcs], marks)
+        peaks[pcs] = (peaks[pcs], est.components["buffers"])
+    added = 41 * spec.n_features * 4
+    assert peaks[40][1] - peaks[0][1] == added
+    assert abs((peaks[40][0] - peaks[0][0]) - added) <= 0.1 * added, (peaks, added)
+
+
 #: Components held entirely in the training dtype (no int64 indices, bool masks or
 #: float32 Adam steps among them).
 FLOAT_ONLY = {

@@ -45,9 +45,11 @@ class ModelConfig:
     share and cells of a batch training never saw embed all the same (as scGLUE's
     decoders do). A data file without the column, or with one batch, trains without it;
     None turns it off.
-    ``hic_band_weight``, ``hic_diagonal`` and ``hic_transform`` say how the Hi-C encoder
-    weighs the strata, whether it reads stratum 0 and whether it takes the log of what it
-    reads (see :class:`~ampflow.model.encoders.HiCInput`).
+    ``hic_band_weight``, ``hic_diagonal``, ``hic_transform``, ``hic_max_stratum`` and
+    ``hic_pcs`` say how the Hi-C encoder weighs the strata, whether it reads stratum 0,
+    whether it takes the log of what it reads, the farthest stratum it reads (None: all)
+    and on how many of the training cells' principal axes it projects its input (0:
+    none; see :class:`~ampflow.model.encoders.HiCInput`).
     """
 
     latent_dim: int = 12
@@ -67,6 +69,8 @@ class ModelConfig:
     hic_band_weight: str = "mean"
     hic_diagonal: bool = True
     hic_transform: str = "log1p"
+    hic_max_stratum: int | None = None
+    hic_pcs: int = 0
 
     def __post_init__(self):
         if self.hic_transform not in HIC_TRANSFORMS:
@@ -75,6 +79,12 @@ class ModelConfig:
             raise InputError(f"must be one of {', '.join(HIC_BAND_WEIGHTS)}", key="model.hic_band_weight", value=self.hic_band_weight)
         if not isinstance(self.hic_diagonal, bool):
             raise InputError("must be true or false", key="model.hic_diagonal", value=self.hic_diagonal)
+        if self.hic_max_stratum is not None and (
+            isinstance(self.hic_max_stratum, bool) or not isinstance(self.hic_max_stratum, int) or self.hic_max_stratum < 0
+        ):
+            raise InputError("must be a stratum number >= 0 or null", key="model.hic_max_stratum", value=self.hic_max_stratum)
+        if isinstance(self.hic_pcs, bool) or not isinstance(self.hic_pcs, int) or self.hic_pcs < 0:
+            raise InputError("must be an integer >= 0 (0: no projection)", key="model.hic_pcs", value=self.hic_pcs)
         if self.batch_key is not None and (not isinstance(self.batch_key, str) or not self.batch_key):
             raise InputError("must be a column name or null", key="model.batch_key", value=self.batch_key)
         for name in ("latent_dim", "hidden_dim", "heads", "ffn_mult", "graph_batch"):

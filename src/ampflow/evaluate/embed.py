@@ -116,7 +116,7 @@ class CellEncoders(nn.Module):
     def __init__(self, cfg: ModelConfig, n_genes: int, feature_stratum: torch.Tensor, n_strata: int):
         super().__init__()
         self.latent = cfg.latent_dim
-        self.hic_input = HiCInput(feature_stratum, n_strata, cfg.hic_band_weight, cfg.hic_diagonal, cfg.hic_transform)
+        self.hic_input = HiCInput.from_config(cfg, feature_stratum, n_strata)
         self.has_rna = n_genes > 0  # a Hi-C-only model (no genes) has no RNA encoder
         if self.has_rna:
             self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, cfg.latent_dim, cfg.dropout)

@@ -77,7 +77,7 @@ class PairedModel(nn.Module):
         # parameter order and optimizer state are those of the Hi-C branch and the graph
         if self.has_rna:
             self.rna_encoder = Encoder(n_genes, cfg.hidden_dim, d, cfg.dropout)
-        self.hic_input = HiCInput(feature_stratum, n_strata, cfg.hic_band_weight, cfg.hic_diagonal, cfg.hic_transform)
+        self.hic_input = HiCInput.from_config(cfg, feature_stratum, n_strata)
         self.hic_encoder = Encoder(len(feature_anchor), cfg.hidden_dim, d, cfg.dropout)
         if self.has_rna:
             self.rna_decoder = NBDecoder(n_genes, n_batches)

@@ -77,9 +77,11 @@ VALIDATION_BATCH_FACTOR = 8
 
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
     """The plain model for ``data``, its Hi-C input weighed by the training cells' strata
-    (:meth:`~ampflow.model.encoders.HiCInput.fit`; never the held-out cells)."""
+    and projected on their principal axes (:meth:`~ampflow.model.encoders.HiCInput.fit`;
+    never the held-out cells)."""
     model = PairedModel(cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches)
-    model.hic_input.fit(data.stratum_totals(data.train_rows))
+    rows = data.train_rows
+    model.hic_input.fit(data.stratum_totals(rows), data.hic[rows] if cfg.hic_pcs else None)
     return model
 
 

@@ -74,6 +74,9 @@ class ShapeSpec:
         Batches the decoders are conditioned on (0: none): the Hi-C loadings get
         that many more columns, read with the cell latent (``B x (d + n_batches)``),
         and the RNA decoder a bias per gene and batch.
+    hic_pcs : int
+        Principal axes the Hi-C encoder's input is projected on (``model.hic_pcs``; 0:
+        none): buffers of the axes and their centre, ``(hic_pcs + 1) x n_features``.
     optimizer_foreach : bool
         Whether the optimizer updates all parameters in one pass of foreach kernels,
         as ``torch.optim.Adam`` does on CUDA (its temporary, ``sqrt`` of the second
@@ -105,6 +108,7 @@ class ShapeSpec:
     shared: int | None = None
     optimizer_foreach: bool = True
     n_batches: int = 0
+    hic_pcs: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "features_per_stratum", tuple(int(x) for x in self.features_per_stratum))
@@ -112,7 +116,7 @@ class ShapeSpec:
         for name in ("n_cells_batch", "latent", "hidden", "D", "heads", "ffn_mult", "graph_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("n_genes", "n_features", "n_anchors", "n_nodes", "n_edges", "window", "neg_samples", "n_batches"):
+        for name in ("n_genes", "n_features", "n_anchors", "n_nodes", "n_edges", "window", "neg_samples", "n_batches", "hic_pcs"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if any(x < 0 for x in self.features_per_stratum):
@@ -165,7 +169,7 @@ class ShapeSpec:
             n_edges=int(n_edges), latent=c.latent_dim, hidden=c.hidden_dim, D=c.D,
             heads=c.heads, window=c.window, ffn_mult=c.ffn_mult, attention=c.attention,
             neg_samples=c.neg_samples, graph_batch=c.graph_batch, dtype_bytes=int(dtype_bytes),
-            dropout=c.dropout, cross=cross, shared=c.shared_dim, n_batches=int(n_batches),
+            dropout=c.dropout, cross=cross, shared=c.shared_dim, n_batches=int(n_batches), hic_pcs=c.hic_pcs,
         )  # fmt: skip
 
 

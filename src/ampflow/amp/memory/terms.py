@@ -223,8 +223,9 @@ def _largest(params: dict[str, ParamShape], dev: Device) -> int:
 
 
 def buffer_terms(led: Ledger, dev: Device) -> None:
-    """The model's buffers (index tensors, edge lists, BatchNorm running statistics)
-    and the data batch, held throughout the step."""
+    """The model's buffers (index tensors, edge lists, BatchNorm running statistics,
+    the Hi-C input's principal axes and centre) and the data batch, held throughout
+    the step."""
     s, B, b = dev.spec, dev.B, dev.spec.dtype_bytes
     E, h = s.n_edges, s.hidden
     # edge src/dst (shared by the model and its graph convolution), weight, sign, coef
@@ -236,7 +237,8 @@ def buffer_terms(led: Ledger, dev: Device) -> None:
         n += s.n_anchors * INDEX_BYTES
         led.add("buffers", n, None, STATE)
         for k, fk in enumerate(s.features_per_stratum):
-            led.add("buffers", 2 * fk * INDEX_BYTES, k or None, STATE)
+            # feature strata and anchors; the input's axes and centre (whole on every rank)
+            led.add("buffers", 2 * fk * INDEX_BYTES + bool(s.hic_pcs) * (s.hic_pcs + 1) * fk * b, k or None, STATE)
             # every tp rank holds the dense batch with all features
             led.add("data_batch", B * fk * b, k or None, STATE)
     else:
