@@ -14,8 +14,10 @@ with the template's model and training settings (``config/config.yaml``) and its
 ``X_hic`` is clustered by k-means with k = the number of labels (seed 0, 100 starts), on the
 held-out cells alone and on all cells. The referee is the BandNorm-style baseline
 (:func:`ampflow.evaluate.baselines.bandnorm_baseline`: strata 1-9 band-normalised, log1p,
-PCA 20 fitted on the same split's training cells) clustered the same way; the workflow's
-own scHiCluster-style baseline is shown too. Every ARI has a shuffled-label control: the
+PCA 20 fitted on the same split's training cells) clustered the same way; beside it the
+same without its log (``bandnorm_nolog``) and without its log over strata 1-3 alone
+(``bandnorm_near``, the strongest simple baseline on these cells), a PCA of the model's
+own input (``input_pca``) and the workflow's own scHiCluster-style baseline. Every ARI has a shuffled-label control: the
 95th percentile of the ARI of the same clusters against 200 permutations of the labels.
 ARI against the sequencing batch says whether the latent sorts by batch instead.
 
@@ -303,6 +305,7 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
         held = holdout(hic.n_obs, split)
         fit = ~held
         baselines = (("bandnorm", bandnorm_baseline(hic, fit)[0]), ("bandnorm_nolog", bandnorm_baseline(hic, fit, log1p=False)[0]),
+                     ("bandnorm_near", bandnorm_baseline(hic, fit, log1p=False, max_stratum=3)[0]),
                      ("workflow_baseline", hic_baseline(hic, fit)[0]), ("input_pca", input_pca(paired_data, fit, template.get("model") or {})))  # fmt: skip
         for name, z in baselines:
             rows.append({"split": split, "method": name, **_flat(score(z, types, batches, held))})

@@ -195,10 +195,13 @@ def hic_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = N_COMPS, see
 BANDNORM_COMPS = 20
 
 
-def bandnorm_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = BANDNORM_COMPS, seed: int = 0, log1p: bool = True, path=None):
+def bandnorm_baseline(
+    adata: ad.AnnData, fit: np.ndarray, n_comps: int = BANDNORM_COMPS, seed: int = 0, log1p: bool = True, max_stratum: int | None = None, path=None
+):
     """BandNorm-style embedding (Zheng et al. 2022): band normalisation, ``log1p``, PCA.
 
-    Strata k >= 1 only (the diagonal holds self-ligations and intra-bin contacts). Each
+    Strata k >= 1 only (the diagonal holds self-ligations and intra-bin contacts), up to
+    ``max_stratum`` (None: all). Each
     cell's band k is divided by the cell's mean over that band and multiplied by the
     training cells' mean of those band means, which removes each cell's distance decay
     and depth while keeping the population's; then ``log1p`` (``log1p=False``: none) and
@@ -210,7 +213,7 @@ def bandnorm_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = BANDNOR
         ``(n_cells, k)`` float32 PCA coordinates, and a dict saying how it was made.
     """
     x, stratum = strata_counts(adata, path)
-    keep = stratum >= 1
+    keep = (stratum >= 1) & (stratum <= (max_stratum if max_stratum is not None else stratum.max()))
     if not keep.any():
         raise InputError("the BandNorm baseline needs strata k >= 1; the file has the diagonal only", path=path)
     x, stratum = x[:, keep].tocsr(), stratum[keep]
@@ -225,7 +228,7 @@ def bandnorm_baseline(adata: ad.AnnData, fit: np.ndarray, n_comps: int = BANDNOR
         y.data = np.log1p(y.data)
     emb = pca_fit_transform(y, fit, n_comps, seed)
     info = {
-        "steps": "strata k >= 1, band / cell's band mean x training cells' band mean, " + ("log1p, " if log1p else "") + "PCA",
+        "steps": f"strata 1 <= k <= {int(stratum.max())}, band / cell's band mean x training cells' band mean, " + ("log1p, " if log1p else "") + "PCA",
         "n_features": int(y.shape[1]),
         "n_strata": n_strata,
         "n_comps": int(emb.shape[1]),
