@@ -277,3 +277,10 @@ def test_bandnorm_baseline_equals_a_dense_recomputation(log1p, max_stratum):
     signs = np.sign((got * want).sum(axis=0))
     np.testing.assert_allclose(got * signs, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     assert info["n_features"] == int(read.sum()) and info["n_comps"] == 5
+
+
+def test_bandnorm_baseline_without_strata_to_read_names_them():
+    stratum = np.repeat(np.arange(4), 5)
+    adata = ad.AnnData(sp.csr_matrix(np.ones((6, 20), dtype=np.float32)), var=pd.DataFrame({"stratum": stratum}, index=[f"f{i}" for i in range(20)]))
+    with pytest.raises(InputError, match=r"needs strata 1 <= k <= 0; the file has strata 0-3"):
+        bandnorm_baseline(adata, np.ones(6, dtype=bool), max_stratum=0)

@@ -215,7 +215,8 @@ def bandnorm_baseline(
     x, stratum = strata_counts(adata, path)
     keep = (stratum >= 1) & (stratum <= (max_stratum if max_stratum is not None else stratum.max()))
     if not keep.any():
-        raise InputError("the BandNorm baseline needs strata k >= 1; the file has the diagonal only", path=path)
+        read = "strata k >= 1" if max_stratum is None else f"strata 1 <= k <= {max_stratum}"
+        raise InputError(f"the BandNorm baseline needs {read}; the file has strata {int(stratum.min())}-{int(stratum.max())}", path=path)
     x, stratum = x[:, keep].tocsr(), stratum[keep]
     n_strata = int(stratum.max()) + 1
     size = np.bincount(stratum, minlength=n_strata).astype(np.float64)
