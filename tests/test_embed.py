@@ -190,14 +190,17 @@ def test_the_hic_transform_comes_from_the_model_file(data_dir, tmp_path, transfo
     assert np.array_equal(old.obsm["X_hic"], reference.obsm["X_hic"]) == (transform == "log1p")
 
 
-def test_the_projection_and_the_farthest_stratum_come_from_the_model_file(data_dir, tmp_path):
+def test_the_projection_and_the_farthest_stratum_come_from_the_model_file(data_dir, tmp_path, caplog):
     """Referee: the trainer's own vectors of a model whose Hi-C input reads strata 0-2
     projected on 3 principal axes. Its file embeds the training folder to them; the same
     file with the axes zeroed does not (the axes are read from the file, not refitted)."""
     from dataclasses import replace
 
     out = tmp_path / "run"
-    assert Trainer(load_paired(data_dir), replace(MODEL, hic_max_stratum=2, hic_pcs=3), TRAIN, out).fit() is True
+    with caplog.at_level("INFO", logger="ampflow.train.trainer"):
+        assert Trainer(load_paired(data_dir), replace(MODEL, hic_max_stratum=2, hic_pcs=3), TRAIN, out).fit() is True
+    # the fit reports no progress of its own: the log says what it fits and how long it took
+    assert "Hi-C input: fitting 3 principal axes on" in caplog.text and "principal axes fitted in" in caplog.text
     reference = ad.read_h5ad(out / "embeddings.h5ad")
     assert_same_vectors(embed(out / "model.pt", tmp_path / "emb.h5ad", "--data", data_dir), reference)
     m = torch.load(out / "model.pt", map_location="cpu", weights_only=True)

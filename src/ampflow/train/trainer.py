@@ -81,7 +81,17 @@ def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
     never the held-out cells)."""
     model = PairedModel(cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches)
     rows = data.train_rows
-    model.hic_input.fit(data.stratum_totals(rows), data.hic[rows] if cfg.hic_pcs else None)
+    if not cfg.hic_pcs:
+        model.hic_input.fit(data.stratum_totals(rows))
+        return model
+    # ARPACK reports no progress: say what it fits and, after, how long it took
+    counts = data.hic[rows]
+    log.info(
+        "Hi-C input: fitting %d principal axes on %d training cells x %d features (%d contacts entries)", cfg.hic_pcs, len(rows), counts.shape[1], counts.nnz
+    )
+    t0 = time.perf_counter()
+    model.hic_input.fit(data.stratum_totals(rows), counts)
+    log.info("Hi-C input: %d principal axes fitted in %.1f s", cfg.hic_pcs, time.perf_counter() - t0)
     return model
 
 
