@@ -238,7 +238,8 @@ def buffer_terms(led: Ledger, dev: Device) -> None:
         led.add("buffers", n, None, STATE)
         for k, fk in enumerate(s.features_per_stratum):
             # feature strata and anchors; the input's axes and centre (whole on every rank)
-            led.add("buffers", 2 * fk * INDEX_BYTES + bool(s.hic_pcs) * (s.hic_pcs + 1) * fk * b, k or None, STATE)
+            projection = (s.hic_pcs + 1) * fk * b if s.hic_pcs else 0
+            led.add("buffers", 2 * fk * INDEX_BYTES + projection, k or None, STATE)
             # every tp rank holds the dense batch with all features
             led.add("data_batch", B * fk * b, k or None, STATE)
     else:
