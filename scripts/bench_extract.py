@@ -424,12 +424,15 @@ def build_device_model(shape_name: str, device: str, tdtype):
     return kind, model, tokenizer, depth, params
 
 
-# kernel names -> the components the profile reports (first match wins)
+# kernel names -> the components the profile reports (first match wins); inductor's
+# fused pointwise / reduction kernels (triton_poi_fused__to_copy_cat_mul...: the rotary,
+# GELU) name the operations they fuse, copy and cat among them: elementwise, not copies
 COMPONENTS = (
     ("attention", ("flash", "fmha", "attention", "attn", "flex", "triton_tem", "sdpa", "softmax")),
     ("matmul", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul", "addmm", "aten::mm", "linear", "bmm")),
     ("layer norm", ("layer_norm", "layernorm")),
-    ("gather/copy", ("index", "gather", "scatter", "embedding", "bincount", "cat", "copy", "repeat_interleave")),
+    ("elementwise", ("triton_poi", "triton_red", "triton_per")),
+    ("gather/copy", ("index", "gather", "scatter", "embedding", "bincount", "cat", "copy", "memcpy", "memset", "repeat_interleave")),
 )
 
 
@@ -455,7 +458,9 @@ def profile_components(emb: Embedder, seqs: list[str], device: str) -> tuple[dic
     out: dict[str, float] = {}
     if device == "cuda":
         for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
+            # user annotations on the device (torch.compile's "Torch-Compiled Region",
+            # inductor's "## Call CompiledFxGraph") span kernels already counted
+            if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation:
                 c = component(e.name)
                 out[c] = out.get(c, 0.0) + e.time_range.elapsed_us() / 1e6
     else:

@@ -58,3 +58,22 @@ def test_quick_gpu_sets_the_short_version():
     assert args.device == "cuda" and args.repeats == 1
     assert args.device_shapes.split(",") == ["650M", "3B", "esmc600M", "dnabert_s"]
     assert args.device_sets == "prodigal_proteins" and args.device_dna_sets == "viral_reads"
+
+
+def test_profile_components_of_real_kernel_names():
+    """Kernel names as CUDA traces of these models print them, each in its component;
+    inductor's fused kernels name the operations they fuse (copy, cat) and are elementwise."""
+    names = {
+        "flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t>": "attention",
+        "triton_tem_fused_flex_attention_0": "attention",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "matmul",
+        "nvjet_hsh_128x256_64x4_1x2_h_bz_coopA_NNT": "matmul",
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>": "layer norm",
+        "triton_red_fused_native_layer_norm_0": "layer norm",
+        "triton_poi_fused__to_copy_cat_mul_neg_slice_0": "elementwise",
+        "triton_per_fused_gelu_1": "elementwise",
+        "void at::native::index_elementwise_kernel<128, 4>": "gather/copy",
+        "Memcpy DtoD (Device -> Device)": "gather/copy",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>": "elementwise",
+    }
+    assert {n: be.component(n) for n in names} == names

@@ -220,6 +220,72 @@ def test_a_backend_failing_on_a_shape_falls_back_to_per_sequence(monkeypatch, ca
         varlen.attention(q[:, :, :4], k[:, :, :4], v[:, :, :4], varlen.pack([12, 18], "cpu", "flex"))
 
 
+class _OnCuda:
+    """Stands in for a CUDA tensor where only ``.device.type`` is read."""
+
+    device = torch.device("cuda", 0)
+
+
+def test_fused_kernel_out_of_memory_is_raised_not_taken_for_a_missing_compiler(monkeypatch, caplog):
+    """The compiled rotary / GELU kernels: a compiler that fails sends this and later calls
+    to the eager function (the same values), said once; running out of memory is the
+    batch's size, raised for the batch split, and compilation stays on."""
+    caplog.set_level(logging.WARNING, logger="ampflow.extract.varlen")
+
+    def double(x):
+        return "eager"
+
+    fused = varlen.Fused(double)
+    fused.compiled = lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    with pytest.raises(torch.OutOfMemoryError):
+        fused(_OnCuda())
+    assert not fused.failed and not caplog.records
+    fused.compiled = lambda *a: (_ for _ in ()).throw(RuntimeError("Cannot find a working triton installation"))
+    assert fused(_OnCuda()) == "eager" and fused.failed
+    assert fused(_OnCuda()) == "eager"
+    assert sum("running it eagerly" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_backend_passed_over_on_a_gpu_is_a_warning(monkeypatch, caplog):
+    """A packed-attention kernel whose probe fails on a GPU is passed over for the whole
+    run: the log says so at WARNING, with why; on the CPU the choice is an INFO line."""
+    caplog.set_level(logging.INFO, logger="ampflow.extract.varlen")
+    monkeypatch.setattr(varlen, "_CHOSEN", {})
+    tried = []
+
+    def probe(backend, device, dtype, alibi):
+        tried.append(backend)
+        if backend == "varlen":
+            raise RuntimeError("varlen_attn: no kernel for this device")
+
+    monkeypatch.setattr(varlen, "_probe", probe)
+    assert varlen.choose("cuda:0", torch.bfloat16) == "flex" and tried == ["varlen", "flex"]
+    rec = [r for r in caplog.records if "packed attention on cuda:0" in r.getMessage()]
+    assert len(rec) == 1 and rec[0].levelno == logging.WARNING and "varlen: RuntimeError: varlen_attn: no kernel" in rec[0].getMessage()
+    caplog.clear()
+    assert varlen.choose("cpu") == "segments"
+    assert [r.levelno for r in caplog.records if "packed attention on cpu" in r.getMessage()] == [logging.INFO]
+
+
+def test_token_budget_counts_the_allocators_cached_blocks_as_free(folders, monkeypatch):
+    """After a batch, the caching allocator keeps its blocks reserved: the driver reports
+    them used, yet the next batch can have them. The budget with 2 GiB free and 6 GiB
+    cached is the budget with 8 GiB free and nothing cached."""
+    emb = load_embedder(ModelSpec(kind="esm2", tiny=True, layer=[2], pooling=["mean"]), folders["esm2"], [2])
+    monkeypatch.setattr(emb, "device", "cuda:0")
+    gib = 2**30
+
+    def budget(driver_free, reserved, allocated):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (driver_free, 80 * gib))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+        return emb.packed_budget()
+
+    fresh = budget(8 * gib // 1000, 0, 0)
+    assert budget(2 * gib // 1000, 7 * gib // 1000, gib // 1000) == fresh
+    assert budget(2 * gib // 1000, 0, 0) < fresh
+
+
 # ---------------------------------------------------------------- on a GPU
 @pytest.fixture(scope="module")
 def gpu_folders(tmp_path_factory):

@@ -446,7 +446,11 @@ class Embedder:
 
         from .batching import packed_token_budget
 
-        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        device = torch.device(self.device)
+        free, _ = torch.cuda.mem_get_info(device)
+        # the driver's free memory leaves out what this process's allocator holds cached
+        # and unused (the blocks of the batches before): this batch can have them too
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         cfg = self.model.config
         inner = getattr(cfg, "intermediate_size", None) or 2 * getattr(cfg, "ffn_hidden", 2 * self.dim)
         width = 2 if self._autocast is not None else 4

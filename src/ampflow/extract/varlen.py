@@ -256,7 +256,10 @@ def choose(device, dtype=torch.float32, alibi: bool = False) -> str:
             continue
         chosen = b
         break
-    log.info("packed attention on %s (%s%s): %s%s", device, dtype, ", ALiBi" if alibi else "", chosen, f" (not {'; '.join(why)})" if why else "")
+    # a kernel passed over on a GPU (an API this torch lacks, an out-of-memory probe beside
+    # another worker) holds for the whole run: a warning, not a line among the others
+    level = logging.WARNING if why and device.type == "cuda" else logging.INFO
+    log.log(level, "packed attention on %s (%s%s): %s%s", device, dtype, ", ALiBi" if alibi else "", chosen, f" (not {'; '.join(why)})" if why else "")
     _CHOSEN[key] = chosen
     return chosen
 
@@ -285,6 +288,10 @@ class Fused:
         try:
             return self.compiled(*args)
         except Exception as e:  # a backend this machine lacks: eager from now on
+            from .batching import is_out_of_memory
+
+            if is_out_of_memory(e):  # a batch too large, not a compiler missing: the caller splits it
+                raise
             log.warning(
                 "torch.compile of %s failed (%s: %s); running it eagerly", self.fn.__name__, type(e).__name__, str(e).splitlines()[0][:160] if str(e) else ""
             )
