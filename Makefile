@@ -91,7 +91,7 @@ bench: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_parallel.py
 
 # on a GPU node: one line per check (environment, memory model vs the CUDA allocator,
-# attention, training steps/s, pytest -m gpu), under 8 minutes; without a GPU one
+# attention, training steps/s, the GPU tests but the slow ones); without a GPU one
 # SKIP line and exit 0 (scripts/gpu_check.sh says more)
 gpu-check: $(STAMP)
 	PYTHON=$(BIN)/python bash scripts/gpu_check.sh

@@ -43,9 +43,11 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
 MODES = [
     pytest.param("cpu", StepMode(reason="test"), True, id="cpu-stacked"),
     pytest.param("cpu", StepMode(compile=True, reason="test"), None, id="cpu-compiled", marks=pytest.mark.slow),
-    pytest.param("cuda", StepMode(compile=True, reason="test"), None, id="cuda-compiled", marks=GPU),
+    # the compiled ones are slow there too (inductor compiles forward and backward, a minute
+    # or more each): `make gpu-check` runs the fast GPU tests, `pytest -m gpu` every one
+    pytest.param("cuda", StepMode(compile=True, reason="test"), None, id="cuda-compiled", marks=[*GPU, pytest.mark.slow]),
     pytest.param("cuda", StepMode(graphs=True, reason="test"), None, id="cuda-graphed", marks=GPU),
-    pytest.param("cuda", StepMode(compile=True, graphs=True, reason="test"), None, id="cuda-compiled-graphed", marks=GPU),
+    pytest.param("cuda", StepMode(compile=True, graphs=True, reason="test"), None, id="cuda-compiled-graphed", marks=[*GPU, pytest.mark.slow]),
 ]
 
 
@@ -352,6 +354,52 @@ def test_the_compiled_forward_is_one_graph():
     args = (bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
     explained = torch._dynamo.explain(forward_terms)(model, WEIGHTS, *args)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), [r.reason[:200] for r in explained.break_reasons]
+
+
+class _ReplayedCapture:
+    """Stands in for a CUDA graph on the CPU: ``replay`` runs the step as it was captured,
+    with the loss weights it was captured with, and writes ``bufs.out`` in place."""
+
+    def __init__(self, step, bufs, weights):
+        self.step, self.bufs, self.weights = step, bufs, weights
+
+    def replay(self):
+        self.bufs.out = self.step._compute(self.bufs, self.weights)
+
+
+def test_a_stage_with_other_loss_weights_is_captured_anew(monkeypatch):
+    """A graph replays the loss it was captured with. Two stages at the same learning rate
+    whose weights differ (the second trains ``cross``): the second stage's step returns its
+    own terms, equal to the eager step's with its weights (the referee), and the first
+    stage's repeated step replays without a new capture."""
+    first, second = dataclasses.replace(WEIGHTS, cross=0.0), WEIGHTS
+
+    def run(stages, graphed):
+        m, rna, hic, cond = _problem(torch.float32, "narrow")  # the same model each time, dropout off
+        step = StaticStep(m.train(), torch.optim.Adam(m.parameters(), lr=LR), StepMode(), torch.Generator().manual_seed(3))
+        captured = []
+        if graphed:
+            step.mode = StepMode(graphs=True, reason="test")
+
+            def capture(bufs, key):
+                captured.append(key)
+                step._graph = (key, _ReplayedCapture(step, bufs, key[2]), bufs)
+
+            monkeypatch.setattr(step, "_capture", capture)
+        bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], cond.shape[1])
+        _fill(bufs, rna, hic, cond, "cpu")
+        out = [dict(zip(step.term_names(w), step.step(bufs, w, full_batch=rna.shape[0]).unbind())) for w in stages]
+        return out, captured
+
+    stages = [first, first, second]
+    want, _ = run(stages, graphed=False)
+    got, captured = run(stages, graphed=True)
+    assert [k[2] for k in captured] == [first, second]
+    for g, w in zip(got, want):
+        assert set(g) == set(w)
+        for name in w:
+            torch.testing.assert_close(g[name], w[name], rtol=1e-6, atol=0)
+    assert "cross" in got[2] and "cross" not in got[0]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])

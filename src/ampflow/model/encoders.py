@@ -102,6 +102,11 @@ class HiCInput(nn.Module):
         self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
         self.register_buffer("sizes", torch.bincount(feature_stratum.long(), minlength=n_strata).double(), persistent=False)
         self.register_buffer("band_mean", torch.ones(n_strata))
+        # the strata read, fixed by the settings: a mask made once, so that the step sets no
+        # element of a device tensor from the host (a copy a captured CUDA graph forbids)
+        stratum = torch.arange(n_strata)
+        keep = (stratum >= (0 if diagonal else 1)) & (stratum <= (n_strata if max_stratum is None else max_stratum))
+        self.register_buffer("keep", keep, persistent=False)
         if self.pcs:
             self.register_buffer("pca_mean", torch.zeros(len(feature_stratum)))
             self.register_buffer("pca_axes", torch.zeros(self.pcs, len(feature_stratum)))
@@ -152,12 +157,7 @@ class HiCInput(nn.Module):
     def weights(self) -> torch.Tensor:
         """w_k (L,): stratum 0's zero without ``diagonal``, those beyond ``max_stratum`` zero."""
         w = {"mean": self.band_mean, "sqrt": self.band_mean.clamp_min(0).sqrt(), "none": torch.ones_like(self.band_mean)}[self.band_weight]
-        keep = torch.ones_like(w, dtype=torch.bool)
-        if not self.diagonal:
-            keep[0] = False
-        if self.max_stratum is not None:
-            keep[self.max_stratum + 1 :] = False
-        return torch.where(keep, w, torch.zeros_like(w))
+        return torch.where(self.keep, w, torch.zeros_like(w))
 
     def forward(self, counts: torch.Tensor) -> torch.Tensor:
         """counts: (B, F) -> (B, F)."""

@@ -19,7 +19,8 @@ and gradients from explicit draws:
 
 ``mode.compile`` runs the forward through ``torch.compile`` (inductor: its backward is
 compiled too); ``mode.graphs`` captures forward, backward and ``Adam(capturable=True)``'s
-update in one :class:`torch.cuda.CUDAGraph` per learning rate, for the full batch shape.
+update in one :class:`torch.cuda.CUDAGraph` per learning rate and loss weights (a training
+stage), for the full batch shape.
 Capture needs warm-up iterations, which update the model: its parameters, buffers and the
 optimizer's state are put back afterwards (in place, so the graph's addresses hold), so the
 first replayed step is the first training step. The trailing batch of an epoch (fewer
@@ -176,7 +177,10 @@ class StaticStep:
         if mode.compile:
             self.fn = torch.compile(forward_terms, dynamic=False)
         self._buffers: dict[int, StepBuffers] = {}
-        self._graph: tuple | None = None  # (B, lr, CUDAGraph, StepBuffers)
+        # ((B, lr, weights), CUDAGraph, StepBuffers): a graph holds the loss weights it was
+        # captured with (their factors, which terms exist), so a stage that changes them
+        # captures anew even at the same learning rate
+        self._graph: tuple | None = None
         self.captures = 0
         self._side = None  # the capture stream (CUDA graphs), made at the first capture
         #: bytes allocated at the peak of the last capture (what a replay's step uses:
@@ -244,11 +248,11 @@ class StaticStep:
                 self.compile_seconds = time.perf_counter() - t0  # the first call compiles
                 log.info("torch.compile: the step compiled in %.1f s (batch of %d cells)", self.compile_seconds, batch)
             return out
-        lr = tuple(g["lr"] for g in self.optimizer.param_groups)
-        if self._graph is None or self._graph[:2] != (batch, lr):
-            self._capture(bufs, weights, batch, lr)
-        self._graph[2].replay()
-        return self._graph[3].out.clone()
+        key = (batch, tuple(g["lr"] for g in self.optimizer.param_groups), weights)
+        if self._graph is None or self._graph[0] != key:
+            self._capture(bufs, key)
+        self._graph[1].replay()
+        return self._graph[2].out.clone()
 
     def step_memory(self, memory):
         """A measured step's :class:`~ampflow.train.measured_memory.StepMemory` as the step
@@ -258,9 +262,10 @@ class StaticStep:
         return dataclasses.replace(memory, peak=max(memory.peak, self.graph_peak), peak_phase="graph")
 
     # ------------------------------------------------------------- capture
-    def _capture(self, bufs: StepBuffers, weights: LossWeights, batch: int, lr) -> None:
-        """Capture the whole step for ``bufs``' shape at learning rates ``lr``, leaving
-        the model and optimizer as they were before the warm-up."""
+    def _capture(self, bufs: StepBuffers, key: tuple) -> None:
+        """Capture the whole step for ``key`` = (``bufs``' batch, the learning rates,
+        the loss weights), leaving the model and optimizer as they were before the warm-up."""
+        batch, lr, weights = key
         self._graph = None  # the old graph's memory goes back first
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -290,7 +295,7 @@ class StaticStep:
         _restore(self.model, self.optimizer, saved)
         torch.cuda.set_rng_state(rng, self.device)
         torch.cuda.synchronize()
-        self._graph = (batch, lr, graph, bufs)
+        self._graph = (key, graph, bufs)
         self.captures += 1
         log.info("CUDA graph: captured the whole step (batch of %d cells, lr %s) in %.2f s, %d warm-up iterations undone",
                  batch, ", ".join(f"{x:g}" for x in lr), time.perf_counter() - t0, WARMUP_ITERS)  # fmt: skip
