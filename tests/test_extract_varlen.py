@@ -232,15 +232,21 @@ def test_fused_kernel_out_of_memory_is_raised_not_taken_for_a_missing_compiler(m
     batch's size, raised for the batch split, and compilation stays on."""
     caplog.set_level(logging.WARNING, logger="ampflow.extract.varlen")
 
-    def double(x):
+    def eager(x):
         return "eager"
 
-    fused = varlen.Fused(double)
-    fused.compiled = lambda *a: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    def raising(error):
+        def compiled(*args):
+            raise error
+
+        return compiled
+
+    fused = varlen.Fused(eager)
+    fused.compiled = raising(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     with pytest.raises(torch.OutOfMemoryError):
         fused(_OnCuda())
     assert not fused.failed and not caplog.records
-    fused.compiled = lambda *a: (_ for _ in ()).throw(RuntimeError("Cannot find a working triton installation"))
+    fused.compiled = raising(RuntimeError("Cannot find a working triton installation"))
     assert fused(_OnCuda()) == "eager" and fused.failed
     assert fused(_OnCuda()) == "eager"
     assert sum("running it eagerly" in r.getMessage() for r in caplog.records) == 1
