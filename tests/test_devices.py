@@ -7,6 +7,7 @@ device), applied to a fake NVML holding three GPUs and one MIG instance.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import SimpleNamespace
 
@@ -85,3 +86,41 @@ def test_probe_reports_uuid_and_mig_allocations(monkeypatch):
     assert [(d["index"], d["visible_as"], d["name"], d["memory_total"]) for d in devices] == [
         (0, UUIDS[1], "GPU 1", 80 * GB), (1, MIG, "GPU 2 MIG 1g.10gb", 10 * GB),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("order, warned", [(None, True), ("FASTEST_FIRST", True), ("PCI_BUS_ID", False)])
+def test_probe_warns_when_cuda_may_number_the_gpus_otherwise(monkeypatch, caplog, order, warned):
+    """NVML numbers GPUs by PCI bus; CUDA does so only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+    (by default it puts the fastest first), so with two or more GPUs any other setting
+    may make the plan's device i another card than torch's cuda:i."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    if order is None:
+        monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_DEVICE_ORDER", order)
+    with caplog.at_level("WARNING", logger="ampflow.devices"):
+        info = probe_devices()
+    assert info["cuda_device_order"] == order
+    assert any("CUDA_DEVICE_ORDER" in r.getMessage() for r in caplog.records) == warned
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # one GPU: nothing to mix up
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ampflow.devices"):
+        probe_devices()
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("given, kept", [(None, "PCI_BUS_ID"), ("FASTEST_FIRST", "FASTEST_FIRST")])
+def test_the_entry_point_numbers_gpus_by_pci_bus_unless_the_user_chose(monkeypatch, given, kept):
+    """Set before any command touches CUDA, so that torch and torchrun's processes number
+    the GPUs as NVML (the plan) does; a user's own setting stands."""
+    from ampflow.cli import main
+
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "restored at teardown")
+    if given is None:
+        monkeypatch.delenv("CUDA_DEVICE_ORDER")
+    else:
+        monkeypatch.setenv("CUDA_DEVICE_ORDER", given)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert os.environ["CUDA_DEVICE_ORDER"] == kept

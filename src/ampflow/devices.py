@@ -3,8 +3,11 @@ planning and for the run record."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+
+log = logging.getLogger(__name__)
 
 
 def probe_devices(cores: int | None = None) -> dict:
@@ -12,15 +15,17 @@ def probe_devices(cores: int | None = None) -> dict:
     ``cpu``: this process's cores and the host's memory (:func:`host_cpu`; ``cores``
     caps the cores, e.g. at those the workflow rule was granted).
 
-    ``CUDA_VISIBLE_DEVICES`` is honoured (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so
-    that NVML and CUDA indices agree), in CUDA's forms: indices, GPU UUIDs (``GPU-...``,
-    or a unique prefix of one, as some SLURM sites set them) and MIG instances
-    (``MIG-...``), see :func:`visible_devices`.
+    ``CUDA_VISIBLE_DEVICES`` is honoured in CUDA's forms: indices, GPU UUIDs
+    (``GPU-...``, or a unique prefix of one, as some SLURM sites set them) and MIG
+    instances (``MIG-...``), see :func:`visible_devices`. NVML and CUDA number the GPUs
+    alike only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which ``ampflow``'s entry point
+    sets unless the user has; with another order and more than one GPU, a warning.
     """
     info = {
         "host": socket.gethostname(),
         "cpu": host_cpu(cores),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "devices": [],
     }
@@ -48,6 +53,10 @@ def probe_devices(cores: int | None = None) -> dict:
                 }
             )
         info["nvml"] = "ok"
+        if len(info["devices"]) > 1 and info["cuda_device_order"] != "PCI_BUS_ID":
+            log.warning("CUDA_DEVICE_ORDER is %s, not PCI_BUS_ID: CUDA may number these %d GPUs in another order than "
+                        "NVML does, and device i of the plan may not be torch's cuda:i", info["cuda_device_order"] or "unset",
+                        len(info["devices"]))  # fmt: skip
     finally:
         pynvml.nvmlShutdown()
     return info

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    # NVML numbers GPUs by PCI bus, CUDA by default fastest first: on a node of mixed GPUs
+    # the plan's device i (NVML) and torch's cuda:i would be different cards. Set before
+    # any command touches CUDA (it reads the variable once, at its first call); torchrun's
+    # processes and the extraction workers inherit it. A user's own setting is kept.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else map(str, argv))
     _setup_logging(args.log, args.verbose)
