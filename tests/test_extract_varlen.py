@@ -351,3 +351,44 @@ def test_document_block_mask_keeps_exactly_the_blocks_with_a_same_sequence_pair(
         torch.testing.assert_close(
             varlen.attention(q, k, v, p, alibi), varlen.attention(q, k, v, varlen.pack(lengths, "cpu", "segments"), alibi), atol=1e-5, rtol=1e-5
         )
+
+
+def test_compiled_flex_compiles_for_varying_lengths_in_its_probe_not_per_batch(monkeypatch):
+    """On CUDA, flex_attention is compiled and each batch is padded to a multiple of
+    1,024 tokens: a run meets many padded lengths, and dynamo stops compiling after 8
+    graphs of one function (then eager flex materialises every score). The probe runs
+    two lengths, so that torch compiles its graph for lengths that vary (automatic
+    dynamic shapes) there, where a failure passes flex over. The model's own heads then
+    compile once more, at the first batch, and the other batches, of other padded
+    lengths, nothing. CPU stand-in: the same compiled call (dynamo, AOT autograd's graph
+    run eagerly) with the CUDA padding. Referees: dynamo's own count of the graphs it
+    compiled, and per-sequence attention for every batch."""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(varlen, "_FLEX", {"cpu": torch.compile(flex_attention, backend="aot_eager")})
+    monkeypatch.setattr(varlen, "flex_pad", lambda device_type: varlen.FLEX_PAD)
+    monkeypatch.setattr(varlen, "_CHOSEN", {})
+    monkeypatch.setattr(varlen, "_UNSUPPORTED", set())
+    monkeypatch.setenv(varlen.ENV, "flex")
+    try:
+        assert varlen.choose("cpu", torch.float32, alibi=True) == "flex"
+        compiled = counters["stats"]["unique_graphs"]
+        assert compiled == 2  # the first length, then lengths that vary
+        rng = random.Random(0)
+        slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+        padded, graphs = set(), []
+        for _ in range(8):
+            lengths = [rng.randint(20, 400) for _ in range(rng.randint(2, 25))]
+            packed = varlen.pack(lengths, "cpu", "flex")
+            q, k, v = (torch.randn(packed.total, 4, 16) for _ in range(3))  # not the probe's 2 heads of 64
+            got = varlen.attention(q, k, v, packed, slopes)
+            torch.testing.assert_close(got, varlen._segments(q, k, v, packed, slopes), rtol=1e-5, atol=1e-5)
+            padded.add(-(-packed.total // varlen.FLEX_PAD))
+            graphs.append(counters["stats"]["unique_graphs"])
+        assert len(padded) >= 4 and not varlen._UNSUPPORTED
+        assert graphs == [compiled + 1] * len(graphs)
+    finally:
+        torch._dynamo.reset()
