@@ -220,11 +220,11 @@ _CHOSEN: dict = {}
 
 def _probe(backend: str, device: torch.device, dtype, alibi: bool) -> None:
     """Run ``backend`` against ``segments`` on two packed batches of two sequences whose
-    padded lengths differ; raises if it fails or disagrees. Compiled ``flex`` is compiled
-    for the first length, then once more for lengths that vary (torch's automatic
-    dynamic shapes) at the second: here, where a failure passes the backend over, not
-    at the second batch of the run, and not once per padded length (dynamo gives up
-    compiling after 8 and runs eager flex, which materialises every score)."""
+    padded lengths differ; raises if it fails or disagrees. Compiled ``flex`` compiles
+    for the first length and, at the second, once for lengths that vary (torch's
+    automatic dynamic shapes; one graph per padded length would stop at dynamo's limit
+    of 8 and run eager flex, which materialises every score): that compile happens
+    here, where a failure passes the backend over, not in the middle of the run."""
     device = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(0)
     slopes = torch.tensor([0.5, 0.25], device=device) if alibi else None
