@@ -95,6 +95,7 @@ class Sampler:
         self.peaks = Peaks(baseline=[int(nvml.nvmlDeviceGetMemoryInfo(h).used) for h in handles],
                            process_peak_by_device=[0] * len(handles))  # fmt: skip
         self.root: int | None = None
+        self.error = ""  # why sampling stopped early, if it did
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -122,16 +123,26 @@ class Sampler:
         self._thread.start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _sample_or_stop(self) -> bool:
+        """One sample; False (and :attr:`error` set) once NVML has failed."""
+        if self.error:
+            return False
+        try:
             self.sample()
+        except Exception as e:  # noqa: BLE001 - said with the figures, which stop at this sample
+            self.error = f"{type(e).__name__}: {e}"
+            return False
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self._sample_or_stop():
             self._stop.wait(self.interval)
 
     def stop(self) -> Peaks:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.sample()  # the last state, in case the command ended between two samples
+        self._sample_or_stop()  # the last state, in case the command ended between two samples
         return self.peaks
 
 
@@ -195,6 +206,8 @@ def main(argv=None) -> int:
         f"(per device {by_device}; {len(peaks.pids)} PID(s) seen), devices above their level before {peaks.device_peak_over_baseline / MIB:.1f} MiB "
         f"(before: {', '.join(f'{b / MIB:.0f}' for b in peaks.baseline)} MiB); {peaks.samples} samples in {seconds:.1f} s; command exit {rc}"
     )
+    if sampler.error:
+        print(f"nvml-peak: sampling stopped early ({sampler.error}): the figures above are a lower bound")
     if a.plan:
         from ampflow.amp.memory.cuda import cuda_overheads
 

@@ -174,3 +174,25 @@ def test_a_command_is_required(argv):
 def test_a_plan_glob_that_matches_nothing_is_said():
     peaks = nvml_peak.Peaks(baseline=[0], process_peak=GIB, pids={1})
     assert nvml_peak.plan_lines(["/nonexistent/*/plan.json"], peaks, cuda_overheads((9, 0))) == ["plan: no file matches /nonexistent/*/plan.json"]
+
+
+def test_a_sampling_error_is_said_not_swallowed(monkeypatch, capsys):
+    """NVML failing in the middle (a driver reset, a lost GPU) ends the sampling; the
+    figures are then a lower bound, and the output says so."""
+
+    class Failing(TreeNVML):
+        calls = 0
+
+        def nvmlDeviceGetComputeRunningProcesses(self, h):
+            Failing.calls += 1
+            if Failing.calls > 2:
+                raise RuntimeError("GPU is lost")
+            return []
+
+    monkeypatch.setitem(sys.modules, "pynvml", Failing())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    rc = nvml_peak.main(["--interval", "0.01", "--", sys.executable, "-c", "import time; time.sleep(0.5)"])
+    out = capsys.readouterr().out
+    assert rc == 0  # the command's status: it ran to its end
+    assert "sampling stopped early (RuntimeError: GPU is lost)" in out and "lower bound" in out
+    assert Failing.calls == 3  # no sample after the failure, the final one included
