@@ -384,8 +384,8 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
     sheet["pairs"] = [str(a.lee / p) for p in sheet["pairs"]]
     rows = []
     print("\nLee 2019, each batch held back and embedded by a model trained on the others (the workflow, `embed`):")
-    for batch in sorted(sheet["batch"].unique()):
-        dest = a.work / "lobo" / batch
+    for batch, seed in ((b, s) for s in a.train_seeds for b in sorted(sheet["batch"].unique())):
+        dest = a.work / "lobo" / (batch if seed == template["train"].get("seed", 0) else f"{batch}-seed{seed}")
         dest.mkdir(parents=True, exist_ok=True)
         sheet[sheet["batch"] != batch].to_csv(dest / "train_cells.tsv", sep="\t", index=False)
         sheet[sheet["batch"] == batch].to_csv(dest / "new_cells.tsv", sep="\t", index=False)
@@ -395,6 +395,7 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         cfg["pseudobulk"]["resolutions"] = []
         cfg["cluster"]["gpus_per_node"] = 0  # a CPU machine
         cfg["train"]["threads"] = a.threads
+        cfg["train"]["seed"] = seed
         cfg["embed"] = {"new": {"cells": str(dest / "new_cells.tsv")}}
         seconds = run_workflow(dest, cfg, ["results/lobo/embed/1mb_s10/new/embeddings.h5ad"])
         res = dest / "results" / "lobo"
@@ -416,11 +417,15 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         stop = next(
             (ln.strip() for ln in (dest / "logs" / "lobo" / "train.1mb_s10.log").read_text().splitlines() if "stopped after" in ln or "ran all" in ln), ""
         )
-        rows.append({"dataset": "lobo", "batch": batch, "n_new": int(new.n_obs), "n_train": int(trained.n_obs), "ari": ari, "shuffled_p95": p95,
+        rows.append({"dataset": "lobo", "batch": batch, "train_seed": seed, "n_new": int(new.n_obs), "n_train": int(trained.n_obs),
+                     "ari": ari, "shuffled_p95": p95,
                      "bandnorm_on_batch": base_ari, "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, "seconds": seconds})  # fmt: skip
-        print(f"  {batch}: {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "
+        print(f"  {batch} (seed {seed}): {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "
               f"({'above' if ari > p95 else 'NOT above'}), BandNorm fitted on the batch {base_ari:.3f}; training + new cells: "
               f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; workflow {seconds:.0f} s; {stop.split(': ', 1)[-1]}", flush=True)  # fmt: skip
+    table = pd.DataFrame(rows)
+    print(f"  over {len(table)} runs ({len(a.train_seeds)} training seed(s)): new batch ARI {table['ari'].mean():.3f} mean, "
+          f"{table['ari'].min():.3f} worst; training + new cells ARI vs type {table['all_ari_type'].mean():.3f} mean")  # fmt: skip
     return rows
 
 
@@ -549,7 +554,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", type=Path, default=REPO / "config" / "config.yaml", help="model and train settings (the template)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {','.join(SECTIONS)}")
     ap.add_argument("--splits", type=int, default=5)
-    ap.add_argument("--train-seeds", default="0", help="comma-separated train.seed values run on every split (section lee)")
+    ap.add_argument("--train-seeds", default="0", help="comma-separated train.seed values run on every split (section lee) and batch (section lobo)")
     ap.add_argument("--hires-seeds", default="0,1,2,3,4", help="comma-separated negative-control seeds (section hires)")
     ap.add_argument("--ablations", default="model", help=f"comma-separated, of {','.join(ABLATIONS)} (section lee)")
     ap.add_argument("--threads", type=int, default=2)
