@@ -152,9 +152,10 @@ def plan_lines(patterns: list[str], peaks: Peaks, overheads) -> list[str]:
     paths = sorted({p for pattern in patterns for p in glob.glob(pattern)})
     if patterns and not paths:
         lines.append(f"plan: no file matches {', '.join(patterns)}")
+    from ampflow.contract.plan import Plan
+
     for path in paths:
-        plan = json.loads(Path(path).read_text())
-        predicted = int(plan["predicted_peak_bytes"])
+        predicted = Plan.read(path).predicted_peak_bytes
         device = overheads.device_bytes(predicted)
         lines.append(
             f"plan {path}: predicted step tensors {predicted / MIB:.1f} MiB; on the device with context, workspaces and "
