@@ -112,18 +112,22 @@ def test_prediction_matches_a_measured_training_step(L, chunk, key_first, decode
     _assert_matches(est, measured, marks)
 
 
-@pytest.mark.parametrize("name, n, L, B, key_first, cross", [
-    ("n2k L8 B8 D64", 2000, 8, 8, False, False),  # the stacked feed-forward's backward holds the peak
-    ("n1k L10 B4 D64", 1000, 10, 4, False, False),
-    ("n800 L8 B4 D64 kf cross", 800, 8, 4, True, True),
+@pytest.mark.parametrize("name, n, L, B, key_first, cross, D, keep", [
+    ("n2k L8 B8 D64", 2000, 8, 8, False, False, 64, 0.5),  # the stacked feed-forward's backward holds the peak
+    ("n1k L10 B4 D64", 1000, 10, 4, False, False, 64, 0.5),
+    ("n800 L8 B4 D64 kf cross", 800, 8, 4, True, True, 64, 0.5),
+    # strata k >= 1 keep 5% of their pairs: the softmax over strata padded to the widest
+    # (stratum 0) is 9x the features wide, and its backward holds the peak
+    ("n600 L16 B512 D8 sparse strata", 600, 16, 512, False, False, 8, 0.05),
+    ("n600 L16 B512 D8 sparse strata kf", 600, 16, 512, True, False, 8, 0.05),
 ])  # fmt: skip
-def test_stacked_strata_match_a_measured_static_step(name, n, L, B, key_first, cross):
+def test_stacked_strata_match_a_measured_static_step(name, n, L, B, key_first, cross, D, keep):
     """The training step of one process (:class:`~ampflow.train.static_step.StaticStep`)
     runs every stratum in one pass: each backward then holds all strata's transients at
     once. The prediction with ``stacked=True`` against the allocator's peak of that step,
     and closer to it than the prediction of the loop over strata."""
     bench = load_script("bench_memory_model")
-    cfg = bench.Config(name, n, L, B, decoder_dim=64, key_first=key_first, cross=cross, n_genes=200)
+    cfg = bench.Config(name, n, L, B, decoder_dim=D, key_first=key_first, cross=cross, n_genes=200, keep=keep)
     result = bench.run(cfg, "fp32", step="static")
     measured = result.net
     looped = predict(result.spec, chunk=0, key_first=key_first)

@@ -186,6 +186,12 @@ class StratifiedZINBDecoder(nn.Module):
         self.bounds = [0] + torch.cumsum(counts, 0).tolist()
         self.register_buffer("feature_anchor", feature_anchor.long(), persistent=False)
         self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
+        #: every feature's place in the strata laid side by side, each padded to the
+        #: widest (:meth:`_strata_means`): stratum k's j-th feature at k * width + j
+        self.padded_width = int(counts.max()) if n_strata else 0
+        first = torch.tensor(self.bounds[:-1], dtype=torch.long)
+        offset = torch.arange(int(counts.sum())) - first[feature_stratum.long()]
+        self.register_buffer("padded_position", feature_stratum.long() * self.padded_width + offset, persistent=False)
         #: one pass over all strata (:meth:`_stacked_logits`) instead of a loop; set by
         #: the training step where no per-stratum hook is asked for
         self.stack_strata = False
@@ -243,6 +249,18 @@ class StratifiedZINBDecoder(nn.Module):
             raw = torch.cat([(u @ v_anchors.T).index_select(1, a0), (u_D @ keys.T).index_select(1, rows)], dim=1)
         return self._head(raw, u_load, 0, self.bounds[-1])
 
+    def _strata_means(self, logits: torch.Tensor, band_totals: torch.Tensor) -> torch.Tensor:
+        """Every stratum's softmax times its band total, ``(B, F)`` from the logits of all
+        features ``(B, F)``: the strata side by side in a ``(B, L, width)`` block, each
+        padded with the dtype's lowest value (whose exponential is 0), one softmax over
+        the last axis, and back to the features' order. A fixed handful of kernels where
+        a softmax and a product per stratum made the count grow with the strata."""
+        B, L, width = logits.shape[0], self.n_strata, self.padded_width
+        padded = logits.new_full((B, L * width), torch.finfo(logits.dtype).min)
+        padded[:, self.padded_position] = logits  # index_put: saves only the positions for backward (index_copy also saves the logits)
+        means = torch.softmax(padded.view(B, L, width), dim=-1) * band_totals.unsqueeze(-1)
+        return means.view(B, L * width).index_select(1, self.padded_position)
+
     def forward(
         self,
         u: torch.Tensor,
@@ -259,17 +277,16 @@ class StratifiedZINBDecoder(nn.Module):
         """
         u_D = self.u_proj(u) if self.u_proj is not None else u
         u_load = self.loading_input(u, cond)
-        stacked = self._stacked_logits(u, u_D, v_anchors, u_load) if self.stack_strata and on_stratum is None and self.n_strata > 1 else None
-        means = []
-        for k in range(self.n_strata):
-            if stacked is None:
+        if self.stack_strata and on_stratum is None and self.n_strata > 1:
+            mu = self._strata_means(self._stacked_logits(u, u_D, v_anchors, u_load), band_totals)
+        else:
+            means = []
+            for k in range(self.n_strata):
                 logits = self.stratum_logits(k, u, u_D, v_anchors, u_load)
-            else:
-                logits = stacked[:, self.bounds[k] : self.bounds[k + 1]]
-            means.append(torch.softmax(logits, dim=1) * band_totals[:, k : k + 1])
-            if on_stratum is not None:
-                on_stratum(k)
-        mu = torch.cat(means, dim=1)
+                means.append(torch.softmax(logits, dim=1) * band_totals[:, k : k + 1])
+                if on_stratum is not None:
+                    on_stratum(k)
+            mu = torch.cat(means, dim=1)
         return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))
 
     def mean_nll(

@@ -465,6 +465,17 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         else:
             keys = ceil_div(fk * D, max(dev.hp_div, dev.fp_div)) if key_first else hp(n * D)
             led.add("stratum_decode", keys * b + 2 * fp(B * fk) * b + fp(fk) * b, k, at(k))
+        if stacked:
+            # one softmax over the strata side by side, each padded to the widest
+            # (decoders._strata_means): its saved output is that wide
+            led.add("stratum_decode", B * (max(fps) - fk) * b, k or None, at(k))
+    if stacked:
+        # The backward of that softmax holds two gradients of its padded width, and
+        # frees them before the logits' gradients and the scattered score gradients
+        # above are made: the step's transient is the larger of the two moments.
+        softmax = 2 * B * L * max(fps) * b
+        head = sum(x for x, _ in decode_step.transient)
+        decode_step.transient.append((max(0, softmax - head), None))
 
     step = led.step("zinb_likelihood")
     for k, fk in enumerate(fps):
