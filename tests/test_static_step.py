@@ -43,6 +43,7 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")]
 MODES = [
     pytest.param("cpu", StepMode(reason="test"), True, id="cpu-stacked"),
     pytest.param("cpu", StepMode(compile=True, reason="test"), None, id="cpu-compiled", marks=pytest.mark.slow),
+    pytest.param("cpu", StepMode(compile=True, reason="test"), True, id="cpu-compiled-stacked", marks=pytest.mark.slow),
     # the compiled ones are slow there too (inductor compiles forward and backward, a minute
     # or more each): `make gpu-check` runs the fast GPU tests, `pytest -m gpu` every one
     pytest.param("cuda", StepMode(compile=True, reason="test"), None, id="cuda-compiled", marks=[*GPU, pytest.mark.slow]),
