@@ -134,8 +134,8 @@ def stack_strata(model: PairedModel, on: bool | None = None) -> bool:
     """Let the Hi-C decoder compute every stratum's keys and logits in one pass
     (:func:`~ampflow.model.decoders.stacked_keys`): a few kernels for all strata instead
     of a few hundred per stratum. ``on=None``: on a GPU, where the step is a stream of
-    small kernels (on 2 CPU cores, foreach Adam: 1.09x and 1.04x the loop's steps/s at
-    mm10 1 Mb/10 and 500 kb/20, but 0.67x at 100 kb/30, where each stratum's tensors
+    small kernels (on 2 CPU cores, foreach Adam: 1.06x the loop's steps/s at mm10
+    1 Mb/10, but 0.91x at 500 kb/20 and 0.57x at 100 kb/30, where each stratum's tensors
     fit the caches and all strata's do not). Never where the plan chunks the attention
     (S3): the chunks bound one block's transient scores, and stacking would hold every
     stratum's at once. Returns whether it is on."""
