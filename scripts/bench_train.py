@@ -128,7 +128,10 @@ stopping, checkpoints or output files (a subclass of the trainer adds the probes
   ``cudaGraphLaunch``) and the GPU's kernel and copy events per step (the profiler traces
   a graph's kernels, so for a graphed step this is what the graph runs); on a CPU 2 steps
   under the profiler counting aten ops that no other aten op called (what the step
-  launches), beside the ops the dispatch mode saw;
+  launches), beside the ops the dispatch mode saw; from the same profile, the time per
+  step summed over the GPU's kernels and copies (CUDA: beside the wall time, whether the
+  GPU is busy or waits) or over the aten ops' own CPU time, and the names that take the
+  most of it (what limits the step);
 * the floors, per shape, from one step of a fresh model on a batch of the data, with the
   rates measured in the same run: the FLOP floor as above (counted matrix products plus
   the band's products) at the ``--matmul`` product's rate, and a bytes floor: the bytes a
@@ -846,6 +849,28 @@ def profile_counts(prof, steps: int) -> dict[str, float]:
     return {"launches": launches / steps, "graph_launches": graphs / steps, "gpu_events": gpu / steps}
 
 
+def time_by_kernel(prof, steps: int, device: str, top: int = 6) -> tuple[float, list[tuple[str, float]]]:
+    """Where a profiled step's time goes: the summed time per step (ms) of the GPU's
+    kernel and copy events (``cuda``; a graph's kernels included where the profiler
+    traces into graphs) or of the aten ops' own CPU time (``cpu``), and the ``top``
+    names by their share of it, as ``(name, share)``. Beside the step's wall time the
+    sum says whether the GPU is busy or waits between kernels."""
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if device == "cuda":
+            if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+                continue
+            us = e.time_range.elapsed_us()
+        else:
+            if not e.name.startswith("aten::"):
+                continue
+            us = e.self_cpu_time_total
+        totals[e.name] = totals.get(e.name, 0.0) + us
+    whole = sum(totals.values())
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return whole / steps / 1e3, [(name, us / whole if whole else 0.0) for name, us in ranked]
+
+
 def cpu_op_counts(prof, steps: int) -> float:
     """aten ops per step that nothing but Python, autograd or compiled code called (no
     aten op above them in the profile): on a CPU, what the step launches. The profiler,
@@ -980,6 +1005,7 @@ class ModeResult:
     sync_names: dict
     ops: float  # aten ops dispatched per step
     launches: dict | float | str | None  # profile_counts (CUDA), cpu_op_counts (CPU); a str: why the profile failed
+    kernel_time: tuple | None = None  # time_by_kernel of the same profile (None: no profile)
 
 
 def hires_train_config(args, mode: str, device: str, epochs: int, early: bool) -> TrainConfig:
@@ -1023,10 +1049,11 @@ def run_mode(args, data, mode: str, plan: StepPlan, device: str) -> ModeResult:
         raise RuntimeError(f"ran {trainer.step} steps, planned {plan.total}")
     c = trainer.counter
     static = trainer.static
-    launches = trainer.profile
+    launches, kernel_time = trainer.profile, None
     if launches is not None and not isinstance(launches, str):
         try:
             launches = profile_counts(trainer.profile, plan.profiled) if device == "cuda" else cpu_op_counts(trainer.profile, plan.profiled)
+            kernel_time = time_by_kernel(trainer.profile, plan.profiled, device)
         except Exception as e:  # noqa: BLE001
             launches = f"{type(e).__name__}: {str(e)[:200]}"
     res = ModeResult(
@@ -1040,6 +1067,7 @@ def run_mode(args, data, mode: str, plan: StepPlan, device: str) -> ModeResult:
         sync_names=dict(c.names),
         ops=c.ops / plan.counted,
         launches=launches,
+        kernel_time=kernel_time,
     )
     del trainer, static
     return res
@@ -1195,6 +1223,11 @@ def run_hires(args, sizes) -> int:
             print(f"hires {key} {mode}: {r.steps_per_s:.2f} steps/s ({vs}), {launches}, {syncs}, "
                   f"compile {r.compile_s:.1f} s, capture {r.capture_s:.2f} s, first step {r.first_step_s:.2f} s, "
                   f"epoch {epoch_steps / r.steps_per_s:.2f} s ({epoch_steps} steps), {ratios}")  # fmt: skip
+            if r.kernel_time is not None:
+                busy, ranked = r.kernel_time
+                what = "GPU kernel and copy time" if cuda else "aten ops' own CPU time"
+                print(f"hires {key} {mode}: {what} {busy:.2f} ms/step against {1e3 / r.steps_per_s:.2f} ms/step of wall time; "
+                      + ", ".join(f"{name[:70]} {share:.0%}" for name, share in ranked))  # fmt: skip
             if r.sync_names:
                 print(f"hires {key} {mode}: host syncs by op: {r.sync_names}")
             sys.stdout.flush()

@@ -204,3 +204,35 @@ def test_profile_counts_from_events():
             return [Event(n) for n in host] + [Event("gemm", cuda=True)] * 8
 
     assert bt.profile_counts(Prof(), 2) == {"launches": 5.0, "graph_launches": 1.0, "gpu_events": 4.0}
+
+
+def test_time_by_kernel_sums_per_step_and_ranks_the_names():
+    """GPU kernel time per step and each name's share, from profiler events whose times
+    are known: host events are left out on CUDA, only aten ops' own time counts on CPU."""
+
+    class Span:
+        def __init__(self, us):
+            self.us = us
+
+        def elapsed_us(self):
+            return self.us
+
+    class Event:
+        def __init__(self, name, us, cuda=False, self_us=0.0):
+            self.name = name
+            self.device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+            self.time_range = Span(us)
+            self.self_cpu_time_total = self_us
+
+    class Prof:
+        def events(self):
+            gpu = [Event("gemm", 300.0, cuda=True)] * 2 + [Event("softmax", 200.0, cuda=True), Event("copy", 200.0, cuda=True)]
+            host = [Event("cudaLaunchKernel", 5000.0, self_us=50.0), Event("aten::mm", 900.0, self_us=600.0), Event("aten::add", 100.0, self_us=200.0)]
+            return gpu + host
+
+    busy, ranked = bt.time_by_kernel(Prof(), 2, "cuda", top=2)
+    assert busy == pytest.approx(0.5)  # 1,000 us of kernels over 2 steps
+    assert ranked == [("gemm", pytest.approx(0.6)), ("copy", pytest.approx(0.2))]  # a tie goes by name
+    busy, ranked = bt.time_by_kernel(Prof(), 2, "cpu")
+    assert busy == pytest.approx(0.4)  # aten ops' own time only: 800 us over 2 steps
+    assert ranked == [("aten::mm", pytest.approx(0.75)), ("aten::add", pytest.approx(0.25))]
