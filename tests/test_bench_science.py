@@ -45,3 +45,34 @@ def test_figure_draws_each_datasets_runs_and_chance(tmp_path):
     assert panels["HiRES brain RNA, held-out cells"][0] == {"rna_latent": [0.7]}  # training cells are not drawn
     bench.write_figure(ROWS, tmp_path / "f.png")
     assert Image.open(tmp_path / "f.png").size[0] > 4 * Image.open(tmp_path / "f.png").size[1] / 2
+
+
+def test_near_baseline_of_a_new_batch_reads_its_features_by_name():
+    """The strongest simple baseline fitted on the training batches and applied to a new
+    one: the new cells' features are found by name, whatever their order, and a training
+    feature they lack counts zero. Referee: the same baseline over one file whose new rows
+    were written in the training order by hand."""
+    import anndata as ad
+    import numpy as np
+    import pandas as pd
+    import scipy.sparse as sp
+
+    from ampflow.evaluate.baselines import bandnorm_baseline
+
+    bench = load_script("bench_science")
+    rng = np.random.default_rng(0)
+    strata = np.repeat(np.arange(5), 30)
+    names = [f"f{i}" for i in range(strata.size)]
+    var = pd.DataFrame({"stratum": strata}, index=names)
+    trained = ad.AnnData(X=sp.csr_matrix(rng.poisson(1.0, (40, strata.size)).astype(np.float32)), var=var)
+    new_x = rng.poisson(1.0, (12, strata.size)).astype(np.float32)
+    new_x[:, 37] = 0.0  # the feature the new file lacks
+    order = rng.permutation([i for i in range(strata.size) if i != 37])
+    new = ad.AnnData(X=sp.csr_matrix(new_x[:, order]), var=var.iloc[order])
+    got = bench.near_baselines_on_new_batch(trained, new)
+    both = ad.AnnData(X=sp.vstack([trained.X, sp.csr_matrix(new_x)]).tocsr(), var=var)
+    fit = np.arange(52) < 40
+    want, _ = bandnorm_baseline(both, fit, log1p=False, max_stratum=3)
+    np.testing.assert_allclose(got["bandnorm_near_trained"], want[~fit], rtol=1e-5, atol=1e-6)
+    on_batch, _ = bandnorm_baseline(new, np.ones(12, dtype=bool), log1p=False, max_stratum=3)
+    np.testing.assert_array_equal(got["bandnorm_near_on_batch"], on_batch)
