@@ -147,7 +147,8 @@ With ``--hires-early-stopping`` the first shape is then trained to early stoppin
 the template's train section unchanged (both stages, their epochs as a ceiling, early
 stopping, checkpoints; mode ``--early-stopping-mode``) and the wall time to stop, the
 epochs run and steps/s (validation included) are printed, or ``did not stop within N s``
-once ``--early-stopping-seconds`` have passed. A mode that fails prints one line,
+once ``--early-stopping-seconds`` have passed; beside them, the seconds spent outside the
+steps: validation, early stopping's copies of the best weights, and checkpoints. A mode that fails prints one line,
 ``FAILED``, with its error (its traceback to stderr) and the rest still runs; the exit
 status is then 1. One line per figure set, each starting ``hires RES:STRATA MODE:``.
 
@@ -1237,6 +1238,39 @@ def run_hires(args, sizes) -> int:
     return 1 if failed else 0
 
 
+class TimeBetweenSteps:
+    """Seconds a training run spends outside its steps, by part: the validation loss, the
+    copies of the best weights that early stopping keeps, and checkpoints. Each timed
+    from a device sync before to one after (so a step still running is not counted);
+    :meth:`restore` puts the trainer's own functions back."""
+
+    def __init__(self, trainer):
+        from ampflow.train import trainer as trainer_module
+
+        self.seconds = {"validation": 0.0, "best-weight copies": 0.0, "checkpoints": 0.0}
+        self._module, self._validation = trainer_module, trainer_module.validation_loss
+        self._trainer = trainer
+        trainer_module.validation_loss = self._timed("validation", self._validation)
+        trainer.early.update = self._timed("best-weight copies", trainer.early.update)
+        trainer._save_checkpoint = self._timed("checkpoints", trainer._save_checkpoint)
+
+    def _timed(self, name: str, fn):
+        def run(*args, **kwargs):
+            self._trainer.sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._trainer.sync()
+                self.seconds[name] += time.perf_counter() - t0
+
+        return run
+
+    def restore(self) -> None:
+        self._module.validation_loss = self._validation
+        del self._trainer.early.update, self._trainer._save_checkpoint
+
+
 def run_early_stopping(args, sizes, device: str) -> int:
     """Train the HiRES-size case at the first shape to early stopping with the
     template's train section (mode ``--early-stopping-mode``), at most
@@ -1254,6 +1288,7 @@ def run_early_stopping(args, sizes, device: str) -> int:
         cfg = hires_train_config(args, mode, device, 0, early=True)
         with tempfile.TemporaryDirectory(prefix="bench-hires-") as tmp:
             trainer = bench_trainer_class()(data, MC(), cfg, tmp)
+            spent = TimeBetweenSteps(trainer)
             t0 = time.perf_counter()
             trainer.setup(None, None, t0 + limit)
             try:
@@ -1261,6 +1296,8 @@ def run_early_stopping(args, sizes, device: str) -> int:
                 stopped = True
             except TimeLimit:
                 stopped = False
+            finally:
+                spent.restore()
             trainer.sync()
             wall = time.perf_counter() - t0
     except Exception as e:  # noqa: BLE001
@@ -1268,7 +1305,9 @@ def run_early_stopping(args, sizes, device: str) -> int:
         print(f"hires early-stopping {key} {mode}: FAILED {type(e).__name__}: {str(e)[:300]}")
         return 1
     epochs = ", ".join(f"{s} {len(e)} of {dict(cfg.stages)[s].epochs}" for s, e in trainer.epochs_seen.items())
-    rate = f"{trainer.step / wall:.1f} steps/s (validation each epoch included)"
+    parts = ", ".join(f"{name} {sec:.1f} s" for name, sec in spent.seconds.items())
+    rate = (f"{trainer.step / wall:.1f} steps/s (validation each epoch included); of the wall time {parts}, "
+            f"the rest (steps, batches, metrics) {wall - sum(spent.seconds.values()):.1f} s")  # fmt: skip
     if stopped:
         print(f"hires early-stopping {key} {mode}: trained to early stopping in {wall:.1f} s: epochs {epochs}, {trainer.step} steps, {rate}")
     else:

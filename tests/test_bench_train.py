@@ -236,3 +236,46 @@ def test_time_by_kernel_sums_per_step_and_ranks_the_names():
     busy, ranked = bt.time_by_kernel(Prof(), 2, "cpu")
     assert busy == pytest.approx(0.4)  # aten ops' own time only: 800 us over 2 steps
     assert ranked == [("aten::mm", pytest.approx(0.75)), ("aten::add", pytest.approx(0.25))]
+
+
+def test_time_between_steps_times_each_part_and_puts_the_trainer_back(monkeypatch):
+    """The early-stopping run's split of its wall time: validation, best-weight copies and
+    checkpoints each get at least the time they slept (a lower bound that holds on a busy
+    machine), the calls still return their values, and restore leaves the trainer's and
+    the module's own functions in place."""
+    import time
+
+    from ampflow.train import trainer as trainer_module
+
+    def validation_loss(*args):
+        time.sleep(0.01)
+        return 2.0
+
+    class Early:
+        def update(self, loss, epoch, snapshot):
+            time.sleep(0.02)
+            return loss > 1
+
+    class Trainer:
+        def __init__(self):
+            self.early = Early()
+
+        def sync(self):
+            pass
+
+        def _save_checkpoint(self):
+            time.sleep(0.03)
+
+    monkeypatch.setattr(trainer_module, "validation_loss", validation_loss)
+    trainer = Trainer()
+    spent = bt.TimeBetweenSteps(trainer)
+    assert trainer_module.validation_loss() == 2.0
+    assert trainer.early.update(2.0, 0, None) is True
+    trainer._save_checkpoint()
+    trainer._save_checkpoint()
+    spent.restore()
+    assert spent.seconds["validation"] >= 0.01
+    assert spent.seconds["best-weight copies"] >= 0.02
+    assert spent.seconds["checkpoints"] >= 0.06
+    assert trainer_module.validation_loss is validation_loss
+    assert "update" not in vars(trainer.early) and "_save_checkpoint" not in vars(trainer)
