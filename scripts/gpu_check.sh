@@ -15,7 +15,9 @@
 #            (bench_attention --device cuda)
 #   train    training steps/s against the GPU's measured matmul rate (bench_train --device cuda)
 #   train-hires  the HiRES-size case through the trainer: steps/s eager vs compiled vs graphed,
-#            launches per step, floor ratios, and time to early stopping (bench_train --hires)
+#            launches per step, floor ratios, the GPU's kernel time per step against the wall
+#            time (the kernels' names in its log), and time to early stopping with the part
+#            spent outside the steps (bench_train --hires)
 #   extract  extraction's packed (varlen) vs padded vs masked rows vs one at a time, ESM-2
 #            650M and 3B, ESM C 600M, DNABERT-S: share of the bf16 floor, the profile's
 #            components, cosine to one at a time (bench_extract --quick-gpu)
@@ -123,7 +125,7 @@ check train 150 'grep -E "^  new: step|matrix-product rate" | sed -E "s/; its co
 # more), launches and GPU kernels per step, the FLOP and bytes floor ratios;
 # then 1 Mb/10 trained to early stopping under the template's settings, at most 20 s here
 # (the full log says the host syncs per step, compile and capture seconds, seconds per epoch)
-FIGURE_WIDTH=2400 check train-hires 300 'grep -E "^hires [0-9]+:[0-9]+ [a-z+-]+: |^hires early-stopping|FAILED" | grep -v "by op" | sed -E "s/^hires //; s/ \(eager [0-9.]+: ([0-9.]+x)\)/ \1/; s/ \(graph launches [0-9]+\)//; s/GPU kernels\+copies\/step/kernels/; s/ \(\+[0-9.]+ in optimizer.step; CUDA sync debug mode ([0-9.]+)\)/ (sync debug mode \1)/; s/ \(\+[0-9.]+ in optimizer[^)]*\)//; s/, first step [0-9.]+ s//; s/ \([0-9]+ steps\), FLOP floor ratio/, FLOP floor/; s/bytes floor ratio/bytes floor/; s/ \(parameters[^)]*\)//; s/$/;/"' -- \
+FIGURE_WIDTH=3600 check train-hires 300 'grep -E "^hires [0-9]+:[0-9]+ [a-z+-]+: |^hires early-stopping|FAILED" | grep -v "by op" | sed -E "s/^hires //; s/ \(eager [0-9.]+: ([0-9.]+x)\)/ \1/; s/ \(graph launches [0-9]+\)//; s/GPU kernels\+copies\/step/kernels/; s/ \(\+[0-9.]+ in optimizer.step; CUDA sync debug mode ([0-9.]+)\)/ (sync debug mode \1)/; s/ \(\+[0-9.]+ in optimizer[^)]*\)//; s/, first step [0-9.]+ s//; s/ \([0-9]+ steps\), FLOP floor ratio/, FLOP floor/; s/bytes floor ratio/bytes floor/; s/ \(parameters[^)]*\)//; s/ GPU kernel and copy time ([0-9.]+) ms\/step against ([0-9.]+) ms\/step of wall time;.*$/ kernels busy \1 of \2 ms\/step/; s/ \(validation each epoch included\);/;/; s/$/;/"' -- \
     "$PY" scripts/bench_train.py --hires --device cuda --chrom-sizes "$OUT/annotation/mm10.chrom.sizes" \
     --shapes 1000000:10 500000:20 100000:30 --batch 32 --hires-cells 7469 --contacts 20000 \
     --modes eager graphed-loop graphed compiled+graphed --compiled-shapes 1000000:10 --hires-steps 20 --matmul 4096 \

@@ -51,8 +51,12 @@ case "$args" in
       "GPU kernels+copies/step 3300, host syncs/step 0 (+0 in optimizer.step; CUDA sync debug mode 0), " \
       "compile 0.0 s, capture 1.20 s, first step 2.10 s, epoch 0.68 s (211 steps), " \
       "FLOP floor ratio 0.100, bytes floor ratio 0.200"
+    echo "hires 1000000:10 graphed: GPU kernel and copy time 2.95 ms/step against 3.20 ms/step of wall time;" \
+      "void at::native::elementwise_kernel<128, 4> 31%, gemm 20%"
     echo "hires 1000000:10 graphed: host syncs by op: {}"
-    echo "hires early-stopping 1000000:10 graphed: did not stop within 40 s: epochs pretrain 12 of 300 so far, 2500 steps, 62.5 steps/s" ;;
+    echo "hires early-stopping 1000000:10 graphed: did not stop within 40 s: epochs pretrain 12 of 300 so far, 2500 steps, 62.5 steps/s" \
+      "(validation each epoch included); of the wall time validation 3.1 s, best-weight copies 0.2 s, checkpoints 0.4 s," \
+      "the rest (steps, batches, metrics) 36.3 s" ;;
   *bench_train*) echo "  matrix-product rate 50000.0 GFLOP/s wall"
     echo "  new: step 0.0500 s; floor 0.0100 s (1 GFLOP): floor ratio 0.200; its components sum to 1.10x its plain step (medians); 20.00 steps/s" ;;
   *bench_extract*) echo "target 3B prodigal_proteins: varlen at 51.0% of the floor, target 50%: MET" ;;
@@ -79,9 +83,12 @@ def test_every_check_prints_one_line_and_failures_count(tmp_path):
         "CHECK train-hires PASS 1000000:10 graphed-loop: 85.05 steps/s 4.9x, launches/step 120, kernels 4044; "
         "1000000:10 graphed: 312.40 steps/s 18.2x, launches/step 1, kernels 3300, host syncs/step 0 (sync debug mode 0), "
         "compile 0.0 s, capture 1.20 s, epoch 0.68 s, FLOP floor 0.100, bytes floor 0.200; "
+        "1000000:10 graphed: kernels busy 2.95 of 3.20 ms/step; "
         "early-stopping 1000000:10 graphed: did not stop within 40 s"
     ), hires
-    assert "by op" not in hires
+    split = "of the wall time validation 3.1 s, best-weight copies 0.2 s, checkpoints 0.4 s, the rest (steps, batches, metrics) 36.3 s;"
+    assert f"2500 steps, 62.5 steps/s; {split}" in hires, hires
+    assert "by op" not in hires and "gemm" not in hires  # the kernels' names stay in the log
     assert checks["extract"].startswith("CHECK extract PASS target 3B prodigal_proteins: varlen at 51.0%")
     assert checks["pytest"].startswith("CHECK pytest PASS 5 passed")
     assert lines[-1].startswith("gpu-check: FAIL") and p.returncode == 1
