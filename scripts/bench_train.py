@@ -148,9 +148,9 @@ the template's train section unchanged (both stages, their epochs as a ceiling, 
 stopping, checkpoints; mode ``--early-stopping-mode``) and the wall time to stop, the
 epochs run and steps/s (validation included) are printed, or ``did not stop within N s``
 once ``--early-stopping-seconds`` have passed; beside them, the seconds spent outside the
-steps: validation, early stopping's copies of the best weights, and checkpoints. A mode that fails prints one line,
-``FAILED``, with its error (its traceback to stderr) and the rest still runs; the exit
-status is then 1. One line per figure set, each starting ``hires RES:STRATA MODE:``.
+steps: validation, early stopping's copies of the best weights, and checkpoints. A mode
+that fails prints one line, ``FAILED``, with its error (its traceback to stderr) and the
+rest still runs; the exit status is then 1. One line per figure set, each starting ``hires RES:STRATA MODE:``.
 
 Examples::
 

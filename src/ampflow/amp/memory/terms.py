@@ -236,10 +236,13 @@ def buffer_terms(led: Ledger, dev: Device) -> None:
         # anchor nodes, feature strata (the model), feature anchors (the decoder)
         n += s.n_anchors * INDEX_BYTES
         led.add("buffers", n, None, STATE)
+        # per feature: its stratum and anchor, and (the plain decoder, not one sharded by
+        # S2 or S5) its place in the padded softmax over strata (decoders._strata_means)
+        indices = 3 if dev.hp_div == 1 and dev.fp_div == 1 else 2
         for k, fk in enumerate(s.features_per_stratum):
-            # feature strata and anchors; the input's axes and centre (whole on every rank)
+            # the indices; the input's axes and centre (whole on every rank)
             projection = (s.hic_pcs + 1) * fk * b if s.hic_pcs else 0
-            led.add("buffers", 2 * fk * INDEX_BYTES + projection, k or None, STATE)
+            led.add("buffers", indices * fk * INDEX_BYTES + projection, k or None, STATE)
             # every tp rank holds the dense batch with all features
             led.add("data_batch", B * fk * b, k or None, STATE)
     else:
