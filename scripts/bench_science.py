@@ -103,6 +103,7 @@ from ampflow.contract.config import ModelConfig, TrainConfig
 from ampflow.contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN
 from ampflow.evaluate.baselines import bandnorm_baseline, counts_matrix, hic_baseline, pca_fit_transform
 from ampflow.evaluate.clusters import KMEANS_STARTS
+from ampflow.evaluate.embed import map_columns
 from ampflow.io.h5ad import read_h5ad
 from ampflow.model import decoders, paired
 from ampflow.model.encoders import HiCInput
@@ -384,9 +385,9 @@ def near_baselines_on_new_batch(trained_hic, new_hic) -> dict[str, np.ndarray]:
     cells and applied to the new ones, as the model is (the new cells' features put in
     the training file's order by name, a feature they lack counting zero)."""
     on_batch, _ = bandnorm_baseline(new_hic, np.ones(new_hic.n_obs, dtype=bool), log1p=False, max_stratum=3)
-    cols = pd.Index(new_hic.var_names).get_indexer(trained_hic.var_names)
-    x_new = counts_matrix(new_hic).tocsc()
-    picked = sp.hstack([x_new, sp.csc_matrix((new_hic.n_obs, 1))]).tocsc()[:, np.where(cols >= 0, cols, x_new.shape[1])]
+    # the embed rule's own mapping of a file's columns onto the trained ones
+    cols = map_columns(list(trained_hic.var_names), list(new_hic.var_names), None, "var_names")
+    picked = sp.csr_matrix(cols.dense(counts_matrix(new_hic)))
     both = ad.AnnData(X=sp.vstack([counts_matrix(trained_hic), picked]).tocsr(), var=trained_hic.var.copy())
     fit = np.arange(both.n_obs) < trained_hic.n_obs
     z, _ = bandnorm_baseline(both, fit, log1p=False, max_stratum=3)
