@@ -16,6 +16,7 @@ from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.contract.plan import Plan
 from ampflow.contract.strategies import BUILT_IN
 from ampflow.model.paired import PairedModel
+from ampflow.parallel.clip import clip_gradients
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, draw_noise
 from ampflow.parallel.mesh import Mesh
 from ampflow.parallel.parallelize import full_state, load_full_state, parallelize
@@ -25,6 +26,10 @@ B = 12
 WEIGHTS = LossWeights(kl=1.0, graph=0.5, align=2.0, cross=0.5)  # every term with a visible share
 LR = 1e-2
 NOISE_SEED, GLOBAL_SEED = 5, 7
+#: every step clips the gradient's norm (``train.clip_grad_norm``) to this, far below the
+#: problem's norm, so that the clipping factor (the whole model's norm, over shards and
+#: ranks) is part of every gradient compared
+CLIP = 1e-3
 
 # strategy sets of the acceptance list: (ids, dp, tp) for a world of W processes
 SETS = {
@@ -109,8 +114,15 @@ def _reference(dtype, config, dp):
     noise = draw_noise(model, B, gen) if dp > 1 else None
     terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond)
     terms["total"].backward()
+    _clip(model)
     opt.step()
     return _snapshot(model, terms)
+
+
+def _clip(model) -> None:
+    """The clipping every step of these tests does (:data:`CLIP`), checked to bite."""
+    norm = float(clip_gradients(model, CLIP))
+    assert norm > 10 * CLIP, f"the problem's gradient norm {norm:.3g} is too small for clipping at {CLIP} to bite"
 
 
 def _truth(config, dp):
@@ -133,6 +145,7 @@ def _truth(config, dp):
     noise = (draw(B), draw(B), draw(n_nodes))
     terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond)
     terms["total"].backward()
+    _clip(model)
     opt.step()
     return _snapshot(model, terms)
 
@@ -150,7 +163,7 @@ def _tp_worker(rank, world, cases):
         torch.manual_seed(GLOBAL_SEED)
         rows = balanced_split(hic.sum(1), dp)[mesh.dp_rank]
         cond = None if cond is None else cond[rows]
-        terms = DataParallelStep(mesh).step(model, opt, rna[rows], hic[rows], WEIGHTS, rows, batch_size=B, generator=gen, cond=cond)
+        terms = DataParallelStep(mesh, clip=CLIP).step(model, opt, rna[rows], hic[rows], WEIGHTS, rows, batch_size=B, generator=gen, cond=cond)
         snap = _snapshot(model, terms)
         snap["shards"] = dict(model.shards)
         # the consolidated state is the single-process one, and loads back

@@ -203,7 +203,7 @@ def test_every_collective_on_a_one_rank_group(device, tmp_path):
                 gen = torch.Generator().manual_seed(T.NOISE_SEED)
                 torch.manual_seed(T.GLOBAL_SEED)
                 rows = torch.arange(T.B)
-                terms = DataParallelStep(mesh).step(model, opt, rna, hic, T.WEIGHTS, rows, batch_size=T.B, generator=gen)
+                terms = DataParallelStep(mesh, clip=T.CLIP).step(model, opt, rna, hic, T.WEIGHTS, rows, batch_size=T.B, generator=gen)
                 got = _to(_snapshot(model, terms), "cpu")
                 got["shards"] = shards
                 assert next(model.parameters()).device.type == device

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from parallel_equivalence import LR, WEIGHTS, _adam_tolerance, _problem, _rel
+from parallel_equivalence import CLIP, LR, WEIGHTS, _adam_tolerance, _clip, _problem, _rel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.base.errors import InputError
@@ -76,7 +76,8 @@ def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: i
     through :class:`StaticStep` in ``mode`` (``stack``: its strata stacked or not, None
     its own choice), or (None) the plain eager forward and autograd, the Hi-C decoder's
     strata one at a time; ``fp64``: the eager step in float64 from the same (float32)
-    draws, widened. Loss terms, gradients and parameters after Adam."""
+    draws, widened. Every step clips the gradient's norm to ``CLIP`` (checked to bite).
+    Loss terms, gradients (clipped) and parameters after Adam."""
     if fp64:
         model, rna, hic = model.double(), rna.double(), hic.double()
         cond = None if cond is None else cond.double()
@@ -98,11 +99,12 @@ def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: i
         opt.zero_grad(set_to_none=True)
         terms = forward_terms(model, WEIGHTS, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
         terms["total"].backward()
+        _clip(model)
         opt.step()
         names = holder.term_names()
         values = torch.stack([terms[k].detach() for k in names])
     else:
-        step = StaticStep(model, opt, mode, gen, stack=stack)
+        step = StaticStep(model, opt, mode, gen, stack=stack, clip=CLIP)
         chunked = bool(model.hic_decoder.blocks[0].chunk)
         assert step.stacked == ((device == "cuda" if stack is None else stack) and not chunked)
         bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])

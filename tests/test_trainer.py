@@ -720,3 +720,24 @@ def test_train_deterministic_must_be_a_boolean():
     with pytest.raises(InputError, match=r"train\.deterministic.*'yes'"):
         TrainConfig.from_dict({"deterministic": "yes"})
     assert TrainConfig().deterministic is True and TrainConfig.from_dict({"deterministic": False}).deterministic is False
+
+
+def test_clipping_reaches_the_trainers_step_and_its_log(paired, tmp_path, caplog):
+    """``train.clip_grad_norm`` above every norm changes nothing: the model of a run with
+    it equals one without clipping, bit for bit. Below every norm it scales every step:
+    another model, each row's norm (read before clipping; the first step's equals the
+    unclipped run's) above it, and the log says on how many steps."""
+    runs = {}
+    for name, clip in (("off", None), ("never", 1e9), ("always", 1e-4)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="ampflow.train.trainer"):
+            Trainer(paired, MODEL, TrainConfig.from_dict({**SETTINGS, "clip_grad_norm": clip}), tmp_path / name).fit()
+        runs[name] = (load_model(tmp_path / name)["state_dict"], metrics(tmp_path / name), caplog.text)
+    off, never, always = runs["off"], runs["never"], runs["always"]
+    assert all(torch.equal(off[0][k], never[0][k]) for k in off[0])
+    assert "grad_norm" not in off[1][0] and all(r["grad_norm"] < 1e9 for r in never[1])
+    assert any(not torch.equal(off[0][k], always[0][k]) for k in off[0])
+    assert all(r["grad_norm"] > 1e-4 for r in always[1]) and len(always[1]) == N_STEPS
+    assert always[1][0]["grad_norm"] == never[1][0]["grad_norm"]
+    assert f"pretrain: the gradient norm was above train.clip_grad_norm 0.0001 on {3 * STEPS_PER_EPOCH} of {3 * STEPS_PER_EPOCH} step(s)" in always[2]
+    assert "clip_grad_norm" not in off[2]

@@ -307,6 +307,11 @@ class TrainConfig:
     across threads); the switch makes any such atomic CPU kernel run serially. Different
     thread counts give different roundings (matrix products split their sums by thread),
     so the same ``threads`` is part of "the same run": ``auto`` takes it from the plan.
+
+    ``clip_grad_norm`` (default 1) caps the norm of the whole model's gradient before
+    each update (null: no cap). Healthy steps on real cortex cells stay below 0.75
+    (median 0.04) and are left as they are; the steps of a run that blows up reach 45
+    to 119 (:mod:`ampflow.parallel.clip`).
     """
 
     seed: int = 0
@@ -321,6 +326,7 @@ class TrainConfig:
     log_every: int = 20
     compile: bool | str = "auto"
     cuda_graphs: bool | str = "auto"
+    clip_grad_norm: float | None = 1.0
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -342,6 +348,9 @@ class TrainConfig:
             raise InputError(f"must be one of {', '.join(TRAIN_DTYPE_BYTES)}", key="train.dtype", value=self.dtype)
         if not isinstance(self.deterministic, bool):
             raise InputError("must be true or false", key="train.deterministic", value=self.deterministic)
+        c = self.clip_grad_norm
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < float("inf")):
+            raise InputError("must be a number > 0 or null (no clipping)", key="train.clip_grad_norm", value=c)
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 1:
             raise InputError("must be an integer >= 1", key="train.log_every", value=self.log_every)
         for key in ("compile", "cuda_graphs"):

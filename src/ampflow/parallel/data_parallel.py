@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from ..contract.config import LossWeights
 from ..model.paired import PairedModel
+from .clip import clip_gradients
 from .mesh import Mesh
 from .sync_batchnorm import convert_sync_batchnorm
 
@@ -168,16 +169,25 @@ class DataParallelStep:
     mesh : Mesh
         Its dp group carries the collectives; with dp = 1 the step is the plain
         single-process step, bit for bit.
+    clip : float, optional
+        Clip the whole model's gradient norm to this before the update
+        (:func:`~ampflow.parallel.clip.clip_gradients`, ``train.clip_grad_norm``);
+        None: no clipping.
     """
 
-    def __init__(self, mesh: Mesh):
+    def __init__(self, mesh: Mesh, clip: float | None = None):
         self.mesh = mesh
         self.group = mesh.dp_group
+        self.clip = clip
+        #: the last step's gradient norm before clipping (0-d, on the device); None
+        #: without ``clip``
+        self.norm: torch.Tensor | None = None
 
     def step(self, model: PairedModel, optimizer: torch.optim.Optimizer, rna: torch.Tensor, hic: torch.Tensor,
              weights: LossWeights, rows: torch.Tensor, batch_size: int | None = None,
              generator: torch.Generator | None = None, on_stratum=None, on_phase=None, cond=None) -> dict:  # fmt: skip
-        """Forward on this rank's rows, backward, gradient all-reduce, ``optimizer.step()``.
+        """Forward on this rank's rows, backward, gradient all-reduce, clipping (if
+        ``clip``), ``optimizer.step()``.
 
         The model must be in training mode and prepared by :func:`parallelize_data_parallel`.
 
@@ -241,6 +251,8 @@ class DataParallelStep:
         loss.backward()
         sum_gradients(model.parameters(), self.group)
         phase("optimizer_step")
+        if self.clip is not None:
+            self.norm = clip_gradients(model, self.clip)
         optimizer.step()
         return self._global_terms(terms, loss, cell_scale, shared_scale)
 

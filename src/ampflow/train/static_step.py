@@ -47,6 +47,7 @@ from ..base.errors import InputError
 from ..contract.config import LossWeights
 from ..model.graph import graph_sample_sizes
 from ..model.paired import PairedModel
+from ..parallel.clip import clip_gradients
 
 log = logging.getLogger(__name__)
 
@@ -162,13 +163,21 @@ class StaticStep:
     stack : bool, optional
         Every stratum of the Hi-C decoder in one pass (:func:`stack_strata`; None: on a
         GPU).
+    clip : float, optional
+        Clip the gradient's norm to this before the update (``train.clip_grad_norm``;
+        :func:`~ampflow.parallel.clip.clip_gradients`, on the device, captured with
+        the step); None: no clipping.
     """
 
     def __init__(self, model: PairedModel, optimizer: torch.optim.Optimizer, mode: StepMode, generator: torch.Generator,
-                 stack: bool | None = None):  # fmt: skip
+                 stack: bool | None = None, clip: float | None = None):  # fmt: skip
         self.model, self.optimizer, self.mode, self.generator = model, optimizer, mode, generator
+        self.clip = clip
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        #: the last step's gradient norm before clipping (a buffer a graph writes); None
+        #: without ``clip``
+        self.norm = None if clip is None else torch.zeros((), device=self.device)
         if mode.graphs and self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
         stack_strata(model, stack)
@@ -229,6 +238,8 @@ class StaticStep:
         self.optimizer.zero_grad(set_to_none=True)
         terms = (fn or self.fn)(self.model, weights, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
         terms["total"].backward()
+        if self.clip is not None:
+            self.norm.copy_(clip_gradients(self.model, self.clip))
         self.optimizer.step()
         return torch.stack([terms[k].detach() for k in self.term_names(weights)])
 

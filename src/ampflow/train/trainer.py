@@ -47,6 +47,7 @@ from ..base.progress import Progress
 from ..contract.config import ModelConfig, TrainConfig
 from ..contract.plan import Plan
 from ..model.paired import PairedModel
+from ..parallel.clip import ClipTally
 from ..parallel.data_parallel import DataParallelStep, balanced_split, work_ratio
 from ..parallel.mesh import Mesh
 from ..parallel.parallelize import full_state, load_full_state, parallelize
@@ -194,7 +195,8 @@ class Trainer:
             raise InputError(f"{len(self.train_rows)} training cell(s) of {data.n_cells}; training needs at least two", key="obs.split")
         # the plan's S3/S4 settings replace the config's; without a plan the model runs as built
         self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), plan, self.mesh)
-        self.dp_step = DataParallelStep(self.mesh)
+        self.dp_step = DataParallelStep(self.mesh, train_cfg.clip_grad_norm)
+        self.clipping = ClipTally(train_cfg.clip_grad_norm)
         self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         # early stopping sets a fixed subset of them aside to validate on
         self.train_rows, self.val_rows = validation_split(self.train_rows, train_cfg.early_stopping, train_cfg.seed)
@@ -213,7 +215,7 @@ class Trainer:
         if self.mode.static:
             # every draw of the step, made on the device (saved in checkpoints)
             self.step_generator = torch.Generator(self.device).manual_seed(train_cfg.seed + 2)
-            self.static = StaticStep(self.model, self.optimizer, self.mode, self.step_generator)
+            self.static = StaticStep(self.model, self.optimizer, self.mode, self.step_generator, clip=train_cfg.clip_grad_norm)
             log.info("Hi-C decoder strata: %s", "all in one pass (stacked)" if self.static.stacked else "one at a time")
             self.resident = self._resident_cells()
             self.pinned = PinnedCopy()
@@ -492,7 +494,10 @@ class Trainer:
         launched them when it timed them)."""
         if not self.pending:
             return
-        flat = torch.cat([torch.stack(list(r["loss"].values())).double() for r in self.pending]).cpu().tolist()
+        # the loss terms, then the clipped rows' gradient norms, in one read
+        norms = [r for r in self.pending if torch.is_tensor(r.get("grad_norm"))]
+        parts = [torch.stack(list(r["loss"].values())).double() for r in self.pending]
+        flat = torch.cat(parts + [torch.stack([r["grad_norm"] for r in norms]).double()] if norms else parts).cpu().tolist()
         timed = [r for r in self.pending if "_launch_seconds" in r]
         if timed:
             elapsed = time.perf_counter() - self._window_start
@@ -504,6 +509,11 @@ class Trainer:
             names = list(r["loss"])
             r["loss"] = dict(zip(names, flat[i : i + len(names)]))
             i += len(names)
+        for r in norms:
+            r["grad_norm"] = flat[i]
+            i += 1
+            self.clipping.add(r["stage"], r["grad_norm"])
+        for r in self.pending:
             line = json.dumps(r, sort_keys=True) + "\n"
             for fh in files:
                 fh.write(line)
@@ -592,6 +602,9 @@ class Trainer:
                     stop = False
                     for b in range(first, len(batches)):
                         row = self._train_step(batches[b], stage_name, stage_cfg, epoch)
+                        norm = self.dp_step.norm if self.static is None else self.static.norm
+                        if norm is not None:  # before clipping; read with the loss terms
+                            row["grad_norm"] = norm.detach().clone()
                         self.step += 1
                         row["step"] = self.step
                         if b + 1 == len(batches) and self.early.cfg.on:
@@ -643,6 +656,9 @@ class Trainer:
     def _end_stage(self, stage_name: str, epochs: int) -> None:
         """With early stopping: the best epoch's weights back in the model, and a fresh
         rule for the next stage (the optimizer keeps its moments)."""
+        clipped = self.clipping.line(stage_name)
+        if clipped:
+            log.info("%s", clipped)
         if self.early.best_state is not None and not self.early.stopped:
             log.info("%s ran all %d epochs without stopping", stage_name, epochs)
         if self.early.best_state is not None:
