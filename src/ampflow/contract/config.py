@@ -309,9 +309,9 @@ class TrainConfig:
     so the same ``threads`` is part of "the same run": ``auto`` takes it from the plan.
 
     ``clip_grad_norm`` (default 1) caps the norm of the whole model's gradient before
-    each update (null: no cap). Healthy steps on real cortex cells stay below 0.75
-    (median 0.04) and are left as they are; the steps of a run that blows up reach 45
-    to 119 (:mod:`ampflow.parallel.clip`).
+    each update (null: no cap). On real cortex cells a step's norm has a median of 0.04
+    and a run's largest is mostly under 1, left as it is; a run that blows up reaches
+    45 to 119 (:mod:`ampflow.parallel.clip`).
     """
 
     seed: int = 0
