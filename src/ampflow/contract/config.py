@@ -309,10 +309,10 @@ class TrainConfig:
     so the same ``threads`` is part of "the same run": ``auto`` takes it from the plan.
 
     ``clip_grad_norm`` (default null: no cap) caps the norm of the whole model's
-    gradient before each update; 1 helped on real cortex cells, where the demo's steps
-    have norms of 185 to 233 and every one would be scaled. On real cortex cells a step's norm has a median of 0.04
-    and a run's largest is mostly under 1, left as it is; a run that blows up reaches
-    45 to 119 (:mod:`ampflow.parallel.clip`).
+    gradient before each update. 1 helped on real cortex cells, where a step's norm has
+    a median of 0.04, a run's largest is mostly under 1 (left as it is) and a run that
+    blows up reaches 45 to 119 (:mod:`ampflow.parallel.clip`); on the demo every step's
+    norm is 185 to 233, and 1 would scale them all.
     """
 
     seed: int = 0
