@@ -163,6 +163,41 @@ def test_static_step_equals_the_eager_step(device, mode, stack, problem, tmp_pat
     assert any(not torch.equal(before[n].cpu(), ref["params"][n]) for n in ref["params"])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_graphed_step_keeps_a_zscore_bound_as_the_eager_step_does():
+    """A :class:`~ampflow.parallel.clip.ZScoreBound` (``train.clip_grad_norm: zscore``)
+    lives on the device and the graph updates it: the capture's warm-up steps must leave
+    it as it was. It starts from a state whose mean is far below this problem's norms, so
+    that every step is a spike and is scaled. Referee: the eager step on the same GPU from
+    the same draws (the graph replays its kernels): the bound's state and the parameters
+    equal after 8 steps, every step scaled in both."""
+    from ampflow.parallel.clip import ZScoreBound
+
+    runs = []
+    for mode in (StepMode(reason="test"), StepMode(graphs=True, reason="test")):
+        model, rna, hic, cond = _problem(torch.float32, "narrow")
+        model = model.to("cuda").train()
+        opt = torch.optim.Adam(model.parameters(), lr=LR, capturable=mode.graphs)
+        bound = ZScoreBound()
+        bound.load({"count": 100.0, "mean": 0.01, "var": 1e-6}, torch.float32, "cuda")
+        step = StaticStep(model, opt, mode, torch.Generator("cuda").manual_seed(5), stack=True, clip=bound)
+        bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])
+        _fill(bufs, rna, hic, cond, "cuda")
+        scaled = []
+        for _ in range(8):
+            step.step(bufs, WEIGHTS, full_batch=rna.shape[0])
+            scaled.append(float(bound.last) != float("inf"))
+        runs.append((scaled, bound.state(), {n: p.detach().cpu() for n, p in model.named_parameters()}))
+    (s_eager, b_eager, p_eager), (s_graph, b_graph, p_graph) = runs
+    assert s_eager == s_graph == [True] * 8
+    assert b_graph["count"] == b_eager["count"] == 108  # the capture's warm-up steps undone
+    for k in ("mean", "var"):
+        assert abs(b_graph[k] - b_eager[k]) <= 1e-5 * abs(b_eager[k]), k
+    for n in p_eager:
+        torch.testing.assert_close(p_graph[n], p_eager[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
 def test_choose_mode():
     """auto: graphs on one GPU, no compile; several processes stay eager; graphs need CUDA."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

@@ -741,3 +741,35 @@ def test_clipping_reaches_the_trainers_step_and_its_log(paired, tmp_path, caplog
     assert always[1][0]["grad_norm"] == never[1][0]["grad_norm"]
     assert f"pretrain: the gradient norm was above train.clip_grad_norm 0.0001 on {3 * STEPS_PER_EPOCH} of {3 * STEPS_PER_EPOCH} step(s)" in always[2]
     assert "clip_grad_norm" not in off[2]
+
+
+@pytest.mark.parametrize("stops", [(4,), (7, 11)], ids=["mid-epoch", "twice-across-stages"])
+def test_zscore_clipping_scales_spikes_and_resumes_as_the_uninterrupted_run(paired, tmp_path, monkeypatch, caplog, stops):
+    """``train.clip_grad_norm: zscore`` (with a warm-up of 3 steps and a z of 0.5 here, so
+    that it bites within the test's 15 steps): rows carry the bound where a step was
+    scaled, each below that step's norm, none in a stage's first 3 steps (each stage warms
+    up anew), the log counts them; a run killed and resumed (the bound's state read back
+    from the checkpoint) ends with the uninterrupted run's model and rows, bit for bit."""
+    from ampflow.parallel import clip
+
+    monkeypatch.setattr(clip, "ZSCORE_WARMUP", 3)
+    monkeypatch.setattr(clip, "ZSCORE_Z", 0.5)
+    cfg = TrainConfig.from_dict({**SETTINGS, "clip_grad_norm": "zscore"})
+    whole = tmp_path / "whole"
+    with caplog.at_level(logging.INFO, logger="ampflow.train.trainer"):
+        assert Trainer(paired, MODEL, cfg, whole).fit() is True
+    rows = metrics(whole)
+    scaled = [r for r in rows if r["grad_bound"] is not None]
+    assert scaled and all(r["grad_bound"] < r["grad_norm"] for r in scaled)
+    for stage in ("pretrain", "finetune"):
+        own = [r for r in rows if r["stage"] == stage]
+        assert [r["grad_bound"] for r in own[:3]] == [None] * 3
+        n = sum(r["grad_bound"] is not None for r in own)
+        assert f"{stage}: the gradient norm was a spike (z-score above 0.5 against its moving mean and spread) on {n} of {len(own)} step(s)" in caplog.text
+    out = tmp_path / "run"
+    for k in stops:
+        assert StoppingTrainer(paired, MODEL, cfg, out, stop_after=k).fit() is False
+    assert StoppingTrainer(paired, MODEL, cfg, out).fit() is True
+    assert_same_model(whole, out)
+    resumed = metrics(out)
+    assert [(r["grad_norm"], r["grad_bound"]) for r in resumed] == [(r["grad_norm"], r["grad_bound"]) for r in rows]

@@ -11,6 +11,10 @@ from dataclasses import asdict, dataclass, field, fields
 
 from ..base.errors import InputError, reject_unknown_keys
 
+#: ``train.clip_grad_norm``'s value for a bound that follows the run's own norms
+#: (:class:`~ampflow.parallel.clip.ZScoreBound`)
+CLIP_ZSCORE = "zscore"
+
 
 def batch_names(values) -> list[str]:
     """The batches a model is conditioned on, given its cells' batch values: the
@@ -327,7 +331,7 @@ class TrainConfig:
     log_every: int = 20
     compile: bool | str = "auto"
     cuda_graphs: bool | str = "auto"
-    clip_grad_norm: float | None = None
+    clip_grad_norm: float | str | None = None
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -350,8 +354,9 @@ class TrainConfig:
         if not isinstance(self.deterministic, bool):
             raise InputError("must be true or false", key="train.deterministic", value=self.deterministic)
         c = self.clip_grad_norm
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < float("inf")):
-            raise InputError("must be a number > 0 or null (no clipping)", key="train.clip_grad_norm", value=c)
+        if c is not None and c != CLIP_ZSCORE and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < float("inf")):
+            raise InputError("must be a number > 0, zscore (a bound from the run's own norms) or null (no clipping)",
+                             key="train.clip_grad_norm", value=c)  # fmt: skip
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 1:
             raise InputError("must be an integer >= 1", key="train.log_every", value=self.log_every)
         for key in ("compile", "cuda_graphs"):

@@ -33,7 +33,7 @@ import torch.nn as nn
 
 from ..contract.config import LossWeights
 from ..model.paired import PairedModel
-from .clip import clip_gradients
+from .clip import ZScoreBound, clip_gradients
 from .mesh import Mesh
 from .sync_batchnorm import convert_sync_batchnorm
 
@@ -169,13 +169,13 @@ class DataParallelStep:
     mesh : Mesh
         Its dp group carries the collectives; with dp = 1 the step is the plain
         single-process step, bit for bit.
-    clip : float, optional
+    clip : float or ZScoreBound, optional
         Clip the whole model's gradient norm to this before the update
         (:func:`~ampflow.parallel.clip.clip_gradients`, ``train.clip_grad_norm``);
         None: no clipping.
     """
 
-    def __init__(self, mesh: Mesh, clip: float | None = None):
+    def __init__(self, mesh: Mesh, clip: float | ZScoreBound | None = None):
         self.mesh = mesh
         self.group = mesh.dp_group
         self.clip = clip

@@ -47,7 +47,7 @@ from ..base.errors import InputError
 from ..contract.config import LossWeights
 from ..model.graph import graph_sample_sizes
 from ..model.paired import PairedModel
-from ..parallel.clip import clip_gradients
+from ..parallel.clip import ZScoreBound, clip_gradients
 
 log = logging.getLogger(__name__)
 
@@ -163,18 +163,21 @@ class StaticStep:
     stack : bool, optional
         Every stratum of the Hi-C decoder in one pass (:func:`stack_strata`; None: on a
         GPU).
-    clip : float, optional
+    clip : float or ZScoreBound, optional
         Clip the gradient's norm to this before the update (``train.clip_grad_norm``;
         :func:`~ampflow.parallel.clip.clip_gradients`, on the device, captured with
-        the step); None: no clipping.
+        the step; a :class:`~ampflow.parallel.clip.ZScoreBound`'s state too); None: no
+        clipping.
     """
 
     def __init__(self, model: PairedModel, optimizer: torch.optim.Optimizer, mode: StepMode, generator: torch.Generator,
-                 stack: bool | None = None, clip: float | None = None):  # fmt: skip
+                 stack: bool | None = None, clip: float | ZScoreBound | None = None):  # fmt: skip
         self.model, self.optimizer, self.mode, self.generator = model, optimizer, mode, generator
         self.clip = clip
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        if isinstance(clip, ZScoreBound):  # its state exists before a capture saves it
+            clip.prepare(torch.promote_types(self.dtype, torch.float32), self.device)
         #: the last step's gradient norm before clipping (a buffer a graph writes); None
         #: without ``clip``
         self.norm = None if clip is None else torch.zeros((), device=self.device)
@@ -273,6 +276,9 @@ class StaticStep:
         return dataclasses.replace(memory, peak=max(memory.peak, self.graph_peak), peak_phase="graph")
 
     # ------------------------------------------------------------- capture
+    def _clip_tensors(self) -> list[torch.Tensor]:
+        return self.clip.tensors() if isinstance(self.clip, ZScoreBound) else []
+
     def _capture(self, bufs: StepBuffers, key: tuple) -> None:
         """Capture the whole step for ``key`` = (``bufs``' batch, the learning rates,
         the loss weights), leaving the model and optimizer as they were before the warm-up."""
@@ -281,6 +287,7 @@ class StaticStep:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         saved = _snapshot(self.model, self.optimizer)
+        clip_state = [t.clone() for t in self._clip_tensors()]  # the warm-up steps update a ZScoreBound
         # dropout draws from the device's default generator: the warm-up must leave it
         # where it was, or a run resumed from a checkpoint (capturing at another step)
         # would draw other masks than the uninterrupted run (a replay advances it as an
@@ -304,6 +311,8 @@ class StaticStep:
             bufs.out = self._compute(bufs, weights)
         self.graph_peak = int(torch.cuda.max_memory_allocated())
         _restore(self.model, self.optimizer, saved)
+        for t, v in zip(self._clip_tensors(), clip_state):
+            t.copy_(v)
         torch.cuda.set_rng_state(rng, self.device)
         torch.cuda.synchronize()
         self._graph = (key, graph, bufs)

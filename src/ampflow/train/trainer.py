@@ -47,7 +47,7 @@ from ..base.progress import Progress
 from ..contract.config import ModelConfig, TrainConfig
 from ..contract.plan import Plan
 from ..model.paired import PairedModel
-from ..parallel.clip import ClipTally
+from ..parallel.clip import ClipTally, ZScoreBound, make_bound
 from ..parallel.data_parallel import DataParallelStep, balanced_split, work_ratio
 from ..parallel.mesh import Mesh
 from ..parallel.parallelize import full_state, load_full_state, parallelize
@@ -195,7 +195,9 @@ class Trainer:
             raise InputError(f"{len(self.train_rows)} training cell(s) of {data.n_cells}; training needs at least two", key="obs.split")
         # the plan's S3/S4 settings replace the config's; without a plan the model runs as built
         self.model = parallelize(build_model(model_cfg, data).to(self.device, self.dtype), plan, self.mesh)
-        self.dp_step = DataParallelStep(self.mesh, train_cfg.clip_grad_norm)
+        # a number, a ZScoreBound (its state checkpointed, a new warm-up each stage) or None
+        self.clip = make_bound(train_cfg.clip_grad_norm)
+        self.dp_step = DataParallelStep(self.mesh, self.clip)
         self.clipping = ClipTally(train_cfg.clip_grad_norm)
         self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
         # early stopping sets a fixed subset of them aside to validate on
@@ -215,7 +217,7 @@ class Trainer:
         if self.mode.static:
             # every draw of the step, made on the device (saved in checkpoints)
             self.step_generator = torch.Generator(self.device).manual_seed(train_cfg.seed + 2)
-            self.static = StaticStep(self.model, self.optimizer, self.mode, self.step_generator, clip=train_cfg.clip_grad_norm)
+            self.static = StaticStep(self.model, self.optimizer, self.mode, self.step_generator, clip=self.clip)
             log.info("Hi-C decoder strata: %s", "all in one pass (stacked)" if self.static.stacked else "one at a time")
             self.resident = self._resident_cells()
             self.pinned = PinnedCopy()
@@ -280,6 +282,7 @@ class Trainer:
             "rng": checkpoint.rng_state(self.generator, cuda=self.device.type == "cuda"),
             "early_stopping": self.early.state(),
             **({"step_generator": self.step_generator.get_state()} if self.static is not None else {}),
+            **({"clip_bound": self.clip.state()} if isinstance(self.clip, ZScoreBound) else {}),
         }
 
     def _save_checkpoint(self) -> None:
@@ -329,6 +332,8 @@ class Trainer:
         if self.static is not None:
             self.step_generator.set_state(state["step_generator"])
         self.early.load(state.get("early_stopping"))
+        if isinstance(self.clip, ZScoreBound):
+            self.clip.load(state.get("clip_bound", {}), torch.promote_types(self.dtype, torch.float32), self.device)
         self.step = int(state["step"])
         self.position = tuple(int(x) for x in state["position"])
         log.info("resumed from %s (step %d, stage %d, epoch %d, batch %d)", path, self.step, *self.position)
@@ -494,10 +499,12 @@ class Trainer:
         launched them when it timed them)."""
         if not self.pending:
             return
-        # the loss terms, then the clipped rows' gradient norms, in one read
+        # the loss terms, then the clipped rows' gradient norms and bounds, in one read
         norms = [r for r in self.pending if torch.is_tensor(r.get("grad_norm"))]
+        bounds = [r for r in norms if torch.is_tensor(r.get("grad_bound"))]
         parts = [torch.stack(list(r["loss"].values())).double() for r in self.pending]
-        flat = torch.cat(parts + [torch.stack([r["grad_norm"] for r in norms]).double()] if norms else parts).cpu().tolist()
+        parts += [torch.stack([r[k] for r in rows]).double() for k, rows in (("grad_norm", norms), ("grad_bound", bounds)) if rows]
+        flat = torch.cat(parts).cpu().tolist()
         timed = [r for r in self.pending if "_launch_seconds" in r]
         if timed:
             elapsed = time.perf_counter() - self._window_start
@@ -512,7 +519,11 @@ class Trainer:
         for r in norms:
             r["grad_norm"] = flat[i]
             i += 1
-            self.clipping.add(r["stage"], r["grad_norm"])
+        for r in bounds:
+            r["grad_bound"] = flat[i] if math.isfinite(flat[i]) else None  # null: not scaled
+            i += 1
+        for r in norms:
+            self.clipping.add(r["stage"], r["grad_norm"], r.get("grad_bound"))
         for r in self.pending:
             line = json.dumps(r, sort_keys=True) + "\n"
             for fh in files:
@@ -605,6 +616,8 @@ class Trainer:
                         norm = self.dp_step.norm if self.static is None else self.static.norm
                         if norm is not None:  # before clipping; read with the loss terms
                             row["grad_norm"] = norm.detach().clone()
+                            if isinstance(self.clip, ZScoreBound):  # this step's bound (inf: none)
+                                row["grad_bound"] = self.clip.last.clone()
                         self.step += 1
                         row["step"] = self.step
                         if b + 1 == len(batches) and self.early.cfg.on:
@@ -659,6 +672,8 @@ class Trainer:
         clipped = self.clipping.line(stage_name)
         if clipped:
             log.info("%s", clipped)
+        if isinstance(self.clip, ZScoreBound):  # the next stage's norms have their own scale
+            self.clip.reset()
         if self.early.best_state is not None and not self.early.stopped:
             log.info("%s ran all %d epochs without stopping", stage_name, epochs)
         if self.early.best_state is not None:
