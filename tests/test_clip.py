@@ -76,7 +76,8 @@ def test_bad_clip_setting_names_the_key(bad):
 
 
 def test_clip_setting_default_and_off():
-    assert TrainConfig().clip_grad_norm is None
+    assert TrainConfig().clip_grad_norm == "zscore"
+    assert TrainConfig(clip_grad_norm=None).clip_grad_norm is None
     assert TrainConfig(clip_grad_norm=1.0).clip_grad_norm == 1.0
     assert TrainConfig(clip_grad_norm="zscore").clip_grad_norm == "zscore"
 

@@ -312,11 +312,13 @@ class TrainConfig:
     thread counts give different roundings (matrix products split their sums by thread),
     so the same ``threads`` is part of "the same run": ``auto`` takes it from the plan.
 
-    ``clip_grad_norm`` (default null: no cap) caps the norm of the whole model's
-    gradient before each update. 1 helped on real cortex cells, where a step's norm has
-    a median of 0.04, a run's largest is mostly under 1 (left as it is) and a run that
-    blows up reaches 45 to 119 (:mod:`ampflow.parallel.clip`); on the demo every step's
-    norm is 185 to 233, and 1 would scale them all.
+    ``clip_grad_norm`` (default ``zscore``) caps the norm of the whole model's gradient
+    before each update: ``zscore`` scales down the steps whose norm is a spike against
+    the run's own moving mean and spread (:class:`~ampflow.parallel.clip.ZScoreBound`),
+    a number is a fixed cap, null none. A fixed cap needs the data's scale: on real
+    cortex cells a step's norm has a median of 0.04 and a run that blows up reaches 45 to
+    119 (:mod:`ampflow.parallel.clip`), where 1 helped; on the demo a step's norm has a
+    median of 31 (12 to 236), and 1 would scale them all.
     """
 
     seed: int = 0
@@ -331,7 +333,7 @@ class TrainConfig:
     log_every: int = 20
     compile: bool | str = "auto"
     cuda_graphs: bool | str = "auto"
-    clip_grad_norm: float | str | None = None
+    clip_grad_norm: float | str | None = CLIP_ZSCORE
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
