@@ -32,6 +32,11 @@ from ..contract.config import CLIP_ZSCORE
 NORM_EPS = 1e-6
 
 
+def norm_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype :func:`gradient_norm` returns for gradients of ``dtype``: float32 or wider."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def gradient_norm(model: nn.Module) -> torch.Tensor:
     """The 2-norm of every parameter's gradient of ``model`` together (0-d, float32 or
     wider, on the parameters' device), over the tp group's shards (``model.shards``,
@@ -45,7 +50,7 @@ def gradient_norm(model: nn.Module) -> torch.Tensor:
     first = (whole or split)[0]
     # the per-tensor norms in the gradients' dtype (no widened copy of a bf16 gradient),
     # summed in float32 at least
-    dtype = torch.promote_types(first.dtype, torch.float32)
+    dtype = norm_dtype(first.dtype)
 
     def squares(grads: list[torch.Tensor]) -> torch.Tensor:
         if not grads:
@@ -98,10 +103,10 @@ class ZScoreBound:
         self.last: torch.Tensor | None = None
 
     def prepare(self, dtype: torch.dtype, device) -> None:
-        """Make the state tensors (zero) if they do not exist yet: in the norm's dtype
-        (:func:`gradient_norm`'s, float32 or wider) on its device."""
+        """Make the state tensors (zero) if they do not exist yet, for gradients of
+        ``dtype`` on ``device`` (in the norm's dtype, :func:`norm_dtype`)."""
         if self.count is None:
-            kw = dict(dtype=dtype, device=device)
+            kw = dict(dtype=norm_dtype(dtype), device=device)
             self.count, self.mean, self.var = (torch.zeros((), **kw) for _ in range(3))
             self.last = torch.full((), float("inf"), **kw)
 
@@ -135,9 +140,9 @@ class ZScoreBound:
 
     def reset(self) -> None:
         """A new warm-up from the next step (in place: a captured graph keeps its addresses)."""
-        for t in self.tensors():
-            t.zero_()
-        if self.last is not None:
+        if self.count is not None:
+            for t in (self.count, self.mean, self.var):
+                t.zero_()
             self.last.fill_(float("inf"))
 
     def state(self) -> dict:
@@ -156,6 +161,7 @@ class ZScoreBound:
 def make_bound(setting: float | str | None) -> float | ZScoreBound | None:
     """``train.clip_grad_norm`` as :func:`clip_gradients` takes it: a number (a fixed
     bound), :data:`~ampflow.contract.config.CLIP_ZSCORE` (a :class:`ZScoreBound` of its own) or None (no clipping)."""
+    # the settings read when called, not when defined (tests shorten the warm-up)
     return ZScoreBound(ZSCORE_Z, ZSCORE_ALPHA, ZSCORE_WARMUP) if setting == CLIP_ZSCORE else setting
 
 

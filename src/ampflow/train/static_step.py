@@ -177,7 +177,7 @@ class StaticStep:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         if isinstance(clip, ZScoreBound):  # its state exists before a capture saves it
-            clip.prepare(torch.promote_types(self.dtype, torch.float32), self.device)
+            clip.prepare(self.dtype, self.device)
         #: the last step's gradient norm before clipping (a buffer a graph writes); None
         #: without ``clip``
         self.norm = None if clip is None else torch.zeros((), device=self.device)

@@ -333,7 +333,7 @@ class Trainer:
             self.step_generator.set_state(state["step_generator"])
         self.early.load(state.get("early_stopping"))
         if isinstance(self.clip, ZScoreBound):
-            self.clip.load(state.get("clip_bound", {}), torch.promote_types(self.dtype, torch.float32), self.device)
+            self.clip.load(state.get("clip_bound", {}), self.dtype, self.device)
         self.step = int(state["step"])
         self.position = tuple(int(x) for x in state["position"])
         log.info("resumed from %s (step %d, stage %d, epoch %d, batch %d)", path, self.step, *self.position)
