@@ -47,11 +47,11 @@ def test_figure_draws_each_datasets_runs_and_chance(tmp_path):
     assert Image.open(tmp_path / "f.png").size[0] > 4 * Image.open(tmp_path / "f.png").size[1] / 2
 
 
-def test_near_baseline_of_a_new_batch_reads_its_features_by_name():
-    """The strongest simple baseline fitted on the training batches and applied to a new
-    one: the new cells' features are found by name, whatever their order, and a training
-    feature they lack counts zero. Referee: the same baseline over one file whose new rows
-    were written in the training order by hand."""
+def test_baselines_of_a_new_batch_read_its_features_by_name():
+    """The simple baselines fitted on the training batches and applied to a new one: the
+    new cells' features are found by name, whatever their order, and a training feature
+    they lack counts zero. Referee: the same baselines over one file whose new rows were
+    written in the training order by hand."""
     import anndata as ad
     import numpy as np
     import pandas as pd
@@ -69,10 +69,12 @@ def test_near_baseline_of_a_new_batch_reads_its_features_by_name():
     new_x[:, 37] = 0.0  # the feature the new file lacks
     order = rng.permutation([i for i in range(strata.size) if i != 37])
     new = ad.AnnData(X=sp.csr_matrix(new_x[:, order]), var=var.iloc[order])
-    got = bench.near_baselines_on_new_batch(trained, new)
+    got = bench.baselines_on_new_batch(trained, new)
     both = ad.AnnData(X=sp.vstack([trained.X, sp.csr_matrix(new_x)]).tocsr(), var=var)
     fit = np.arange(52) < 40
     want, _ = bandnorm_baseline(both, fit, log1p=False, max_stratum=3)
     np.testing.assert_allclose(got["bandnorm_near_trained"], want[~fit], rtol=1e-5, atol=1e-6)
+    full, _ = bandnorm_baseline(both, fit)
+    np.testing.assert_allclose(got["bandnorm_trained"], full[~fit], rtol=1e-5, atol=1e-6)
     on_batch, _ = bandnorm_baseline(new, np.ones(12, dtype=bool), log1p=False, max_stratum=3)
     np.testing.assert_array_equal(got["bandnorm_near_on_batch"], on_batch)
