@@ -29,6 +29,8 @@ ROWS = [
         "all_shuffled_p95": 0.02,
     },
     {"dataset": "lobo", "batch": "b1", "ari": 0.6, "shuffled_p95": 0.05, "bandnorm_on_batch": 0.5},
+    # a later run's row, with a baseline the first run's row lacks
+    {"dataset": "lobo", "batch": "b2", "ari": 0.7, "shuffled_p95": 0.05, "bandnorm_on_batch": 0.4, "bandnorm_trained": 0.8},
     {"dataset": "hires", "group": "heldout", "method": "rna_latent", "ari": 0.7, "shuffled_p95": 0.04, "leiden_ari": 0.7},
     {"dataset": "hires", "group": "train", "method": "rna_latent", "ari": 0.9, "shuffled_p95": 0.03, "leiden_ari": 0.9},
     {"dataset": "hires", "method": "negative_control", "passed": True},
@@ -43,6 +45,12 @@ def test_figure_draws_each_datasets_runs_and_chance(tmp_path):
     assert bars == {"bandnorm": [0.5, 0.7], "model": [0.8]} and max(chance) == 0.07
     assert panels["Lee 2019, all cells"][0]["bandnorm"] == [0.6, 0.4]
     assert panels["HiRES brain RNA, held-out cells"][0] == {"rna_latent": [0.7]}  # training cells are not drawn
+    # a bar over the runs that have its baseline, not a NaN from the run that lacks it
+    assert panels["Lee 2019, each batch new to the model"][0] == {
+        "model (embed)": [0.6, 0.7],
+        "bandnorm on the batch": [0.5, 0.4],
+        "bandnorm, fitted on the training batches": [0.8],
+    }
     bench.write_figure(ROWS, tmp_path / "f.png")
     assert Image.open(tmp_path / "f.png").size[0] > 4 * Image.open(tmp_path / "f.png").size[1] / 2
 
