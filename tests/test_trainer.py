@@ -773,3 +773,55 @@ def test_zscore_clipping_scales_spikes_and_resumes_as_the_uninterrupted_run(pair
     assert_same_model(whole, out)
     resumed = metrics(out)
     assert [(r["grad_norm"], r["grad_bound"]) for r in resumed] == [(r["grad_norm"], r["grad_bound"]) for r in rows]
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("inf"), float("nan"), True, "0.1", None])
+def test_bad_weight_decay_names_the_key_and_value(bad):
+    with pytest.raises(InputError, match="train.weight_decay") as err:
+        TrainConfig(weight_decay=bad)
+    assert bad is None or f"(value: {bad!r})" in str(err.value)
+
+
+def test_weight_decay_is_decoupled_from_the_gradient(paired, tmp_path):
+    """``train.weight_decay``: after the first step, from the same start and the same
+    batch, the parameters differ from a run without decay by exactly ``-lr x
+    weight_decay x`` their starting value. Referee: that closed form of AdamW's update,
+    computed here from the starting parameters. An L2 term added to the gradient (Adam's
+    own ``weight_decay``) would pass through Adam's normalisation and miss it by orders of
+    magnitude. With 0 the optimizer is the plain Adam of every run before."""
+    lr, decay = TRAIN.pretrain.lr, 0.5
+    runs = {}
+    for name, w in (("plain", 0.0), ("decayed", decay)):
+        trainer = StoppingTrainer(paired, MODEL, TrainConfig.from_dict({**SETTINGS, "weight_decay": w}), tmp_path / name, stop_after=1)
+        start = {k: p.detach().clone() for k, p in trainer.model.named_parameters()}
+        assert trainer.fit() is False
+        runs[name] = (trainer, start)
+    plain, decayed = runs["plain"][0], runs["decayed"][0]
+    assert type(plain.optimizer) is torch.optim.Adam and type(decayed.optimizer) is torch.optim.AdamW
+    start = runs["plain"][1]
+    assert all(torch.equal(start[k], runs["decayed"][1][k]) for k in start)
+    moved = 0
+    for (k, a), (_, b) in zip(plain.model.named_parameters(), decayed.model.named_parameters()):
+        if a.grad is None and torch.equal(a, start[k]):
+            continue  # not in the step (AdamW leaves a parameter without a gradient alone)
+        want = -lr * decay * start[k]
+        torch.testing.assert_close(b - a, want, rtol=1e-4, atol=1e-6, msg=k)
+        moved += 1
+    assert moved > 10
+
+
+def test_weight_decay_resumes_as_the_uninterrupted_run(paired, tmp_path):
+    """A run with ``train.weight_decay`` killed mid-epoch and resumed (AdamW's state and
+    its decay read back from the checkpoint) ends with the uninterrupted run's model and
+    rows, bit for bit; and it is another model than the run without decay."""
+    cfg = TrainConfig.from_dict({**SETTINGS, "weight_decay": 0.5})
+    whole, out = tmp_path / "whole", tmp_path / "run"
+    assert Trainer(paired, MODEL, cfg, whole).fit() is True
+    assert StoppingTrainer(paired, MODEL, cfg, out, stop_after=4).fit() is False
+    assert StoppingTrainer(paired, MODEL, cfg, out).fit() is True
+    assert_same_model(whole, out)
+    assert_same_metrics(whole, out)
+    plain = tmp_path / "plain"
+    assert Trainer(paired, MODEL, TRAIN, plain).fit() is True
+    a, b = load_model(plain)["state_dict"], load_model(whole)["state_dict"]
+    assert any(not torch.equal(a[k], b[k]) for k in a)

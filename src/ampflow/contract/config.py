@@ -319,6 +319,10 @@ class TrainConfig:
     cortex cells a step's norm has a median of 0.04 and a run that blows up reaches 45 to
     119 (:mod:`ampflow.parallel.clip`), where 1 helped; on the demo a step's norm has a
     median of 31 (12 to 236), and 1 would scale them all.
+
+    ``weight_decay`` (default 0: none) is AdamW's decoupled decay: each step shrinks
+    every parameter by ``lr x weight_decay`` besides Adam's step, so that a weight the
+    gradient does not keep up fades (:func:`ampflow.train.trainer.make_optimizer`).
     """
 
     seed: int = 0
@@ -334,6 +338,7 @@ class TrainConfig:
     compile: bool | str = "auto"
     cuda_graphs: bool | str = "auto"
     clip_grad_norm: float | str | None = CLIP_ZSCORE
+    weight_decay: float = 0.0
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -359,6 +364,9 @@ class TrainConfig:
         if c is not None and c != CLIP_ZSCORE and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < float("inf")):
             raise InputError("must be a number > 0, zscore (a bound from the run's own norms) or null (no clipping)",
                              key="train.clip_grad_norm", value=c)  # fmt: skip
+        w = self.weight_decay
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float("inf"):
+            raise InputError("must be a number >= 0 (0: none)", key="train.weight_decay", value=w)
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 1:
             raise InputError("must be an integer >= 1", key="train.log_every", value=self.log_every)
         for key in ("compile", "cuda_graphs"):

@@ -96,6 +96,17 @@ def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
     return model
 
 
+def make_optimizer(params, lr: float, weight_decay: float, capturable: bool) -> torch.optim.Optimizer:
+    """Adam, or with ``weight_decay`` > 0 AdamW: the decay is decoupled from the
+    gradient (each step multiplies every parameter by ``1 - lr x weight_decay`` before
+    Adam's normalised step), not an L2 term added to it, whose pull Adam's normalisation
+    would scale per parameter. ``capturable``: the step counts live on the device, as a
+    CUDA graph needs. With no decay it is the plain Adam every earlier run trained with."""
+    if weight_decay:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, capturable=capturable)
+    return torch.optim.Adam(params, lr=lr, capturable=capturable)
+
+
 def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) -> list[np.ndarray]:
     """Cell indices of every batch of one epoch: a permutation fixed by (seed, stage, epoch),
     so a resumed run needs only its position. A trailing batch of one cell joins the
@@ -212,7 +223,7 @@ class Trainer:
         log.info("training step: %s", self.mode.describe())
         # capturable: Adam's step counts live on the device (no host read per step; a graph needs it)
         capturable = self.mode.graphs
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=train_cfg.stages[0][1].lr, capturable=capturable)
+        self.optimizer = make_optimizer(self.model.parameters(), train_cfg.stages[0][1].lr, train_cfg.weight_decay, capturable)
         self.static = None
         if self.mode.static:
             # every draw of the step, made on the device (saved in checkpoints)
