@@ -435,8 +435,8 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         ari, p95 = ari_with_control(types, c)
         base_z, _ = bandnorm_baseline(new_hic[new.obs_names], np.ones(new.n_obs, dtype=bool))
         base_ari, base_p95 = ari_with_control(types, kmeans(base_z, k))
-        near = baselines_on_new_batch(read_h5ad(res / "data" / "1mb_s10" / "hic.h5ad"), new_hic[new.obs_names])
-        near_ari = {name: float(adjusted_rand_score(types, kmeans(z, k))) for name, z in near.items()}
+        fitted = baselines_on_new_batch(read_h5ad(res / "data" / "1mb_s10" / "hic.h5ad"), new_hic[new.obs_names])
+        fitted_ari = {name: float(adjusted_rand_score(types, kmeans(z, k))) for name, z in fitted.items()}
         both = np.vstack([np.asarray(trained.obsm["X_hic"]), np.asarray(new.obsm["X_hic"])])
         cells = list(trained.obs_names) + list(new.obs_names)
         c_all = kmeans(both, k)
@@ -447,11 +447,11 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         )
         rows.append({"dataset": "lobo", "batch": batch, "train_seed": seed, "n_new": int(new.n_obs), "n_train": int(trained.n_obs),
                      "ari": ari, "shuffled_p95": p95,
-                     "bandnorm_on_batch": base_ari, **near_ari, "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, "seconds": seconds})  # fmt: skip
+                     "bandnorm_on_batch": base_ari, **fitted_ari, "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, "seconds": seconds})  # fmt: skip
         print(f"  {batch} (seed {seed}): {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "
               f"({'above' if ari > p95 else 'NOT above'}), BandNorm fitted on the batch {base_ari:.3f}, BandNorm without its log over "
-              f"strata 1-3 fitted on the batch {near_ari['bandnorm_near_on_batch']:.3f} and on the training batches "
-              f"{near_ari['bandnorm_near_trained']:.3f}, BandNorm fitted on the training batches {near_ari['bandnorm_trained']:.3f}; training + new cells: "
+              f"strata 1-3 fitted on the batch {fitted_ari['bandnorm_near_on_batch']:.3f} and on the training batches "
+              f"{fitted_ari['bandnorm_near_trained']:.3f}, BandNorm fitted on the training batches {fitted_ari['bandnorm_trained']:.3f}; training + new cells: "
               f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; workflow {seconds:.0f} s; {stop.split(': ', 1)[-1]}", flush=True)  # fmt: skip
     table = pd.DataFrame(rows)
     print(f"  over {len(table)} runs ({len(a.train_seeds)} training seed(s)): new batch ARI {table['ari'].mean():.3f} mean, "
