@@ -124,7 +124,12 @@ def check_mode(out: str, mode: str) -> dict:
     compile_s, capture_s, _first, epoch_s = (float(m.group(i)) for i in (8, 9, 10, 11))
     epoch_steps = int(m.group(12))
     flop_ratio, bytes_ratio = float(m.group(13)), float(m.group(14))
-    assert steps_s > 0 and ratio == pytest.approx(steps_s / eager_s, abs=0.06), m.group(0)
+    # the ratio is printed from unrounded rates: its bounds are those of the printed
+    # figures (steps/s to 0.01, eager and the ratio to 0.1); at an eager 1.8 steps/s the
+    # eager's rounding alone moves a ratio near 38 by 1
+    lo = (steps_s - 0.005) / (eager_s + 0.05) - 0.05
+    hi = (steps_s + 0.005) / (eager_s - 0.05) + 0.05 if eager_s > 0.05 else float("inf")
+    assert steps_s > 0 and lo <= ratio <= hi, m.group(0)
     assert syncs == 0, m.group(0)  # nothing inside the step waits for the host but Adam's step counts
     assert opt_syncs == n_parameter_tensors(), m.group(0)
     # the ops launched from outside aten are among those dispatched (a compiled step's
