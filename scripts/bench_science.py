@@ -64,8 +64,10 @@ Sections (``--sections``, all by default):
   beside the BandNorm-style baseline fitted on that batch and fitted on the training
   batches, the strongest simple baseline of the splits (BandNorm without its log over
   strata 1-3) fitted on that batch and on the training batches, and the shuffled-label
-  95th percentile; and ARI against batch over
-  training and new cells together;
+  95th percentile; ARI against batch over training and new cells together; and the
+  latent's spread (its mean variance per dimension) over the cells trained on, over the
+  training batches' cells never trained on (held out, and early stopping's validation
+  cells) and over the new batch;
 * ``gageseq``: the 101 GAGE-seq cortex cells (labels from a join the data's README
   calls an assumption: an honest figure, no threshold), model against BandNorm;
 * ``hires``: the RNA latent on the real HiRES brain RNA (the negative control's run of
@@ -100,8 +102,8 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import adjusted_rand_score
 
 from ampflow.cli import main as cli
-from ampflow.contract.config import ModelConfig, TrainConfig
-from ampflow.contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN
+from ampflow.contract.config import EarlyStoppingConfig, ModelConfig, TrainConfig
+from ampflow.contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN, training_rows
 from ampflow.evaluate.baselines import bandnorm_baseline, counts_matrix, hic_baseline, pca_fit_transform
 from ampflow.evaluate.clusters import KMEANS_STARTS
 from ampflow.evaluate.embed import map_columns
@@ -110,6 +112,7 @@ from ampflow.model import decoders, paired
 from ampflow.model.encoders import HiCInput
 from ampflow.model.prob import ZINB
 from ampflow.train.data import load_paired
+from ampflow.train.early_stopping import validation_split
 from ampflow.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -399,6 +402,20 @@ def baselines_on_new_batch(trained_hic, new_hic) -> dict[str, np.ndarray]:
     return {"bandnorm_near_on_batch": on_batch, "bandnorm_near_trained": near[~fit], "bandnorm_trained": full[~fit]}
 
 
+def latent_spread(z: np.ndarray, split: np.ndarray, validation_rows: np.ndarray, z_new: np.ndarray) -> dict[str, float]:
+    """Mean variance per latent dimension of three groups of cells: the training batches'
+    cells the model trained on (``split`` train, less early stopping's
+    ``validation_rows``), the training batches' cells it never trained on (held out, and
+    the validation rows), and the new batch's (``z_new``). Where the first is far wider
+    than the other two, the encoder spreads the cells it trained on by what is theirs
+    alone; where only the new batch is narrow, the batch itself differs."""
+    split = np.asarray(split).astype(str)
+    unseen = split == HELDOUT
+    unseen[np.asarray(validation_rows, dtype=np.int64)] = True
+    trained = (split == TRAIN) & ~unseen
+    return {f"spread_{name}": float(np.var(rows, axis=0).mean()) for name, rows in (("trained", z[trained]), ("unseen", z[unseen]), ("new", z_new))}
+
+
 def leave_one_batch_out(a, template: dict) -> list[dict]:
     """Each Lee 2019 batch held back in turn: the Hi-C-only workflow (the template's
     settings) trains on the other batches, and its ``embed`` rule embeds the held-back
@@ -437,6 +454,10 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         base_ari, base_p95 = ari_with_control(types, kmeans(base_z, k))
         fitted = baselines_on_new_batch(read_h5ad(res / "data" / "1mb_s10" / "hic.h5ad"), new_hic[new.obs_names])
         fitted_ari = {name: float(adjusted_rand_score(types, kmeans(z, k))) for name, z in fitted.items()}
+        # early stopping's validation cells, drawn as the trainer draws them (its settings in model.pt)
+        run = torch.load(res / "train" / "1mb_s10" / "model.pt", map_location="cpu", weights_only=False)["train_config"]
+        _, validation = validation_split(training_rows(trained.obs), EarlyStoppingConfig(**run["early_stopping"]), run["seed"])
+        spread = latent_spread(np.asarray(trained.obsm["X_hic"]), trained.obs[SPLIT_COLUMN].to_numpy(), validation, np.asarray(new.obsm["X_hic"]))
         both = np.vstack([np.asarray(trained.obsm["X_hic"]), np.asarray(new.obsm["X_hic"])])
         cells = list(trained.obs_names) + list(new.obs_names)
         c_all = kmeans(both, k)
@@ -446,20 +467,24 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
             (ln.strip() for ln in (dest / "logs" / "lobo" / "train.1mb_s10.log").read_text().splitlines() if "stopped after" in ln or "ran all" in ln), ""
         )
         rows.append({"dataset": "lobo", "batch": batch, "train_seed": seed, "n_new": int(new.n_obs), "n_train": int(trained.n_obs),
-                     "ari": ari, "shuffled_p95": p95,
-                     "bandnorm_on_batch": base_ari, **fitted_ari, "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, "seconds": seconds})  # fmt: skip
+                     "ari": ari, "shuffled_p95": p95, "bandnorm_on_batch": base_ari, **fitted_ari,
+                     "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, **spread, "seconds": seconds})  # fmt: skip
         print(f"  {batch} (seed {seed}): {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "
               f"({'above' if ari > p95 else 'NOT above'}), BandNorm fitted on the batch {base_ari:.3f}, BandNorm without its log over "
               f"strata 1-3 fitted on the batch {fitted_ari['bandnorm_near_on_batch']:.3f} and on the training batches "
               f"{fitted_ari['bandnorm_near_trained']:.3f}, BandNorm fitted on the training batches {fitted_ari['bandnorm_trained']:.3f}; training + new cells: "
-              f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; workflow {seconds:.0f} s; {stop.split(': ', 1)[-1]}", flush=True)  # fmt: skip
+              f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; latent variance per dimension: cells trained on "
+              f"{spread['spread_trained']:.3f}, training batches' cells never trained on {spread['spread_unseen']:.3f}, new batch "
+              f"{spread['spread_new']:.3f}; workflow {seconds:.0f} s; {stop.split(': ', 1)[-1]}", flush=True)  # fmt: skip
     table = pd.DataFrame(rows)
     print(f"  over {len(table)} runs ({len(a.train_seeds)} training seed(s)): new batch ARI {table['ari'].mean():.3f} mean, "
           f"{table['ari'].min():.3f} worst; training + new cells ARI vs type {table['all_ari_type'].mean():.3f} mean; "
           f"BandNorm without its log over strata 1-3 on the new batch {table['bandnorm_near_on_batch'].mean():.3f} mean "
           f"({table['bandnorm_near_on_batch'].min():.3f} worst) fitted on it, {table['bandnorm_near_trained'].mean():.3f} "
           f"({table['bandnorm_near_trained'].min():.3f}) fitted on the training batches; BandNorm fitted on the training batches "
-          f"{table['bandnorm_trained'].mean():.3f} ({table['bandnorm_trained'].min():.3f})")  # fmt: skip
+          f"{table['bandnorm_trained'].mean():.3f} ({table['bandnorm_trained'].min():.3f}); latent variance per dimension: cells "
+          f"trained on {table['spread_trained'].mean():.3f}, never trained on {table['spread_unseen'].mean():.3f}, new batch "
+          f"{table['spread_new'].mean():.3f}")  # fmt: skip
     return rows
 
 

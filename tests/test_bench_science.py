@@ -86,3 +86,23 @@ def test_baselines_of_a_new_batch_read_its_features_by_name():
     np.testing.assert_allclose(got["bandnorm_trained"], full[~fit], rtol=1e-5, atol=1e-6)
     on_batch, _ = bandnorm_baseline(new, np.ones(12, dtype=bool), log1p=False, max_stratum=3)
     np.testing.assert_array_equal(got["bandnorm_near_on_batch"], on_batch)
+
+
+def test_latent_spread_counts_validation_cells_as_never_trained_on():
+    """The three groups of the new-batch benchmark's latent spread: early stopping's
+    validation rows count with the held-out cells (never trained on), not with the cells
+    trained on. Referee: the variances of rows picked by hand, one group per scale."""
+    import numpy as np
+
+    bench = load_script("bench_science")
+    rng = np.random.default_rng(0)
+    split = np.array(["train"] * 8 + ["heldout"] * 4)
+    validation = np.array([1, 6])  # train rows set aside by early stopping
+    z = rng.normal(0.0, 0.1, (12, 3))
+    z[[0, 2, 3, 4, 5, 7]] *= 30.0  # only the rows trained on are wide
+    z_new = rng.normal(0.0, 0.5, (5, 3))
+    got = bench.latent_spread(z, split, validation, z_new)
+    assert got["spread_trained"] == np.var(z[[0, 2, 3, 4, 5, 7]], axis=0).mean()
+    assert got["spread_unseen"] == np.var(z[[1, 6, 8, 9, 10, 11]], axis=0).mean()
+    assert got["spread_new"] == np.var(z_new, axis=0).mean()
+    assert got["spread_trained"] > 100 * got["spread_unseen"]  # the validation rows' narrowness is not lost among the wide ones
