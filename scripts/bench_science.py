@@ -452,12 +452,15 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         ari, p95 = ari_with_control(types, c)
         base_z, _ = bandnorm_baseline(new_hic[new.obs_names], np.ones(new.n_obs, dtype=bool))
         base_ari, base_p95 = ari_with_control(types, kmeans(base_z, k))
-        fitted = baselines_on_new_batch(read_h5ad(res / "data" / "1mb_s10" / "hic.h5ad"), new_hic[new.obs_names])
+        data_hic = read_h5ad(res / "data" / "1mb_s10" / "hic.h5ad")
+        fitted = baselines_on_new_batch(data_hic, new_hic[new.obs_names])
         fitted_ari = {name: float(adjusted_rand_score(types, kmeans(z, k))) for name, z in fitted.items()}
-        # early stopping's validation cells, drawn as the trainer draws them (its settings in model.pt)
+        # early stopping's validation cells, drawn as the trainer draws them (its settings in
+        # model.pt) from the training rows in the data folder's order
         run = torch.load(res / "train" / "1mb_s10" / "model.pt", map_location="cpu", weights_only=False)["train_config"]
-        _, validation = validation_split(training_rows(trained.obs), EarlyStoppingConfig(**run["early_stopping"]), run["seed"])
-        spread = latent_spread(np.asarray(trained.obsm["X_hic"]), trained.obs[SPLIT_COLUMN].to_numpy(), validation, np.asarray(new.obsm["X_hic"]))
+        in_order = trained[data_hic.obs_names]
+        _, validation = validation_split(training_rows(in_order.obs), EarlyStoppingConfig(**run["early_stopping"]), run["seed"])
+        spread = latent_spread(np.asarray(in_order.obsm["X_hic"]), in_order.obs[SPLIT_COLUMN].to_numpy(), validation, np.asarray(new.obsm["X_hic"]))
         both = np.vstack([np.asarray(trained.obsm["X_hic"]), np.asarray(new.obsm["X_hic"])])
         cells = list(trained.obs_names) + list(new.obs_names)
         c_all = kmeans(both, k)
