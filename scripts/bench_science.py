@@ -619,6 +619,12 @@ def write_figure(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", type=Path, default=SHARED, help="the shared real-data folder")
+    ap.add_argument(
+        "--lee",
+        type=Path,
+        help="the Lee 2019 folder of sections lee and lobo (default: the shared folder's "
+        "schic/lee2019_pfc_chr1, 174 cells; scripts/lee2019_from_bandnorm.py writes all 400)",
+    )
     ap.add_argument("--work", type=Path, default=Path("/tmp/ampflow-bench-science"))
     ap.add_argument("--config", type=Path, default=REPO / "config" / "config.yaml", help="model and train settings (the template)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {','.join(SECTIONS)}")
@@ -631,7 +637,7 @@ def main(argv=None) -> int:
     ap.add_argument("--figure", type=Path, help="write the figure (latent vs baselines per dataset, chance band) here")
     ap.add_argument("--from-json", type=Path, nargs="+", help="draw --figure from these --json-out files, running nothing")
     a = ap.parse_args(argv)
-    a.lee = a.shared / "schic" / "lee2019_pfc_chr1"
+    a.lee = a.lee or a.shared / "schic" / "lee2019_pfc_chr1"
     a.gageseq = a.shared / "schic" / "gageseq_cortex_chr1"
     a.genome_sizes = a.shared / "annotation" / "mm10.chrom.sizes"
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
