@@ -413,7 +413,18 @@ def latent_spread(z: np.ndarray, split: np.ndarray, validation_rows: np.ndarray,
     unseen = split == HELDOUT
     unseen[np.asarray(validation_rows, dtype=np.int64)] = True
     trained = (split == TRAIN) & ~unseen
-    return {f"spread_{name}": float(np.var(rows, axis=0).mean()) for name, rows in (("trained", z[trained]), ("unseen", z[unseen]), ("new", z_new))}
+    groups = (("trained", z[trained]), ("unseen", z[unseen]), ("new", z_new))
+    return {f"{what}_{name}": float(f(rows)) for name, rows in groups for what, f in (("spread", lambda r: np.var(r, axis=0).mean()), ("dims", effective_dims))}
+
+
+def effective_dims(z: np.ndarray) -> float:
+    """How many dimensions the cells ``z`` (cells x dims) spread over: the participation
+    ratio of their covariance's eigenvalues, (sum l)^2 / sum l^2. k equally wide
+    directions give k, in any rotation; one direction holding nearly all the variance
+    gives about 1, however many dimensions the latent has. Four types need at least
+    three to lie apart."""
+    eig = np.clip(np.linalg.eigvalsh(np.cov(np.asarray(z, dtype=np.float64), rowvar=False)), 0.0, None)
+    return float(eig.sum() ** 2 / (eig**2).sum())
 
 
 def leave_one_batch_out(a, template: dict) -> list[dict]:
@@ -455,6 +466,7 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         data_hic = read_h5ad(res / "data" / "1mb_s10" / "hic.h5ad")
         fitted = baselines_on_new_batch(data_hic, new_hic[new.obs_names])
         fitted_ari = {name: float(adjusted_rand_score(types, kmeans(z, k))) for name, z in fitted.items()}
+        base_dims = effective_dims(fitted["bandnorm_near_trained"])
         # early stopping's validation cells, drawn as the trainer draws them (its settings in
         # model.pt) from the training rows in the data folder's order
         run = torch.load(res / "train" / "1mb_s10" / "model.pt", map_location="cpu", weights_only=False)["train_config"]
@@ -471,14 +483,17 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         )
         rows.append({"dataset": "lobo", "batch": batch, "train_seed": seed, "n_new": int(new.n_obs), "n_train": int(trained.n_obs),
                      "ari": ari, "shuffled_p95": p95, "bandnorm_on_batch": base_ari, **fitted_ari,
-                     "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, **spread, "seconds": seconds})  # fmt: skip
+                     "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, **spread,
+                     "dims_bandnorm_near_trained": base_dims, "seconds": seconds})  # fmt: skip
         print(f"  {batch} (seed {seed}): {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "
               f"({'above' if ari > p95 else 'NOT above'}), BandNorm fitted on the batch {base_ari:.3f}, BandNorm without its log over "
               f"strata 1-3 fitted on the batch {fitted_ari['bandnorm_near_on_batch']:.3f} and on the training batches "
               f"{fitted_ari['bandnorm_near_trained']:.3f}, BandNorm fitted on the training batches {fitted_ari['bandnorm_trained']:.3f}; training + new cells: "
               f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; latent variance per dimension: cells trained on "
               f"{spread['spread_trained']:.3f}, training batches' cells never trained on {spread['spread_unseen']:.3f}, new batch "
-              f"{spread['spread_new']:.3f}; workflow {seconds:.0f} s; {stop.split(': ', 1)[-1]}", flush=True)  # fmt: skip
+              f"{spread['spread_new']:.3f}; effective dimensions: cells trained on {spread['dims_trained']:.1f}, never trained on "
+              f"{spread['dims_unseen']:.1f}, new batch {spread['dims_new']:.1f} (BandNorm without its log over strata 1-3 fitted on the "
+              f"training batches: {base_dims:.1f}); workflow {seconds:.0f} s; {stop.split(': ', 1)[-1]}", flush=True)  # fmt: skip
     table = pd.DataFrame(rows)
     print(f"  over {len(table)} runs ({len(a.train_seeds)} training seed(s)): new batch ARI {table['ari'].mean():.3f} mean, "
           f"{table['ari'].min():.3f} worst; training + new cells ARI vs type {table['all_ari_type'].mean():.3f} mean; "
@@ -487,7 +502,9 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
           f"({table['bandnorm_near_trained'].min():.3f}) fitted on the training batches; BandNorm fitted on the training batches "
           f"{table['bandnorm_trained'].mean():.3f} ({table['bandnorm_trained'].min():.3f}); latent variance per dimension: cells "
           f"trained on {table['spread_trained'].mean():.3f}, never trained on {table['spread_unseen'].mean():.3f}, new batch "
-          f"{table['spread_new'].mean():.3f}")  # fmt: skip
+          f"{table['spread_new'].mean():.3f}; effective dimensions: cells trained on {table['dims_trained'].mean():.1f}, never "
+          f"trained on {table['dims_unseen'].mean():.1f}, new batch {table['dims_new'].mean():.1f} (the baseline: "
+          f"{table['dims_bandnorm_near_trained'].mean():.1f})")  # fmt: skip
     return rows
 
 
