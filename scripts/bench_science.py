@@ -2,8 +2,10 @@
 BandNorm-style baseline, with shuffled-label controls, and ablations of the decoder.
 
 Data: the 174 labelled Lee et al. 2019 cortex cells of ``../shared/data/schic/
-lee2019_pfc_chr1`` (snm3C-seq, chr1 at 1 Mb; four types, three sequencing batches),
-binned, quality-controlled and turned into 1 Mb x 10 strata by the product's own prepare
+lee2019_pfc_chr1`` (snm3C-seq, chr1 at 1 Mb; four types, three sequencing batches)
+(or, with ``--lee``, another folder of that layout: ``scripts/lee2019_from_bandnorm.py``
+writes all 400 labelled cells of the source, five batches), binned, quality-controlled
+and turned into 1 Mb x 10 strata by the product's own prepare
 commands (``ampflow bin-cells``, ``qc-cells``, ``pseudobulk``, ``strata``, ``graph``). The
 strata feature filter sees every cell (it is label-free); each split then holds out a
 random fifth of the cells (``--splits`` seeds) that no training step, BatchNorm statistic,
