@@ -69,7 +69,8 @@ Sections (``--sections``, all by default):
   95th percentile; ARI against batch over training and new cells together; and the
   latent's spread (its mean variance per dimension) over the cells trained on, over the
   training batches' cells never trained on (held out, and early stopping's validation
-  cells) and over the new batch;
+  cells) and over the new batch, and how many dimensions each group spreads over
+  (the participation ratio), beside the baseline's;
 * ``gageseq``: the 101 GAGE-seq cortex cells (labels from a join the data's README
   calls an assumption: an honest figure, no threshold), model against BandNorm;
 * ``hires``: the RNA latent on the real HiRES brain RNA (the negative control's run of
@@ -410,13 +411,17 @@ def latent_spread(z: np.ndarray, split: np.ndarray, validation_rows: np.ndarray,
     ``validation_rows``), the training batches' cells it never trained on (held out, and
     the validation rows), and the new batch's (``z_new``). Where the first is far wider
     than the other two, the encoder spreads the cells it trained on by what is theirs
-    alone; where only the new batch is narrow, the batch itself differs."""
+    alone; where only the new batch is narrow, the batch itself differs. Beside each
+    spread (``spread_*``), the group's :func:`effective_dims` (``dims_*``)."""
     split = np.asarray(split).astype(str)
     unseen = split == HELDOUT
     unseen[np.asarray(validation_rows, dtype=np.int64)] = True
     trained = (split == TRAIN) & ~unseen
-    groups = (("trained", z[trained]), ("unseen", z[unseen]), ("new", z_new))
-    return {f"{what}_{name}": float(f(rows)) for name, rows in groups for what, f in (("spread", lambda r: np.var(r, axis=0).mean()), ("dims", effective_dims))}
+    out = {}
+    for name, rows in (("trained", z[trained]), ("unseen", z[unseen]), ("new", z_new)):
+        out[f"spread_{name}"] = float(np.var(rows, axis=0).mean())
+        out[f"dims_{name}"] = effective_dims(rows)
+    return out
 
 
 def effective_dims(z: np.ndarray) -> float:

@@ -139,7 +139,7 @@ class LossWeights:
     the model never saw, and k-means over all cells fell below a PCA of the same
     contacts on real cortex cells; at 20 both kinds of cells cluster above it, at 50
     the latent collapses (``scripts/bench_science.py``, ablation ``hic_kl1``). On all 400
-    labelled cells of that source (``--lee``), 20 leaves the latent about two effective
+    labelled cells of that source (``scripts/bench_science.py --lee``), 20 leaves the latent about two effective
     dimensions and 5 scores higher on new batches and held-out cells; on 174 of them the
     two are level.
     """
