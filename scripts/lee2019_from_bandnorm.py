@@ -28,7 +28,6 @@ The folder appears under its final name only when complete.
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 from pathlib import Path
 
@@ -36,13 +35,11 @@ import numpy as np
 import pandas as pd
 
 from ampflow.base.atomic import atomic_path
+from ampflow.demo import write_pairs
 
 #: hg19 chr1, the assembly of the source (Lee et al. 2019 mapped to hg19)
 CHROM, CHROM_SIZE, BIN = "chr1", 249_250_621, 1_000_000
-HEADER = (
-    "## pairs format v1.0\n#sorted: none\n#shape: upper triangle\n#genome_assembly: hg19\n"
-    f"#chromsize: {CHROM} {CHROM_SIZE}\n#columns: readID chrom1 pos1 chrom2 pos2 strand1 strand2\n"
-)
+PAIRS_COLUMNS = "readID chr1 pos1 chr2 pos2 strand1 strand2"
 CONTACT_COLUMNS = ("chrom", "binA", "binB", "count", "cell")
 
 
@@ -102,13 +99,12 @@ def write_folder(contacts: pd.DataFrame, cells: pd.DataFrame, out: Path, seed: i
         (tmp / "pairs").mkdir(parents=True)
         for row in sheet.itertuples():
             mine = by_cell.get(row.source_name, contacts.iloc[:0])
+            mine = mine.sort_values(["binA", "binB"])
             n = mine["count"].to_numpy()
-            a = np.repeat(midpoint(mine["binA"].to_numpy()), n)
-            b = np.repeat(midpoint(mine["binB"].to_numpy()), n)
-            body = "".join(f".\t{CHROM}\t{x}\t{CHROM}\t{y}\t+\t+\n" for x, y in zip(a.tolist(), b.tolist()))
-            # level 1: about 38 million lines in all, each file read once by the binning
-            with gzip.open(tmp / row.pairs, "wt", compresslevel=1) as fh:
-                fh.write(HEADER + body)
+            pos1 = np.repeat(midpoint(mine["binA"].to_numpy()), n)
+            pos2 = np.repeat(midpoint(mine["binB"].to_numpy()), n)
+            table = pd.DataFrame({"readID": ".", "chr1": CHROM, "pos1": pos1, "chr2": CHROM, "pos2": pos2, "strand1": "+", "strand2": "+"})
+            write_pairs(tmp / row.pairs, table, {CHROM: CHROM_SIZE}, "hg19", PAIRS_COLUMNS)
         sheet[["cell_id", "pairs", "cell_type", "batch"]].to_csv(tmp / "cells.tsv", sep="\t", index=False)
         sheet[["cell_id", "source_name"]].to_csv(tmp / "source_names.tsv", sep="\t", index=False)
         (tmp / "chrom.sizes").write_text(f"{CHROM}\t{CHROM_SIZE}\n")

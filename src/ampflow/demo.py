@@ -212,10 +212,12 @@ def _write_gz_text(path: Path, text: str) -> None:
             gz.write(text.encode())
 
 
-def write_pairs(path: Path, table: pd.DataFrame, sizes: dict[str, int], assembly: str = "mm10-scaled-demo") -> None:
+def write_pairs(path: Path, table: pd.DataFrame, sizes: dict[str, int], assembly: str = "mm10-scaled-demo", columns: str = PAIRS_COLUMNS) -> None:
+    """Write ``table`` (one row per contact, its columns those ``columns`` names, sorted by
+    chromosomes then positions) as a gzipped 4DN pairs file, the same bytes for the same table."""
     header = ["## pairs format v1.0", "#sorted: chr1-chr2-pos1-pos2", "#shape: upper triangle", f"#genome_assembly: {assembly}"]
     header += [f"#chromosome: {c} {s}" for c, s in sizes.items()]
-    header.append("#columns: " + PAIRS_COLUMNS)
+    header.append("#columns: " + columns)
     # the text DataFrame.to_csv(sep="\t", header=False, index=False) writes, in half its time
     cols = [table[c].to_numpy() for c in table.columns]
     cols = [c.astype(str).tolist() if c.dtype.kind in "iu" else c.tolist() for c in cols]
