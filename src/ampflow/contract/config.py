@@ -134,18 +134,18 @@ class LossWeights:
     """Weights of the loss terms (one set per training stage).
 
     ``kl`` weighs the RNA cell latent's KL term, ``hic_kl`` the Hi-C cell latent's. The
-    Hi-C one is 20 by default: at 1 (the plain ELBO) the Hi-C latents of training cells
+    Hi-C one is 5 by default. At 1 (the plain ELBO) the Hi-C latents of training cells
     came to carry each cell's own noise, within-type spread three times that of cells
     the model never saw, and k-means over all cells fell below a PCA of the same
-    contacts on real cortex cells; at 20 both kinds of cells cluster above it, at 50
-    the latent collapses (``scripts/bench_science.py``, ablation ``hic_kl1``). On all 400
-    labelled cells of that source (``scripts/bench_science.py --lee``), 20 leaves the latent about two effective
-    dimensions and 5 scores higher on new batches and held-out cells; on 174 of them the
-    two are level.
+    contacts on real cortex cells; at 50 the latent collapses (``scripts/bench_science.py``,
+    ablation ``hic_kl1``). On all 400 labelled cells of that source
+    (``scripts/bench_science.py --lee``) 20, the default before, left the latent about two
+    effective dimensions, and 5 scored higher on new batches and held-out cells; on 174
+    of them the two are level.
     """
 
     kl: float = 1.0
-    hic_kl: float = 20.0
+    hic_kl: float = 5.0
     graph: float = 0.02
     align: float = 20.0
     cross: float = 0.0
