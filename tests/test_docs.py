@@ -97,3 +97,41 @@ def test_snakemake_lint_and_snakefmt_are_clean(lint_dir):
     assert r.returncode == 0 and "Congratulations" in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
     r = subprocess.run([str(BIN / "snakefmt"), "--check", "workflow/"], cwd=lint_dir, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces to hyphens, a repeat numbered ``-1``, ``-2``..."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", strip_code(markdown), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n, anchor = 0, slug
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def strip_code(markdown: str) -> str:
+    """The text outside fenced code blocks (a ``# comment`` there is no heading)."""
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    """Each ``[text](target)`` of the repository's Markdown that is not a URL names a file
+    that exists (the referee: the checkout), and each ``#anchor`` a heading of its file."""
+    files = sorted(p for p in REPO.rglob("*.md") if not {".venv", ".git", "node_modules", ".snakemake"} & set(p.relative_to(REPO).parts) and "egg-info" not in str(p))
+    assert REPO / "README.md" in files and REPO / "docs" / "measurements.md" in files
+    broken = []
+    for md in files:
+        for target in re.findall(r"\]\(([^)\s]+)\)", strip_code(md.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL or mailto
+            path, _, anchor = target.partition("#")
+            dest = (md.parent / path).resolve() if path else md
+            if not dest.exists():
+                broken.append(f"{md.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in github_anchors(dest.read_text()):
+                broken.append(f"{md.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, "broken links:\n" + "\n".join(broken)

@@ -86,7 +86,7 @@ class ZScoreBound:
     the first alone (but for a few steps of 1 to 2 and the blow-ups of 45 to 119) and
     would scale every step of the second. This bound is relative to the run's own norms:
     on the Lee cells it scaled 2 to 3% of the steps and scored as the bound of 1 did
-    (README, "How well it works"), on the demo about 2%, on the HiRES control 0.6 to 9%
+    (``docs/measurements.md``), on the demo about 2%, on the HiRES control 0.6 to 9%
     (the most where a norm reached 2,510 against a median of 26).
 
     The state is three 0-d tensors on the norm's device, updated in place (a CUDA graph
