@@ -112,6 +112,7 @@ from ampflow.contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN, training_rows
 from ampflow.evaluate.baselines import bandnorm_baseline, counts_matrix, hic_baseline, pca_fit_transform
 from ampflow.evaluate.clusters import KMEANS_STARTS
 from ampflow.evaluate.embed import map_columns
+from ampflow.evaluate.spread import effective_dims
 from ampflow.io.h5ad import read_h5ad
 from ampflow.model import decoders, paired
 from ampflow.model.encoders import HiCInput
@@ -424,16 +425,6 @@ def latent_spread(z: np.ndarray, split: np.ndarray, validation_rows: np.ndarray,
         out[f"spread_{name}"] = float(np.var(rows, axis=0).mean())
         out[f"dims_{name}"] = effective_dims(rows)
     return out
-
-
-def effective_dims(z: np.ndarray) -> float:
-    """How many dimensions the cells ``z`` (cells x dims) spread over: the participation
-    ratio of their covariance's eigenvalues, (sum l)^2 / sum l^2. k equally wide
-    directions give k, in any rotation; one direction holding nearly all the variance
-    gives about 1, however many dimensions the latent has. Four types need at least
-    three to lie apart."""
-    eig = np.clip(np.linalg.eigvalsh(np.cov(np.asarray(z, dtype=np.float64), rowvar=False)), 0.0, None)
-    return float(eig.sum() ** 2 / (eig**2).sum())
 
 
 def leave_one_batch_out(a, template: dict) -> list[dict]:

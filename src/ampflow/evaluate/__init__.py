@@ -6,6 +6,7 @@
 * :mod:`.groups`: held-out and training cells scored apart (``obs["split"]``);
 * :mod:`.controls`: the shuffled-pairing control of FOSCTTM;
 * :mod:`.baselines`: RNA-only and Hi-C-only PCA baselines from the data folder;
+* :mod:`.spread`: how many dimensions a latent spreads cells over;
 * :mod:`.scores`: every latent and baseline scored per group, and the headline;
 * :mod:`.umap`: the three-panel UMAP figure;
 * :mod:`.run`: :func:`~.run.main_evaluate`, which scores one file and writes

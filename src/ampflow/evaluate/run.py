@@ -20,6 +20,7 @@ workflow to mistake for a finished one.
             ari_shuffled_p95, nmi_shuffled_p95   the same clusters against shuffled labels
             kmeans           ari, nmi, k, ari_shuffled_p95, nmi_shuffled_p95 (k = the labels);
                              ari_batch: the same clusters against obs[batch_key] (two or more batches)
+            effective_dims   how many dimensions the group's cells spread over (participation ratio)
         foscttm              foscttm, foscttm_rna_to_hic, foscttm_hic_to_rna   (not on training cells)
         shuffled_control     foscttm, ..., chance, tolerance, at_chance       (not on training cells)
         absent               Hi-C-only embeddings (no X_rna): rna_latent, rna_baseline, foscttm,

@@ -24,6 +24,7 @@ from .clusters import _labels, aligned_latents, kmeans_scores, knn_metric, leide
 from .controls import shuffled_foscttm
 from .foscttm import foscttm_directions
 from .groups import cell_groups, headline_group
+from .spread import LATENT_WEIGHTS, effective_dims, narrow_latent_warning
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,9 @@ def score_group(
     -------
     dict
         ``n_cells``, ``n_labelled``; ``methods``: per name of :data:`METHODS` a dict
-        with ``ari``, ``nmi``, ``leiden_resolution``, ``n_clusters`` and
-        ``representation`` (None for a baseline not given); with ``alignment``,
+        with ``ari``, ``nmi``, ``leiden_resolution``, ``n_clusters``,
+        ``representation``, ``kmeans`` and ``effective_dims`` (:func:`~.spread.effective_dims`
+        of the group's cells; None for a baseline not given); with ``alignment``,
         ``foscttm`` (``foscttm``, ``foscttm_rna_to_hic``, ``foscttm_hic_to_rna``) and
         ``shuffled_control`` (see :func:`~.controls.shuffled_foscttm`). A group of
         fewer than :data:`MIN_CELLS` cells has ``skipped`` (the reason) instead.
@@ -118,8 +120,16 @@ def score_group(
             continue
         found = leiden_search(rep[rows], sub_labels, seed, what=f"{name} {key}".strip(), metric=knn_metric(key))
         found.pop("n_labelled")
-        methods[method] = {**found, "representation": key, "kmeans": kmeans_scores(rep[rows], sub_labels, seed, sub_batches)}
+        methods[method] = {**found, "representation": key, "kmeans": kmeans_scores(rep[rows], sub_labels, seed, sub_batches),
+                           "effective_dims": effective_dims(rep[rows])}  # fmt: skip
     entry["methods"] = methods
+    n_types = 0 if sub_labels is None else int(sub_labels.dropna().nunique())
+    for method, (baseline, _) in LATENT_WEIGHTS.items():
+        if methods.get(method):
+            base = methods.get(baseline) or {}
+            warning = narrow_latent_warning(method, methods[method]["effective_dims"], base.get("effective_dims"), n_types, name or "group", len(rows))
+            if warning:
+                log.warning(warning)
     if hic_only:  # nothing to align: one modality
         entry["absent"] = {k: NO_RNA for k in NEEDS_RNA + (ALIGNMENT if alignment else ())}
     elif alignment:
