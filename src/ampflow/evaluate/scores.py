@@ -24,7 +24,7 @@ from .clusters import _labels, aligned_latents, kmeans_scores, knn_metric, leide
 from .controls import shuffled_foscttm
 from .foscttm import foscttm_directions
 from .groups import cell_groups, headline_group
-from .spread import LATENT_WEIGHTS, effective_dims, narrow_latent_warning
+from .spread import effective_dims
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +123,6 @@ def score_group(
         methods[method] = {**found, "representation": key, "kmeans": kmeans_scores(rep[rows], sub_labels, seed, sub_batches),
                            "effective_dims": effective_dims(rep[rows])}  # fmt: skip
     entry["methods"] = methods
-    n_types = 0 if sub_labels is None else int(sub_labels.dropna().nunique())
-    for method, (baseline, _) in LATENT_WEIGHTS.items():
-        if methods.get(method):
-            base = methods.get(baseline) or {}
-            warning = narrow_latent_warning(method, methods[method]["effective_dims"], base.get("effective_dims"), n_types, name or "group", len(rows))
-            if warning:
-                log.warning(warning)
     if hic_only:  # nothing to align: one modality
         entry["absent"] = {k: NO_RNA for k in NEEDS_RNA + (ALIGNMENT if alignment else ())}
     elif alignment:
