@@ -44,7 +44,9 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``hic_kl1``: the Hi-C latent's KL term at weight 1, the plain ELBO (``weights.hic_kl``,
   5 by default);
 * ``hic_kl20``: that term at 20, the default before (on a few hundred training cells it
-  left the latent about two effective dimensions).
+  left the latent about two effective dimensions);
+* ``thin30``: each training step's cells keep each Hi-C contact with a probability drawn
+  per cell from [0.3, 1] (``train.hic_keep_min``; 1, none, by default).
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -124,7 +126,7 @@ from ampflow.train.trainer import Trainer
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "pcs20", "near_pcs", "patience10", "pretrain300", "hic_kl1", "hic_kl20",
-             "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
+             "thin30", "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
@@ -137,7 +139,7 @@ CONFIG_ABLATIONS = {
     "near_pcs": {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20},
 }
 #: Ablations that are training settings (``train.*``, merged into the template's).
-TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}, "pretrain300": {"pretrain": {"epochs": 300}}}
+TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}, "pretrain300": {"pretrain": {"epochs": 300}}, "thin30": {"hic_keep_min": 0.3}}
 #: Ablations that are loss weights of both training stages (``train.*.weights``).
 WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}, "hic_kl20": {"hic_kl": 20.0}}
 OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32")

@@ -326,6 +326,11 @@ class TrainConfig:
     ``weight_decay`` (default 0: none) is AdamW's decoupled decay: each step shrinks
     every parameter by ``lr x weight_decay`` besides Adam's step, so that a weight the
     gradient does not keep up fades (:func:`ampflow.train.trainer.make_optimizer`).
+
+    ``hic_keep_min`` (default 1: off) thins the Hi-C counts each training step reads:
+    each cell keeps each contact with a probability drawn per cell and step uniformly
+    from ``[hic_keep_min, 1]`` (:mod:`ampflow.train.thinning`), so the encoder never sees
+    a training cell twice with the same counts.
     """
 
     seed: int = 0
@@ -342,6 +347,7 @@ class TrainConfig:
     cuda_graphs: bool | str = "auto"
     clip_grad_norm: float | str | None = CLIP_ZSCORE
     weight_decay: float = 0.0
+    hic_keep_min: float = 1.0
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -370,6 +376,9 @@ class TrainConfig:
         w = self.weight_decay
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < float("inf"):
             raise InputError("must be a number >= 0 (0: none)", key="train.weight_decay", value=w)
+        k = self.hic_keep_min
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= 1:
+            raise InputError("must be a number > 0 and <= 1 (1: the counts as they are)", key="train.hic_keep_min", value=k)
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 1:
             raise InputError("must be an integer >= 1", key="train.log_every", value=self.log_every)
         for key in ("compile", "cuda_graphs"):

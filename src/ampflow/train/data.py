@@ -18,6 +18,7 @@ from ..io.h5ad import read_h5ad
 from ..io.split import read_split, split_of
 from ..io.tables import read_parquet_table
 from ..model.paired import GraphSpec
+from .thinning import thin_rows
 
 log = logging.getLogger(__name__)
 EDGE_COLUMNS = {"source": "int", "target": "int", "weight": "number", "sign": "number"}
@@ -97,12 +98,13 @@ class PairedData:
         onehot = sp.csr_matrix((np.ones(len(stratum)), (np.arange(len(stratum)), stratum)), shape=(len(stratum), self.n_strata))
         return torch.as_tensor((self.hic[np.asarray(idx)].astype(np.float64) @ onehot).toarray())
 
-    def batch(self, idx: np.ndarray, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dense (B, G) and (B, F) count tensors for rows ``idx``."""
-        return (
-            torch.as_tensor(self.rna[idx].toarray(), dtype=dtype),
-            torch.as_tensor(self.hic[idx].toarray(), dtype=dtype),
-        )
+    def batch(self, idx: np.ndarray, dtype=torch.float32, thinning: tuple[float, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense (B, G) and (B, F) count tensors for rows ``idx``; with ``thinning``
+        (keep_min, seed, step) the Hi-C rows thinned by :func:`~.thinning.thin_rows`."""
+        hic = self.hic[idx]
+        if thinning is not None:
+            hic = thin_rows(hic, np.asarray(idx), *thinning)
+        return torch.as_tensor(self.rna[idx].toarray(), dtype=dtype), torch.as_tensor(hic.toarray(), dtype=dtype)
 
 
 def counts_matrix(adata: ad.AnnData) -> sp.csr_matrix:

@@ -59,6 +59,7 @@ from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 from .measured_memory import measure_step, measured_dp_step
 from .static_step import StaticStep, choose_mode
+from .thinning import check_integer_counts
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,10 @@ class Trainer:
         self.dp_step = DataParallelStep(self.mesh, self.clip)
         self.clipping = ClipTally(train_cfg.clip_grad_norm)
         self.contacts = np.asarray(data.hic.sum(axis=1), dtype=np.float64).ravel()  # (n_cells,)
+        if train_cfg.hic_keep_min < 1:
+            check_integer_counts(data.hic, data.obs.index)
+            log.info("Hi-C thinning: each training step's cells keep each contact with a probability drawn per cell from [%g, 1] "
+                     "(train.hic_keep_min); validation and the embeddings read every contact", train_cfg.hic_keep_min)  # fmt: skip
         # early stopping sets a fixed subset of them aside to validate on
         self.train_rows, self.val_rows = validation_split(self.train_rows, train_cfg.early_stopping, train_cfg.seed)
         self.early = EarlyStopping(train_cfg.early_stopping)
@@ -431,6 +436,9 @@ class Trainer:
         pinned memory (and always on CPU, where the host's matrices are the device's)."""
         if self.device.type != "cuda":
             return None
+        if self.cfg.hic_keep_min < 1:
+            log.info("training counts: thinned on the host each step (train.hic_keep_min), copied from pinned memory")
+            return None
         mats = {"hic": self.data.hic, **({"rna": self.data.rna} if self.data.has_rna else {})}
         need = sum(padded_bytes(m, torch.finfo(self.dtype).bits // 8) for m in mats.values())
         free, _ = torch.cuda.mem_get_info(self.device)
@@ -445,6 +453,12 @@ class Trainer:
         log.info("training counts on the device: %.2f GiB as padded rows (%.2f GiB room); batches densified there", need / 2**30, room / 2**30)
         return cells
 
+    def _thinning(self) -> tuple[float, int, int] | None:
+        """This step's Hi-C thinning for :meth:`PairedData.batch` (None: off): each cell's
+        draws keyed by the seed, the step and the cell alone, so that every rank thins
+        its rows as one process thins the whole batch, and a resumed run as the whole."""
+        return None if self.cfg.hic_keep_min >= 1 else (self.cfg.hic_keep_min, self.cfg.seed, self.step)
+
     def _load_static(self, cells: np.ndarray, bufs) -> None:
         """The batch's counts and batch indicators into the static step's buffers."""
         if self.resident is not None:
@@ -455,7 +469,7 @@ class Trainer:
             if bufs.cond is not None:  # one-hot by scatter: one_hot() checks its values on the host
                 bufs.cond.zero_().scatter_(1, self.resident["codes"].index_select(0, idx).unsqueeze(1), 1.0)
             return
-        rna, hic = self.data.batch(cells, self.dtype)
+        rna, hic = self.data.batch(cells, self.dtype, self._thinning())
         self.pinned.copy(rna, bufs.rna)
         self.pinned.copy(hic, bufs.hic)
         if bufs.cond is not None:
@@ -556,7 +570,7 @@ class Trainer:
         split = balanced_split(contacts, self.mesh.dp)
         rows = split[self.mesh.dp_rank]
         cells = idx[rows.numpy()]
-        rna, hic = self.data.batch(cells)
+        rna, hic = self.data.batch(cells, thinning=self._thinning())
         rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
         cond = self.data.conditions(cells, self.dtype)
         cond = None if cond is None else cond.to(self.device)

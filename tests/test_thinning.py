@@ -1,0 +1,92 @@
+"""Binomial thinning of the Hi-C counts a training step reads (``train.hic_keep_min``).
+
+Referees: the binomial law (a count n kept with probability p has mean np and variance
+np(1 - p)), the uniform law of the kept fraction (scipy's Kolmogorov-Smirnov test), the
+whole batch's own draw (each cell thinned alone or in another batch or order gives the
+same rows: what data parallelism relies on), and the counts as given (keep_min 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import stats
+
+from ampflow.base.errors import InputError
+from ampflow.contract.config import TrainConfig
+from ampflow.train.thinning import check_integer_counts, thin_rows
+
+
+def counts(n_cells=6, n_features=400, seed=0) -> sp.csr_matrix:
+    rng = np.random.default_rng(seed)
+    dense = rng.poisson(rng.uniform(0.2, 30, size=(n_cells, 1)) * rng.random((1, n_features)), size=(n_cells, n_features))
+    return sp.csr_matrix(dense.astype(np.float32))
+
+
+def test_keep_min_one_is_the_counts_as_given():
+    rows = counts()
+    assert thin_rows(rows, np.arange(6), 1.0, seed=0, step=5) is rows
+
+
+def test_a_cells_draw_is_its_own_whatever_its_batch_or_order():
+    """Row i of a batch is thinned by cell i's generator for the step alone: the batch
+    of six, its two halves, and the six in reverse order give every cell the same row;
+    another step or seed gives other rows."""
+    rows, cells = counts(), np.array([11, 3, 7, 40, 2, 9])
+    whole = thin_rows(rows, cells, 0.3, seed=4, step=17).toarray()
+    halves = np.vstack([thin_rows(rows[:2], cells[:2], 0.3, 4, 17).toarray(), thin_rows(rows[2:], cells[2:], 0.3, 4, 17).toarray()])
+    reverse = thin_rows(rows[::-1], cells[::-1], 0.3, 4, 17).toarray()[::-1]
+    np.testing.assert_array_equal(whole, halves)
+    np.testing.assert_array_equal(whole, reverse)
+    for other in (thin_rows(rows, cells, 0.3, 4, 18), thin_rows(rows, cells, 0.3, 5, 17)):
+        assert not np.array_equal(other.toarray(), whole)
+
+
+def test_thinned_counts_are_whole_numbers_within_the_cells_own():
+    rows = counts()
+    thinned = thin_rows(rows, np.arange(6), 0.2, seed=1, step=0)
+    a, b = rows.toarray(), thinned.toarray()
+    assert (b >= 0).all() and (b <= a).all() and (b == np.floor(b)).all()
+    assert thinned.dtype == rows.dtype and thinned.nnz == np.count_nonzero(b) and b.sum() < a.sum()
+    assert rows.toarray().sum() == a.sum()  # the input is not touched
+
+
+def test_each_count_is_binomial_given_the_cells_fraction():
+    """One cell of 20,000 features holding 50 contacts each: the kept counts' variance is
+    the binomial's n p (1 - p) at the kept fraction p, not 0 (every count scaled alike)
+    nor that of a Poisson resampling (n p)."""
+    n = 50
+    rows = sp.csr_matrix(np.full((1, 20_000), n, dtype=np.float32))
+    for step in range(5):
+        kept = thin_rows(rows, np.array([0]), 0.1, seed=0, step=step).toarray().ravel()
+        p = kept.mean() / n
+        assert 0.1 <= p <= 1.0
+        np.testing.assert_allclose(kept.var(), n * p * (1 - p), rtol=0.06)
+
+
+def test_the_kept_fraction_is_uniform_over_the_range():
+    """Over 400 steps one cell's kept fraction follows U(keep_min, 1): Kolmogorov-Smirnov
+    against that law passes, and against U(0, 1) fails."""
+    rows = sp.csr_matrix(np.full((1, 2_000), 100, dtype=np.float32))
+    total = rows.sum()
+    fractions = np.array([thin_rows(rows, np.array([3]), 0.4, seed=2, step=s).sum() / total for s in range(400)])
+    assert stats.kstest(fractions, stats.uniform(loc=0.4, scale=0.6).cdf).pvalue > 1e-3
+    assert stats.kstest(fractions, stats.uniform(loc=0.0, scale=1.0).cdf).pvalue < 1e-6
+
+
+def test_counts_that_are_not_whole_numbers_are_refused_by_cell():
+    rows = counts(n_cells=3)
+    check_integer_counts(rows, ["a", "b", "c"])
+    rows = rows.tolil()
+    rows[1, 5] = 2.5
+    with pytest.raises(InputError, match=r"train.hic_keep_min: .*cell 'b' has one") as err:
+        check_integer_counts(rows.tocsr(), ["a", "b", "c"], path="hic.h5ad")
+    assert "(value: 2.5)" in str(err.value) and "hic.h5ad" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.5, float("nan"), True, "0.5", None])
+def test_bad_keep_min_names_the_key_and_value(bad):
+    with pytest.raises(InputError, match="train.hic_keep_min") as err:
+        TrainConfig(hic_keep_min=bad)
+    assert bad is None or f"(value: {bad!r})" in str(err.value)
