@@ -281,6 +281,22 @@ def ablated(names: set[str]):
 
 
 # ------------------------------------------------------------------ runs
+def ablated_train(train_cfg: dict, names: set[str]) -> dict:
+    """The ``train`` section with the training and loss-weight ablations of ``names``: a
+    section (``early_stopping``, a stage) merged into the template's, a value set, a
+    weight set in both stages' ``weights``."""
+    train_cfg = dict(train_cfg)
+    for name in sorted(names & set(TRAIN_ABLATIONS)):
+        for key, value in TRAIN_ABLATIONS[name].items():
+            train_cfg[key] = {**(train_cfg.get(key) or {}), **value} if isinstance(value, dict) else value
+    for name in sorted(names & set(WEIGHT_ABLATIONS)):
+        for stage in ("pretrain", "finetune"):
+            stage_cfg = dict(train_cfg.get(stage) or {})
+            stage_cfg["weights"] = {**(stage_cfg.get("weights") or {}), **WEIGHT_ABLATIONS[name]}
+            train_cfg[stage] = stage_cfg
+    return train_cfg
+
+
 def train_and_embed(data_dir: Path, held: np.ndarray, model_cfg: dict, train_cfg: dict, out: Path) -> tuple[np.ndarray, float, int, list[str]]:
     data = load_paired(data_dir)
     data.obs = data.obs.copy()
@@ -335,15 +351,7 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
             for name in names & set(CONFIG_ABLATIONS):
                 model_cfg.update(CONFIG_ABLATIONS[name])
             for seed in a.train_seeds:
-                train_cfg = {**_train_cfg(template, a), "seed": seed}
-                for name in names & set(TRAIN_ABLATIONS):
-                    for key, value in TRAIN_ABLATIONS[name].items():
-                        train_cfg[key] = {**(train_cfg.get(key) or {}), **value}
-                for name in names & set(WEIGHT_ABLATIONS):
-                    for stage in ("pretrain", "finetune"):
-                        stage_cfg = dict(train_cfg.get(stage) or {})
-                        stage_cfg["weights"] = {**(stage_cfg.get("weights") or {}), **WEIGHT_ABLATIONS[name]}
-                        train_cfg[stage] = stage_cfg
+                train_cfg = ablated_train({**_train_cfg(template, a), "seed": seed}, names)
                 with ablated(names - set(CONFIG_ABLATIONS) - set(WEIGHT_ABLATIONS) - set(TRAIN_ABLATIONS)):
                     z, seconds, steps, lines = train_and_embed(data_dir, held, model_cfg, train_cfg, a.work / "runs" / f"{variant}-{split}-{seed}")
                 rows.append({"split": split, "train_seed": seed, "method": variant, "seconds": seconds, "steps": steps,

@@ -120,3 +120,24 @@ def test_latent_spread_counts_effective_dims_per_group():
     rotation, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(12, 12)))
     spread = bench.latent_spread(np.vstack([z, z]), np.array(["train"] * 8 + ["heldout"] * 8), np.array([], dtype=int), z @ rotation)
     assert abs(spread["dims_trained"] - 3.0) < 1e-9 and abs(spread["dims_new"] - 3.0) < 1e-9
+
+
+def test_training_ablations_merge_into_the_templates_train_section():
+    """Referee: the sections written out by hand. A section merges (the template's other
+    keys kept), a value is set (``thin30``: ``hic_keep_min``, a float, not a section), a
+    weight goes into both stages; TrainConfig accepts the result."""
+    from ampflow.contract.config import TrainConfig
+
+    bench = load_script("bench_science")
+    template = {"seed": 1, "early_stopping": {"patience": 30, "validation": 0.1}, "pretrain": {"epochs": 600, "lr": 0.005}}
+    got = bench.ablated_train(template, {"model", "patience10", "thin30", "hic_kl20"})
+    assert got == {
+        "seed": 1,
+        "early_stopping": {"patience": 10, "validation": 0.1},
+        "hic_keep_min": 0.3,
+        "pretrain": {"epochs": 600, "lr": 0.005, "weights": {"hic_kl": 20.0}},
+        "finetune": {"weights": {"hic_kl": 20.0}},
+    }
+    assert template["early_stopping"]["patience"] == 30  # the template itself untouched
+    cfg = TrainConfig.from_dict(got)
+    assert cfg.hic_keep_min == 0.3 and cfg.pretrain.weights.hic_kl == 20.0 and cfg.early_stopping.patience == 10
