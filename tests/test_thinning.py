@@ -65,6 +65,20 @@ def test_each_count_is_binomial_given_the_cells_fraction():
         np.testing.assert_allclose(kept.var(), n * p * (1 - p), rtol=0.06)
 
 
+def test_single_contacts_and_larger_counts_are_kept_at_the_same_rate():
+    """Counts of 1 (drawn as uniforms below p) and counts of 50 (binomial draws) of one
+    cell keep the same share p of their contacts: the two shares agree within four
+    standard errors of the binomial law, on every step."""
+    rows = sp.csr_matrix(np.concatenate([np.ones(40_000), np.full(800, 50.0)]).astype(np.float32)[None, :])
+    for step in range(5):
+        kept = thin_rows(rows, np.array([9]), 0.1, seed=3, step=step).toarray().ravel()
+        ones, fifties = kept[:40_000], kept[40_000:]
+        assert set(np.unique(ones)) <= {0.0, 1.0}
+        p1, p50 = ones.mean(), fifties.sum() / (50 * 800)
+        se = np.sqrt(p1 * (1 - p1) / 40_000 + p50 * (1 - p50) / 40_000)
+        assert abs(p1 - p50) <= 4 * se + 1e-12, (step, p1, p50)
+
+
 def test_the_kept_fraction_is_uniform_over_the_range():
     """Over 400 steps one cell's kept fraction follows U(keep_min, 1): Kolmogorov-Smirnov
     against that law passes, and against U(0, 1) fails."""
