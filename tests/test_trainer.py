@@ -815,14 +815,11 @@ def test_weight_decay_is_decoupled_from_the_gradient(paired, tmp_path):
     assert moved > 10
 
 
-def test_hic_thinning_resumes_as_the_uninterrupted_run(paired, reference, tmp_path):
-    """A run with ``train.hic_keep_min`` killed mid-epoch and resumed (each cell's draws
-    keyed by the step read back from the checkpoint) ends with the uninterrupted run's
-    model and rows, bit for bit; it is another model than the run without thinning, and
-    its first step's Hi-C reconstruction term is that of thinned counts (fewer contacts
-    to explain: a lower per-element negative log-likelihood than the reference's first
-    step, from the same start, where the RNA's term is the reference's exactly)."""
-    cfg = TrainConfig.from_dict({**SETTINGS, "hic_keep_min": 0.2})
+def resumed_as_uninterrupted(paired, reference, tmp_path, setting: dict) -> Path:
+    """A run with ``setting`` killed mid-epoch and resumed ends with the uninterrupted
+    run's model and rows, bit for bit, and is another model than the reference run
+    without it; returns the uninterrupted run's folder."""
+    cfg = TrainConfig.from_dict({**SETTINGS, **setting})
     whole, out = tmp_path / "whole", tmp_path / "run"
     assert Trainer(paired, MODEL, cfg, whole).fit() is True
     assert StoppingTrainer(paired, MODEL, cfg, out, stop_after=4).fit() is False
@@ -831,20 +828,22 @@ def test_hic_thinning_resumes_as_the_uninterrupted_run(paired, reference, tmp_pa
     assert_same_metrics(whole, out)
     a, b = load_model(reference)["state_dict"], load_model(whole)["state_dict"]
     assert any(not torch.equal(a[k], b[k]) for k in a)
+    return whole
+
+
+def test_hic_thinning_resumes_as_the_uninterrupted_run(paired, reference, tmp_path):
+    """``train.hic_keep_min``: killed and resumed (each cell's draws keyed by the step
+    read back from the checkpoint) as the uninterrupted run, another model than without
+    thinning, and its first step's Hi-C reconstruction term is that of thinned counts
+    (fewer contacts to explain: a lower per-element negative log-likelihood than the
+    reference's first step, from the same start, where the RNA's term is the reference's
+    exactly)."""
+    whole = resumed_as_uninterrupted(paired, reference, tmp_path, {"hic_keep_min": 0.2})
     first, plain = metrics(whole)[0]["loss"], metrics(reference)[0]["loss"]
     assert first["hic_nll"] < plain["hic_nll"] and first["rna_nll"] == plain["rna_nll"]  # the RNA read as it is
 
 
 def test_weight_decay_resumes_as_the_uninterrupted_run(paired, reference, tmp_path):
-    """A run with ``train.weight_decay`` killed mid-epoch and resumed (AdamW's state and
-    its decay read back from the checkpoint) ends with the uninterrupted run's model and
-    rows, bit for bit; and it is another model than the run without decay."""
-    cfg = TrainConfig.from_dict({**SETTINGS, "weight_decay": 0.5})
-    whole, out = tmp_path / "whole", tmp_path / "run"
-    assert Trainer(paired, MODEL, cfg, whole).fit() is True
-    assert StoppingTrainer(paired, MODEL, cfg, out, stop_after=4).fit() is False
-    assert StoppingTrainer(paired, MODEL, cfg, out).fit() is True
-    assert_same_model(whole, out)
-    assert_same_metrics(whole, out)
-    a, b = load_model(reference)["state_dict"], load_model(whole)["state_dict"]
-    assert any(not torch.equal(a[k], b[k]) for k in a)
+    """``train.weight_decay``: killed and resumed (AdamW's state and its decay read back
+    from the checkpoint) as the uninterrupted run, another model than without decay."""
+    resumed_as_uninterrupted(paired, reference, tmp_path, {"weight_decay": 0.5})
