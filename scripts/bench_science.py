@@ -188,11 +188,13 @@ def holdout(n: int, seed: int, share: float = 0.2) -> np.ndarray:
 
 
 def input_pca(data, fit: np.ndarray, model_cfg: dict, n_comps: int = 20) -> np.ndarray:
-    """PCA of the Hi-C encoder's own input (the template's transform, its band means from
-    the ``fit`` cells) of ``data`` (:func:`load_paired`), axes fitted on those cells: what a
-    model that learnt nothing beyond its input would score."""
+    """PCA of the Hi-C encoder's own input (the template's transform and strata, its band
+    means from the ``fit`` cells) of ``data`` (:func:`load_paired`), axes fitted on those
+    cells: what a model that learnt nothing beyond its input would score. (Its own
+    ``hic_pcs`` projection is left out: this PCA is that projection.)"""
     cfg = ModelConfig.from_dict(model_cfg)
-    transform = HiCInput(data.feature_stratum, data.n_strata, cfg.hic_band_weight, cfg.hic_diagonal, cfg.hic_transform).double()
+    transform = HiCInput(data.feature_stratum, data.n_strata, cfg.hic_band_weight, cfg.hic_diagonal, cfg.hic_transform, max_stratum=cfg.hic_max_stratum)
+    transform = transform.double()
     transform.fit(data.stratum_totals(np.flatnonzero(fit)))
     x = transform(torch.as_tensor(data.hic.toarray(), dtype=torch.float64)).numpy()
     return pca_fit_transform(x, fit, n_comps)

@@ -141,3 +141,38 @@ def test_training_ablations_merge_into_the_templates_train_section():
     assert template["early_stopping"]["patience"] == 30  # the template itself untouched
     cfg = TrainConfig.from_dict(got)
     assert cfg.hic_keep_min == 0.3 and cfg.pretrain.weights.hic_kl == 20.0 and cfg.early_stopping.patience == 10
+
+
+def test_input_pca_reads_the_strata_the_encoder_reads():
+    """The PCA of the encoder's own input with the settings of ablation ``near_pcs``
+    (strata 1-3, no log, BandNorm's band weight) is BandNorm without its log over strata
+    1-3: the same input, so the same principal coordinates up to each axis's sign.
+    Referee: ``bandnorm_baseline``, written apart from the encoder's input. Reading every
+    stratum instead (the setting ignored) gives other coordinates."""
+    import types
+
+    import anndata as ad
+    import numpy as np
+    import pandas as pd
+    import scipy.sparse as sp
+    import torch
+
+    from ampflow.evaluate.baselines import bandnorm_baseline
+
+    bench = load_script("bench_science")
+    rng = np.random.default_rng(1)
+    strata = np.repeat(np.arange(6), 25)
+    x = sp.csr_matrix(rng.poisson(rng.uniform(0.3, 3.0, (60, 1)) * np.exp(-0.4 * strata), (60, strata.size)).astype(np.float64))
+    onehot = sp.csr_matrix((np.ones(strata.size), (np.arange(strata.size), strata)))
+    data = types.SimpleNamespace(hic=x, feature_stratum=torch.as_tensor(strata), n_strata=6,
+                                 stratum_totals=lambda idx: torch.as_tensor((x[idx] @ onehot).toarray()))  # fmt: skip
+    fit = np.arange(60) < 45
+    near = bench.CONFIG_ABLATIONS["near_pcs"]
+    got = bench.input_pca(data, fit, near)
+    want, _ = bandnorm_baseline(ad.AnnData(X=x, var=pd.DataFrame({"stratum": strata}, index=[f"f{i}" for i in range(strata.size)])), fit,
+                                log1p=False, max_stratum=3)  # fmt: skip
+    assert got.shape == want.shape
+    signs = np.sign((got * want).sum(0))
+    np.testing.assert_allclose(got * signs, want, rtol=1e-6, atol=1e-8)
+    every = bench.input_pca(data, fit, {**near, "hic_max_stratum": None})
+    assert not np.allclose(np.abs(every), np.abs(want), atol=1e-3)
