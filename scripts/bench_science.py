@@ -46,7 +46,8 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``hic_kl20``: that term at 20, the default before (on a few hundred training cells it
   left the latent about two effective dimensions);
 * ``thin30``: each training step's cells keep each Hi-C contact with a probability drawn
-  per cell from [0.3, 1] (``train.hic_keep_min``; 1, none, by default).
+  per cell from [0.3, 1] (``train.hic_keep_min``; 1, none, by default);
+* ``near_thin``: ``near_pcs`` and ``thin30`` together.
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -126,7 +127,7 @@ from ampflow.train.trainer import Trainer
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "pcs20", "near_pcs", "patience10", "pretrain300", "hic_kl1", "hic_kl20",
-             "thin30", "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
+             "thin30", "near_thin", "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
@@ -143,6 +144,8 @@ TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}, "pretrain
 #: Ablations that are loss weights of both training stages (``train.*.weights``).
 WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}, "hic_kl20": {"hic_kl": 20.0}}
 OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32")
+#: Variants that are several ablations at once.
+COMBINED = {"old": OLD, "near_thin": ("near_pcs", "thin30")}
 PERMUTATIONS = 200
 
 
@@ -283,6 +286,11 @@ def ablated(names: set[str]):
 
 
 # ------------------------------------------------------------------ runs
+def ablation_names(variant: str) -> set[str]:
+    """The single ablations a variant applies (``model``: none)."""
+    return set(COMBINED.get(variant, (variant,))) - {"model"}
+
+
 def ablated_train(train_cfg: dict, names: set[str]) -> dict:
     """The ``train`` section with the training and loss-weight ablations of ``names``: a
     section (``early_stopping``, a stage) merged into the template's, a value set, a
@@ -348,7 +356,7 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
         shuffled = score(dict(baselines)["bandnorm"], rng.permutation(types), batches, held)
         rows.append({"split": split, "method": "bandnorm_shuffled_labels", **_flat(shuffled)})
         for variant in variants:
-            names = set(OLD) if variant == "old" else ({variant} - {"model"})
+            names = ablation_names(variant)
             model_cfg = dict(template.get("model") or {})
             for name in names & set(CONFIG_ABLATIONS):
                 model_cfg.update(CONFIG_ABLATIONS[name])

@@ -176,3 +176,23 @@ def test_input_pca_reads_the_strata_the_encoder_reads():
     np.testing.assert_allclose(got * signs, want, rtol=1e-6, atol=1e-8)
     every = bench.input_pca(data, fit, {**near, "hic_max_stratum": None})
     assert not np.allclose(np.abs(every), np.abs(want), atol=1e-3)
+
+
+def test_combined_variants_apply_each_of_their_ablations():
+    """``near_thin`` is ``near_pcs`` and ``thin30`` at once, ``old`` the decoder's five;
+    a single name is itself, ``model`` none. Referee: the settings written out by hand
+    (the encoder's input of BandNorm without its log over strata 1-3, projected on 20
+    axes; thinning from 0.3); ModelConfig and TrainConfig accept them."""
+    from ampflow.contract.config import ModelConfig, TrainConfig
+
+    bench = load_script("bench_science")
+    assert bench.ablation_names("model") == set() and bench.ablation_names("thin30") == {"thin30"}
+    assert bench.ablation_names("old") == {"sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32"}
+    names = bench.ablation_names("near_thin")
+    model = {}
+    for name in names & set(bench.CONFIG_ABLATIONS):
+        model.update(bench.CONFIG_ABLATIONS[name])
+    assert model == {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20}
+    assert bench.ablated_train({"seed": 0}, names) == {"seed": 0, "hic_keep_min": 0.3}
+    assert ModelConfig.from_dict(model).hic_pcs == 20 and TrainConfig.from_dict({"hic_keep_min": 0.3}).hic_keep_min == 0.3
+    assert set(bench.COMBINED) <= set(bench.ABLATIONS)
