@@ -291,6 +291,14 @@ def ablation_names(variant: str) -> set[str]:
     return set(COMBINED.get(variant, (variant,))) - {"model"}
 
 
+def ablated_model(model_cfg: dict, names: set[str]) -> dict:
+    """The ``model`` section with the model-setting ablations of ``names`` set."""
+    model_cfg = dict(model_cfg)
+    for name in sorted(names & set(CONFIG_ABLATIONS)):
+        model_cfg.update(CONFIG_ABLATIONS[name])
+    return model_cfg
+
+
 def ablated_train(train_cfg: dict, names: set[str]) -> dict:
     """The ``train`` section with the training and loss-weight ablations of ``names``: a
     section (``early_stopping``, a stage) merged into the template's, a value set, a
@@ -357,9 +365,7 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
         rows.append({"split": split, "method": "bandnorm_shuffled_labels", **_flat(shuffled)})
         for variant in variants:
             names = ablation_names(variant)
-            model_cfg = dict(template.get("model") or {})
-            for name in names & set(CONFIG_ABLATIONS):
-                model_cfg.update(CONFIG_ABLATIONS[name])
+            model_cfg = ablated_model(template.get("model") or {}, names)
             for seed in a.train_seeds:
                 train_cfg = ablated_train({**_train_cfg(template, a), "seed": seed}, names)
                 with ablated(names - set(CONFIG_ABLATIONS) - set(WEIGHT_ABLATIONS) - set(TRAIN_ABLATIONS)):

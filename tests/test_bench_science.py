@@ -189,10 +189,10 @@ def test_combined_variants_apply_each_of_their_ablations():
     assert bench.ablation_names("model") == set() and bench.ablation_names("thin30") == {"thin30"}
     assert bench.ablation_names("old") == {"sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32"}
     names = bench.ablation_names("near_thin")
-    model = {}
-    for name in names & set(bench.CONFIG_ABLATIONS):
-        model.update(bench.CONFIG_ABLATIONS[name])
-    assert model == {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20}
+    template = {"latent_dim": 12, "hic_transform": "log1p", "hic_pcs": 0}
+    model = bench.ablated_model(template, names)
+    assert model == {"latent_dim": 12, "hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20}
+    assert template["hic_pcs"] == 0  # the template itself untouched
     assert bench.ablated_train({"seed": 0}, names) == {"seed": 0, "hic_keep_min": 0.3}
     assert ModelConfig.from_dict(model).hic_pcs == 20 and TrainConfig.from_dict({"hic_keep_min": 0.3}).hic_keep_min == 0.3
     assert set(bench.COMBINED) <= set(bench.ABLATIONS)
