@@ -3,7 +3,7 @@ the shuffled-label percentiles as the chance band."""
 
 from __future__ import annotations
 
-from conftest import load_script
+from conftest import REPO, load_script
 from PIL import Image
 
 ROWS = [
@@ -196,3 +196,28 @@ def test_combined_variants_apply_each_of_their_ablations():
     assert bench.ablated_train({"seed": 0}, names) == {"seed": 0, "hic_keep_min": 0.3}
     assert ModelConfig.from_dict(model).hic_pcs == 20 and TrainConfig.from_dict({"hic_keep_min": 0.3}).hic_keep_min == 0.3
     assert set(bench.COMBINED) <= set(bench.ABLATIONS)
+
+
+def test_a_held_back_batch_trains_on_every_cell_of_the_others(tmp_path):
+    """The new batch is what ``lobo`` scores, and its baselines fit on every cell of the
+    training batches: the model must train on those same cells, not on four fifths of
+    them. Referees: the workflow's own schema accepts the configuration, and the
+    workflow's split (``split_cells``) with its ``evaluate`` settings holds out no cell of
+    a sheet where the template's settings hold out about a fifth."""
+    import pandas as pd
+    import yaml
+    from snakemake.utils import validate
+
+    from ampflow.prepare.split import split_cells
+
+    bench = load_script("bench_science")
+    template = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    cfg = bench.lobo_config(template, tmp_path, tmp_path / "chrom.sizes", threads=2, seed=1)
+    validate(cfg, str(REPO / "workflow/schemas/config.schema.yaml"), set_default=True)
+    assert cfg["train"]["seed"] == 1 and cfg["embed"]["new"]["cells"] == str(tmp_path / "new_cells.tsv")
+    qc = pd.DataFrame({"pass": True, "cell_type": ["a", "b"] * 100}, index=pd.Index([f"cell{i}" for i in range(200)], name="cell_id"))
+    ev = cfg["evaluate"]
+    assert (split_cells(qc, ev["holdout"], ev["seed"], "cell_type") == "train").all()
+    template_held = (split_cells(qc, template["evaluate"]["holdout"], template["evaluate"]["seed"], "cell_type") == "heldout").sum()
+    assert 20 <= template_held <= 60
+    assert template["evaluate"]["holdout"] == 0.2  # the template itself untouched
