@@ -71,7 +71,9 @@ Sections (``--sections``, all by default):
   beside the BandNorm-style baseline fitted on that batch and fitted on the training
   batches, the strongest simple baseline of the splits (BandNorm without its log over
   strata 1-3) fitted on that batch and on the training batches, and the shuffled-label
-  95th percentile; ARI against batch over training and new cells together; and the
+  95th percentile; label transfer (each new cell given the type most of its nearest
+  training cells have: balanced accuracy) from the latent beside the two baselines
+  fitted on the training batches; ARI against batch over training and new cells together; and the
   latent's spread (its mean variance per dimension) over the cells trained on, over the
   training batches' cells never trained on (early stopping's validation cells: no cell
   of a training batch is held out, so the model trains on the cells the baselines fit
@@ -108,7 +110,8 @@ import torch
 import torch.nn as nn
 import yaml
 from sklearn.cluster import KMeans
-from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics import adjusted_rand_score, balanced_accuracy_score
+from sklearn.neighbors import KNeighborsClassifier
 
 from ampflow.cli import main as cli
 from ampflow.contract.config import EarlyStoppingConfig, ModelConfig, TrainConfig
@@ -148,6 +151,8 @@ OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32"
 #: Variants that are several ablations at once.
 COMBINED = {"old": OLD, "near_thin": ("near_pcs", "thin30")}
 PERMUTATIONS = 200
+#: Training cells whose types a new cell's type is voted from (label transfer).
+TRANSFER_NEIGHBOURS = 15
 
 
 # ------------------------------------------------------------------ data
@@ -214,6 +219,22 @@ def ari_with_control(labels: np.ndarray, clusters: np.ndarray, seed: int = 0) ->
     rng = np.random.default_rng(seed)
     null = [adjusted_rand_score(rng.permutation(labels), clusters) for _ in range(PERMUTATIONS)]
     return float(adjusted_rand_score(labels, clusters)), float(np.percentile(null, 95))
+
+
+def transfer_accuracy(z_train: np.ndarray, y_train: np.ndarray, z_new: np.ndarray, y_new: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """Label transfer, as a reference atlas is used: each new cell takes the type most of
+    its ``TRANSFER_NEIGHBOURS`` nearest training cells have (Euclidean, the coordinates as
+    they are). Balanced accuracy over the new cells (the mean over types of the share of
+    each type's cells given their type: 1/types by chance, whatever the types' sizes),
+    and its 95th percentile with the training cells' types permuted (chance)."""
+
+    def vote(labels):
+        knn = KNeighborsClassifier(min(TRANSFER_NEIGHBOURS, len(labels))).fit(np.asarray(z_train, dtype=np.float64), labels)
+        return balanced_accuracy_score(y_new, knn.predict(np.asarray(z_new, dtype=np.float64)))
+
+    rng = np.random.default_rng(seed)
+    null = [vote(rng.permutation(y_train)) for _ in range(PERMUTATIONS)]
+    return float(vote(np.asarray(y_train))), float(np.percentile(null, 95))
 
 
 def score(z: np.ndarray, types: np.ndarray, batches: np.ndarray | None, held: np.ndarray) -> dict:
@@ -423,7 +444,8 @@ def baselines_on_new_batch(trained_hic, new_hic) -> dict[str, np.ndarray]:
     the training file's order by name, a feature they lack counting zero); and BandNorm
     itself (with its ``log1p``, strata k >= 1) fitted on the training batches the same
     way: within one batch there is no batch effect to remove, and there it is the
-    stronger of the two."""
+    stronger of the two. Returns the new cells' coordinates of each, and the training
+    cells' (in ``trained_hic``'s order) of the two fitted on them."""
     on_batch, _ = bandnorm_baseline(new_hic, np.ones(new_hic.n_obs, dtype=bool), log1p=False, max_stratum=3)
     # the embed rule's own mapping of a file's columns onto the trained ones
     cols = map_columns(list(trained_hic.var_names), list(new_hic.var_names), None, "var_names")
@@ -432,7 +454,8 @@ def baselines_on_new_batch(trained_hic, new_hic) -> dict[str, np.ndarray]:
     fit = np.arange(both.n_obs) < trained_hic.n_obs
     near, _ = bandnorm_baseline(both, fit, log1p=False, max_stratum=3)
     full, _ = bandnorm_baseline(both, fit)
-    return {"bandnorm_near_on_batch": on_batch, "bandnorm_near_trained": near[~fit], "bandnorm_trained": full[~fit]}
+    new = {"bandnorm_near_on_batch": on_batch, "bandnorm_near_trained": near[~fit], "bandnorm_trained": full[~fit]}
+    return new, {"bandnorm_near_trained": near[fit], "bandnorm_trained": full[fit]}
 
 
 def latent_spread(z: np.ndarray, split: np.ndarray, validation_rows: np.ndarray, z_new: np.ndarray) -> dict[str, float]:
@@ -501,8 +524,13 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         base_z, _ = bandnorm_baseline(new_hic[new.obs_names], np.ones(new.n_obs, dtype=bool))
         base_ari, base_p95 = ari_with_control(types, kmeans(base_z, k))
         data_hic = read_h5ad(res / "data" / "1mb_s10" / "hic.h5ad")
-        fitted = baselines_on_new_batch(data_hic, new_hic[new.obs_names])
+        fitted, fitted_training = baselines_on_new_batch(data_hic, new_hic[new.obs_names])
         fitted_ari = {name: float(adjusted_rand_score(types, kmeans(z, k))) for name, z in fitted.items()}
+        # label transfer from the training batches' cells (all of them: the model and the
+        # baselines fitted on them alike)
+        transfer, transfer_p95 = transfer_accuracy(trained.obsm["X_hic"], meta.loc[trained.obs_names, "cell_type"].to_numpy(), new.obsm["X_hic"], types)
+        transfer_base = {f"transfer_{name}": transfer_accuracy(z, meta.loc[data_hic.obs_names, "cell_type"].to_numpy(), fitted[name], types)[0]
+                         for name, z in fitted_training.items()}  # fmt: skip
         base_dims = effective_dims(fitted["bandnorm_near_trained"])
         # early stopping's validation cells, drawn as the trainer draws them (its settings in
         # model.pt) from the training rows in the data folder's order
@@ -521,12 +549,16 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
         rows.append({"dataset": "lobo", "batch": batch, "train_seed": seed, "n_new": int(new.n_obs), "n_train": int(trained.n_obs),
                      "ari": ari, "shuffled_p95": p95, "bandnorm_on_batch": base_ari, **fitted_ari,
                      "all_ari_type": ari_all_type, "all_ari_batch": ari_batch, **spread,
+                     "transfer": transfer, "transfer_shuffled_p95": transfer_p95, **transfer_base,
                      "dims_bandnorm_near_trained": base_dims, "seconds": seconds})  # fmt: skip
         print(f"  {batch} (seed {seed}): {new.n_obs} new cells (trained on {trained.n_obs}): ARI {ari:.3f}, shuffled p95 {p95:.3f} "
               f"({'above' if ari > p95 else 'NOT above'}), BandNorm fitted on the batch {base_ari:.3f}, BandNorm without its log over "
               f"strata 1-3 fitted on the batch {fitted_ari['bandnorm_near_on_batch']:.3f} and on the training batches "
               f"{fitted_ari['bandnorm_near_trained']:.3f}, BandNorm fitted on the training batches {fitted_ari['bandnorm_trained']:.3f}; training + new cells: "
-              f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; latent variance per dimension: cells trained on "
+              f"ARI vs type {ari_all_type:.3f}, vs batch {ari_batch:.3f}; label transfer from the training batches' cells "
+              f"(balanced accuracy): latent {transfer:.3f} (shuffled p95 {transfer_p95:.3f}), BandNorm without its log over strata 1-3 "
+              f"{transfer_base['transfer_bandnorm_near_trained']:.3f}, BandNorm {transfer_base['transfer_bandnorm_trained']:.3f}; "
+              f"latent variance per dimension: cells trained on "
               f"{spread['spread_trained']:.3f}, training batches' cells never trained on {spread['spread_unseen']:.3f}, new batch "
               f"{spread['spread_new']:.3f}; effective dimensions: cells trained on {spread['dims_trained']:.1f}, never trained on "
               f"{spread['dims_unseen']:.1f}, new batch {spread['dims_new']:.1f} (BandNorm without its log over strata 1-3 fitted on the "
@@ -537,7 +569,10 @@ def leave_one_batch_out(a, template: dict) -> list[dict]:
           f"BandNorm without its log over strata 1-3 on the new batch {table['bandnorm_near_on_batch'].mean():.3f} mean "
           f"({table['bandnorm_near_on_batch'].min():.3f} worst) fitted on it, {table['bandnorm_near_trained'].mean():.3f} "
           f"({table['bandnorm_near_trained'].min():.3f}) fitted on the training batches; BandNorm fitted on the training batches "
-          f"{table['bandnorm_trained'].mean():.3f} ({table['bandnorm_trained'].min():.3f}); latent variance per dimension: cells "
+          f"{table['bandnorm_trained'].mean():.3f} ({table['bandnorm_trained'].min():.3f}); label transfer (balanced accuracy): latent "
+          f"{table['transfer'].mean():.3f} ({table['transfer'].min():.3f} worst), BandNorm without its log over strata 1-3 "
+          f"{table['transfer_bandnorm_near_trained'].mean():.3f} ({table['transfer_bandnorm_near_trained'].min():.3f}), BandNorm "
+          f"{table['transfer_bandnorm_trained'].mean():.3f} ({table['transfer_bandnorm_trained'].min():.3f}); latent variance per dimension: cells "
           f"trained on {table['spread_trained'].mean():.3f}, never trained on {table['spread_unseen'].mean():.3f}, new batch "
           f"{table['spread_new'].mean():.3f}; effective dimensions: cells trained on {table['dims_trained'].mean():.1f}, never "
           f"trained on {table['dims_unseen'].mean():.1f}, new batch {table['dims_new'].mean():.1f} (the baseline: "

@@ -77,13 +77,15 @@ def test_baselines_of_a_new_batch_read_its_features_by_name():
     new_x[:, 37] = 0.0  # the feature the new file lacks
     order = rng.permutation([i for i in range(strata.size) if i != 37])
     new = ad.AnnData(X=sp.csr_matrix(new_x[:, order]), var=var.iloc[order])
-    got = bench.baselines_on_new_batch(trained, new)
+    got, training = bench.baselines_on_new_batch(trained, new)
     both = ad.AnnData(X=sp.vstack([trained.X, sp.csr_matrix(new_x)]).tocsr(), var=var)
     fit = np.arange(52) < 40
     want, _ = bandnorm_baseline(both, fit, log1p=False, max_stratum=3)
     np.testing.assert_allclose(got["bandnorm_near_trained"], want[~fit], rtol=1e-5, atol=1e-6)
     full, _ = bandnorm_baseline(both, fit)
     np.testing.assert_allclose(got["bandnorm_trained"], full[~fit], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(training["bandnorm_near_trained"], want[fit], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(training["bandnorm_trained"], full[fit], rtol=1e-5, atol=1e-6)
     on_batch, _ = bandnorm_baseline(new, np.ones(12, dtype=bool), log1p=False, max_stratum=3)
     np.testing.assert_array_equal(got["bandnorm_near_on_batch"], on_batch)
 
@@ -221,3 +223,24 @@ def test_a_held_back_batch_trains_on_every_cell_of_the_others(tmp_path):
     template_held = (split_cells(qc, template["evaluate"]["holdout"], template["evaluate"]["seed"], "cell_type") == "heldout").sum()
     assert 20 <= template_held <= 60
     assert template["evaluate"]["holdout"] == 0.2  # the template itself untouched
+
+
+def test_label_transfer_scores_types_by_their_nearest_training_cells():
+    """Balanced accuracy of the types voted from the nearest training cells. Referees: a
+    new cell placed inside its type's cluster gets it (1.0); three types in 3:1:1 whose
+    new cells all sit in the big type's cluster get 1/3, chance for three types,
+    whatever their sizes (plain accuracy would say 0.6); and with the training types
+    permuted, the chance percentile stays far below a perfect transfer."""
+    import numpy as np
+
+    bench = load_script("bench_science")
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    y_train = np.repeat(["a", "b", "c"], 30)
+    z_train = centres[np.repeat([0, 1, 2], 30)] + rng.normal(0, 1, (90, 2))
+    y_new = np.repeat(["a", "b", "c"], [30, 10, 10])
+    z_new = centres[np.repeat([0, 1, 2], [30, 10, 10])] + rng.normal(0, 1, (50, 2))
+    acc, p95 = bench.transfer_accuracy(z_train, y_train, z_new, y_new)
+    assert acc == 1.0 and p95 < 0.7
+    lumped, _ = bench.transfer_accuracy(z_train, y_train, np.zeros((50, 2)) + rng.normal(0, 0.1, (50, 2)), y_new)
+    assert abs(lumped - 1 / 3) < 1e-12
