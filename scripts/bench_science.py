@@ -240,7 +240,8 @@ def transfer_accuracy(z_train: np.ndarray, y_train: np.ndarray, z_new: np.ndarra
 def score(z: np.ndarray, types: np.ndarray, batches: np.ndarray | None, held: np.ndarray) -> dict:
     """k-means (k = the number of labels) on the held-out cells and on all cells, scored
     over the labelled ones (``types`` None = unlabelled) with the shuffled-label control;
-    ARI against ``batches`` over every cell of the group."""
+    ARI against ``batches`` over every cell of the group; and the held-out cells' types
+    voted from their nearest labelled training cells (:func:`transfer_accuracy`)."""
     labelled = np.array([t is not None and t == t for t in types])
     k = len(np.unique(types[labelled]))
     out = {}
@@ -251,6 +252,8 @@ def score(z: np.ndarray, types: np.ndarray, batches: np.ndarray | None, held: np
         out[group] = {"ari": ari, "shuffled_p95": p95}
         if batches is not None:
             out[group]["ari_batch"] = float(adjusted_rand_score(batches[rows], c))
+    ref, new = labelled & ~held, labelled & held
+    out["heldout"]["transfer"], out["heldout"]["transfer_shuffled_p95"] = transfer_accuracy(z[ref], types[ref], z[new], types[new])
     return out
 
 
@@ -396,6 +399,8 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
                              **_flat(score(z, types, batches, held))})  # fmt: skip
                 print(f"split {split} seed {seed} {variant}: held-out ARI {rows[-1]['heldout_ari']:.3f} (baseline {_base(rows, split, 'heldout_ari'):.3f}), "
                       f"all {rows[-1]['all_ari']:.3f} (baseline {_base(rows, split, 'all_ari'):.3f}), batch {rows[-1]['all_ari_batch']:.3f}, "
+                      f"held-out label transfer {rows[-1]['heldout_transfer']:.3f} (BandNorm without its log over strata 1-3 "
+                      f"{_base(rows, split, 'heldout_transfer', 'bandnorm_near'):.3f}), "
                       f"{steps} steps in {seconds:.0f} s; {' / '.join(lines)}", flush=True)  # fmt: skip
     runs = f"{a.splits} split(s) x {len(a.train_seeds)} training seed(s)"
     _summary(rows, variants, f"Lee 2019, mean, sd and worst over {runs}; k-means with k = {len(np.unique(types))}")
@@ -768,7 +773,8 @@ def _train_cfg(template: dict, a) -> dict:
 
 def _summary(rows: list[dict], variants: list[str], title: str) -> None:
     table = pd.DataFrame(rows)
-    cols = [c for c in ("heldout_ari", "heldout_shuffled_p95", "all_ari", "all_shuffled_p95", "all_ari_batch", "seconds", "steps") if c in table]
+    named = ("heldout_ari", "heldout_shuffled_p95", "heldout_transfer", "heldout_transfer_shuffled_p95", "all_ari", "all_shuffled_p95", "all_ari_batch")
+    cols = [c for c in (*named, "seconds", "steps") if c in table]
     summary = table.groupby("method", sort=False)[cols].agg(["mean", "std", "min"])
     pd.set_option("display.width", 250)
     print(f"\n{title}; shuffled = 95th percentile of {PERMUTATIONS} label permutations")
@@ -789,8 +795,8 @@ def _flat(scores: dict) -> dict:
     return {f"{g}_{k}": v for g, d in scores.items() for k, v in d.items()}
 
 
-def _base(rows: list[dict], split: int, key: str) -> float:
-    return next(r[key] for r in rows if r["split"] == split and r["method"] == "bandnorm")
+def _base(rows: list[dict], split: int, key: str, method: str = "bandnorm") -> float:
+    return next(r[key] for r in rows if r["split"] == split and r["method"] == method)
 
 
 if __name__ == "__main__":

@@ -244,3 +244,21 @@ def test_label_transfer_scores_types_by_their_nearest_training_cells():
     assert acc == 1.0 and p95 < 0.7
     lumped, _ = bench.transfer_accuracy(z_train, y_train, np.zeros((50, 2)) + rng.normal(0, 0.1, (50, 2)), y_new)
     assert abs(lumped - 1 / 3) < 1e-12
+
+
+def test_held_out_cells_take_their_types_from_labelled_training_cells_only():
+    """``score``'s label transfer votes each held-out cell's type from the training
+    cells alone, and from the labelled ones: unlabelled training cells sitting on the
+    held-out cells of type b would outvote its labelled ones if they counted (as type
+    None). Referee: the type each held-out cell was drawn from."""
+    import numpy as np
+
+    bench = load_script("bench_science")
+    rng = np.random.default_rng(2)
+    types = np.array(["a"] * 30 + ["b"] * 30 + [None] * 20 + ["a"] * 10 + ["b"] * 10, dtype=object)
+    centre = np.where(np.array([t == "b" for t in types])[:, None], 10.0, 0.0)
+    centre[60:80] = 10.0  # the unlabelled cells, on type b
+    z = centre + rng.normal(0, 1, (100, 3))
+    held = np.arange(100) >= 80
+    out = bench.score(z, types, None, held)
+    assert out["heldout"]["transfer"] == 1.0
