@@ -262,3 +262,38 @@ def test_held_out_cells_take_their_types_from_labelled_training_cells_only():
     held = np.arange(100) >= 80
     out = bench.score(z, types, None, held)
     assert out["heldout"]["transfer"] == 1.0
+
+
+def test_tuned_transfer_keeps_the_axes_the_training_batches_vote_best_on():
+    """The count of leading principal axes is the one on which the training batches,
+    each voted from the other, agree best, and the new cells are voted on those axes.
+    Referees: the principal axes from numpy's SVD of the centred training cells (not
+    scikit-learn's PCA), every count tried by hand; and the new cells choose nothing
+    (their labels permuted, the same axes are kept)."""
+    import numpy as np
+
+    bench = load_script("bench_science")
+    rng = np.random.default_rng(3)
+    centres = rng.normal(0, 4.0, (12, 11))  # subgroups of both types, wider than the noise
+
+    def cells(n):
+        y = rng.choice(["a", "b"], n)
+        return np.hstack([np.where(y == "a", -5.0, 5.0)[:, None], centres[rng.integers(12, size=n)]]) + rng.normal(0, 0.5, (n, 12)), y
+
+    z_train, y_train = cells(120)
+    batch = np.repeat(["b1", "b2"], 60)
+    z_new, y_new = cells(60)
+    tuned, axes = bench.tuned_transfer(z_train, y_train, batch, z_new, y_new)
+    mean = z_train.mean(0)
+    _, _, vt = np.linalg.svd(z_train - mean, full_matrices=False)
+    p_train, p_new = (z_train - mean) @ vt.T, (z_new - mean) @ vt.T
+
+    # an axis's sign (SVD's or scikit-learn's) changes no distance
+    within = {k: np.mean([bench.transfer_accuracy(p_train[batch != b, :k], y_train[batch != b], p_train[batch == b, :k], y_train[batch == b],
+                                                  permutations=0)[0] for b in ("b1", "b2")]) for k in (2, 3, 5, 10, 12)}  # fmt: skip
+    best = max(within.values())
+    assert axes == min(k for k, v in within.items() if v == best)
+    assert abs(tuned - bench.transfer_accuracy(p_train[:, :axes], y_train, p_new[:, :axes], y_new, permutations=0)[0]) < 1e-12
+    assert len(set(within.values())) > 1  # the counts differ here: the choice is a real one
+    _, again = bench.tuned_transfer(z_train, y_train, batch, z_new, rng.permutation(y_new))
+    assert again == axes
