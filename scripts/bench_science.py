@@ -438,7 +438,7 @@ def lee_splits(a, template: dict, variants: list[str]) -> list[dict]:
                       f"all {rows[-1]['all_ari']:.3f} (baseline {_base(rows, split, 'all_ari'):.3f}), batch {rows[-1]['all_ari_batch']:.3f}, "
                       f"held-out label transfer {rows[-1]['heldout_transfer']:.3f} (BandNorm without its log over strata 1-3 "
                       f"{_base(rows, split, 'heldout_transfer', 'bandnorm_near'):.3f}), on the axes the batches choose "
-                      f"{rows[-1]['heldout_transfer_tuned']:.3f} ({_base(rows, split, 'heldout_transfer_tuned', 'bandnorm_near'):.3f}), "
+                      f"{rows[-1].get('heldout_transfer_tuned', np.nan):.3f} ({_base(rows, split, 'heldout_transfer_tuned', 'bandnorm_near'):.3f}), "
                       f"{steps} steps in {seconds:.0f} s; {' / '.join(lines)}", flush=True)  # fmt: skip
     runs = f"{a.splits} split(s) x {len(a.train_seeds)} training seed(s)"
     _summary(rows, variants, f"Lee 2019, mean, sd and worst over {runs}; k-means with k = {len(np.unique(types))}")
@@ -479,7 +479,7 @@ def gageseq_splits(a, template: dict) -> list[dict]:
     return [{**r, "dataset": "gageseq"} for r in rows]
 
 
-def baselines_on_new_batch(trained_hic, new_hic) -> dict[str, np.ndarray]:
+def baselines_on_new_batch(trained_hic, new_hic) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Simple baselines on a new batch's cells: the strongest one on the Lee splits
     (``bandnorm_near``: BandNorm without its ``log1p`` over strata 1-3) fitted on the new
     batch itself (its band means, axes and centre) and fitted on the training batches'
@@ -849,7 +849,7 @@ def _flat(scores: dict) -> dict:
 
 
 def _base(rows: list[dict], split: int, key: str, method: str = "bandnorm") -> float:
-    return next(r[key] for r in rows if r["split"] == split and r["method"] == method)
+    return next(r.get(key, np.nan) for r in rows if r["split"] == split and r["method"] == method)
 
 
 if __name__ == "__main__":
