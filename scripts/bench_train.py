@@ -100,7 +100,9 @@ threads; no plan, so the model runs as built), on ``--hires-cells`` synthetic ce
 cell trained on (no ``split`` column, no batches). Per shape and mode (``--modes``:
 ``eager`` = ``train.compile`` and ``train.cuda_graphs`` false, today's step;
 ``compiled`` = compile only; ``graphed`` = CUDA graphs only (a GPU only);
-``compiled+graphed``) one epoch of full batches, cut to the steps needed, without early
+``compiled+graphed``; ``eager-thinned`` and ``graphed-thinned``: the same with
+``train.hic_keep_min: 0.3``, thinned on the host eagerly and on the device when graphed,
+what thinning costs beside the plain mode) one epoch of full batches, cut to the steps needed, without early
 stopping, checkpoints or output files (a subclass of the trainer adds the probes):
 
 * ``--hires-warmup`` steps first (the compile or the capture, the trainer's measured
@@ -703,9 +705,13 @@ HIRES_MODES = {  # mode -> (train.compile, train.cuda_graphs)
     "graphed": (False, True),
     "graphed-loop": (False, True),  # graphed, the Hi-C decoder's strata one at a time (as before stacking)
     "compiled+graphed": (True, True),
+    "eager-thinned": (False, False),  # with Hi-C thinning (train.hic_keep_min 0.3): on the host
+    "graphed-thinned": (False, True),  # the same on a GPU: thinned on the device, beside the resident counts
 }
 #: modes whose step runs the strata one at a time where the step would stack them
 LOOP_MODES = {"graphed-loop"}
+#: modes whose trainer thins the Hi-C counts each step reads, with this keep_min
+THINNED_MODES, THINNED_KEEP_MIN = {"eager-thinned", "graphed-thinned"}, 0.3
 TEMPLATE_CONFIG = REPO / "config" / "config.yaml"
 
 
@@ -1016,6 +1022,8 @@ def hires_train_config(args, mode: str, device: str, epochs: int, early: bool) -
     base = template_train_config(args.template)
     compile_, graphs = HIRES_MODES[mode]
     cfg = replace(base, batch_size=args.batch, device=device, compile=compile_, cuda_graphs=graphs, seed=args.seed)
+    if mode in THINNED_MODES:
+        cfg = replace(cfg, hic_keep_min=THINNED_KEEP_MIN)
     if args.threads:  # the threads the floor's matrix-product rate was measured with
         cfg = replace(cfg, threads=args.threads)
     if early:

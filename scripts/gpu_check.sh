@@ -14,7 +14,8 @@
 #   attn     the attention kernel on the GPU, fp32 and (where supported) bf16
 #            (bench_attention --device cuda)
 #   train    training steps/s against the GPU's measured matmul rate (bench_train --device cuda)
-#   train-hires  the HiRES-size case through the trainer: steps/s eager vs compiled vs graphed,
+#   train-hires  the HiRES-size case through the trainer: steps/s eager vs compiled vs graphed
+#            (and graphed with Hi-C thinning, drawn on the device),
 #            launches per step, floor ratios, the GPU's kernel time per step against the wall
 #            time (the kernels' names in its log), and time to early stopping with the part
 #            spent outside the steps (bench_train --hires)
@@ -128,7 +129,7 @@ check train 150 'grep -E "^  new: step|matrix-product rate" | sed -E "s/; its co
 FIGURE_WIDTH=3600 check train-hires 300 'grep -E "^hires [0-9]+:[0-9]+ [a-z+-]+: |^hires early-stopping|FAILED" | grep -v "by op" | sed -E "s/^hires //; s/ \(eager [0-9.]+: ([0-9.]+x)\)/ \1/; s/ \(graph launches [0-9]+\)//; s/GPU kernels\+copies\/step/kernels/; s/ \(\+[0-9.]+ in optimizer.step; CUDA sync debug mode ([0-9.]+)\)/ (sync debug mode \1)/; s/ \(\+[0-9.]+ in optimizer[^)]*\)//; s/, first step [0-9.]+ s//; s/ \([0-9]+ steps\), FLOP floor ratio/, FLOP floor/; s/bytes floor ratio/bytes floor/; s/ \(parameters[^)]*\)//; s/ GPU kernel and copy time ([0-9.]+) ms\/step against ([0-9.]+) ms\/step of wall time;.*$/ kernels busy \1 of \2 ms\/step/; s/ \(validation each epoch included\);/;/; s/$/;/"' -- \
     "$PY" scripts/bench_train.py --hires --device cuda --chrom-sizes "$OUT/annotation/mm10.chrom.sizes" \
     --shapes 1000000:10 500000:20 100000:30 --batch 32 --hires-cells 7469 --contacts 20000 \
-    --modes eager graphed-loop graphed compiled+graphed --compiled-shapes 1000000:10 --hires-steps 20 --matmul 4096 \
+    --modes eager graphed-loop graphed graphed-thinned compiled+graphed --compiled-shapes 1000000:10 --hires-steps 20 --matmul 4096 \
     --hires-early-stopping --early-stopping-seconds 20
 
 # the packed extraction path against the padded one and the floor (one line per figure in the log)

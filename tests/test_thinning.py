@@ -3,7 +3,10 @@
 Referees: the binomial law (a count n kept with probability p has mean np and variance
 np(1 - p)), the uniform law of the kept fraction (scipy's Kolmogorov-Smirnov test), the
 whole batch's own draw (each cell thinned alone or in another batch or order gives the
-same rows: what data parallelism relies on), and the counts as given (keep_min 1).
+same rows: what data parallelism relies on), the counts as given (keep_min 1), the hash
+written out in Python's exact integers (the tensors' wrapping int32 arithmetic), scipy's
+rows of the CSR matrix for the device's padded rows, and the CPU allocator's peak for
+the room the device keeps for thinning.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import torch
 from scipy import stats
 
 from ampflow.base.errors import InputError
 from ampflow.contract.config import TrainConfig
-from ampflow.train.thinning import check_integer_counts, thin_rows
+from ampflow.train.thinning import FRACTION_KEY, THINNING_STREAM, cell_hashes, check_integer_counts, keep_fractions, thin_rows
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def counts(n_cells=6, n_features=400, seed=0) -> sp.csr_matrix:
@@ -104,3 +110,90 @@ def test_bad_keep_min_names_the_key_and_value(bad):
     with pytest.raises(InputError, match="train.hic_keep_min") as err:
         TrainConfig(hic_keep_min=bad)
     assert bad is None or f"(value: {bad!r})" in str(err.value)
+
+
+def fmix32(x: int) -> int:
+    """MurmurHash3's 32-bit finaliser in Python's exact integers."""
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def mix(h: int, key: int) -> int:
+    return fmix32(h ^ ((key & 0xFFFFFFFF) * 0x9E3779B1 & 0xFFFFFFFF))
+
+
+def kept_by_hand(count: int, cell: int, col: int, keep_min: float, seed: int, step: int) -> int:
+    """One stored count thinned with the hash written out: the cell's word from the
+    stream, seed, step and cell; its fraction from that word; each contact's uniform from
+    the cell's word, the feature and the contact's number (its first: the feature's word)."""
+    h = THINNING_STREAM
+    for word in (seed & 0xFFFFFFFF, seed >> 32, step & 0xFFFFFFFF, step >> 32, cell):
+        h = mix(h, word)
+    p = keep_min + (1 - keep_min) * (mix(h, FRACTION_KEY) >> 8) * 2.0**-24
+    entry = mix(h, col)
+    words = [entry] + [mix(entry, t) for t in range(1, count)]
+    return sum((w >> 8) * 2.0**-24 < p for w in words)
+
+
+def test_the_draws_are_the_hash_written_out_in_exact_integers():
+    """The int32 tensors' wrapping products and masked shifts compute the same words as
+    Python's unbounded integers, for seeds and steps past 32 bits too: every thinned count
+    of 300 cells over 3 steps equals the count thinned by hand."""
+    rows = counts(n_cells=300, n_features=40, seed=5)
+    cells = np.arange(300) * 7919 + 3
+    for seed, step in ((0, 0), (123456789012, 7), (3, 2**33 + 5)):
+        got = thin_rows(rows, cells, 0.25, seed, step).toarray()
+        coo = rows.tocoo()
+        want = np.zeros(rows.shape, dtype=np.float32)
+        for i, j, n in zip(coo.row, coo.col, coo.data):
+            want[i, j] = kept_by_hand(int(n), int(cells[i]), int(j), 0.25, seed, step)
+        np.testing.assert_array_equal(got, want)
+    fractions = keep_fractions(cell_hashes(torch.as_tensor(cells), 1, 2), 0.25).numpy()
+    assert fractions.min() >= 0.25 and fractions.max() < 1.0 and len(np.unique(fractions)) == 300
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_the_devices_padded_rows_thin_as_the_host_rows(device):
+    """Referee: the host's CSR rows thinned by :func:`thin_rows`, for rows of every length
+    (empty ones and one with counts up to 60 included), in two batches and orders; the
+    device reads nothing back to size its draws (they are summed on the host)."""
+    from ampflow.train.device_cells import DeviceCells
+
+    rng = np.random.default_rng(1)
+    dense = rng.poisson(0.4, size=(40, 53)).astype(np.float32)
+    dense[[4, 30]] = 0
+    dense[9] = rng.integers(0, 60, size=53)
+    mat = sp.csr_matrix(dense)
+    cells = DeviceCells(mat, device, torch.bfloat16, thinned=True)
+    for rows in ([9, 4, 0, 39, 30, 9, 12], list(range(40))[::-1]):
+        out = torch.full((len(rows), 53), -1.0, device=device)
+        cells.densify(torch.as_tensor(rows, device=device), out, (0.3, 11, 5), np.array(rows))
+        np.testing.assert_array_equal(out.cpu().numpy(), thin_rows(mat[rows], np.array(rows), 0.3, 11, 5).toarray())
+    plain = torch.empty(len(rows), 53, device=device)
+    cells.densify(torch.as_tensor(rows, device=device), plain)
+    np.testing.assert_array_equal(plain.cpu().numpy(), mat[rows].toarray())
+
+
+def test_the_room_kept_for_thinning_holds_the_allocators_peak():
+    """The device keeps room for thinning a batch (:func:`thinning_bytes`): the CPU
+    allocator's peak while a batch is densified and thinned, above what was held before,
+    stays within it, and above half of it (the room is not wasted), for single contacts and
+    for counts drawn one by one."""
+    from ampflow.train.device_cells import DeviceCells, thinning_bytes
+    from ampflow.train.measured_memory import AllocatorTrace
+
+    rng = np.random.default_rng(2)
+    for lam in (0.05, 3.0):
+        mat = sp.csr_matrix(rng.poisson(lam, size=(64, 20_000)).astype(np.float32))
+        cells = DeviceCells(mat, "cpu", thinned=True)
+        rows = np.arange(64)
+        idx, out = torch.as_tensor(rows), torch.empty(64, 20_000)
+        cells.densify(idx, out)  # the scratch row buffer, held between batches, allocated first
+        with AllocatorTrace() as trace:
+            cells.densify(idx, out, (0.3, 0, 0), rows)
+        room = thinning_bytes(mat, 64)
+        assert room == cells.thinning_bytes(rows)
+        assert 0.5 * room <= trace.peak <= room, (lam, trace.peak, room)

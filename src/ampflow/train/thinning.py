@@ -9,23 +9,45 @@ share. The decoder reconstructs the thinned counts: a thinned cell is a shallowe
 sample of the same cell, and the decoder's means scale with the cell's own contacts per
 stratum.
 
-The draws of a cell depend only on (seed, step, cell row), never on which other cells
-share its batch or its process: each data-parallel rank thins its own rows exactly as
-one process thins the whole batch, and a resumed run repeats the uninterrupted one's
-draws (the step count is in the checkpoint). Validation, the encoder input's fit
+The draws are counter-based: every uniform is a hash of (seed, step, cell, feature,
+which of the feature's contacts), never the state of a generator. So a cell's draws
+depend on nothing but those keys: not on which other cells share its batch or its
+process (each data-parallel rank thins its own rows exactly as one process thins the
+whole batch), not on how its counts are stored (host CSR rows or the device's padded
+rows give the same counts), and not on the device: the hash is integer arithmetic,
+exact in torch on CPU and CUDA alike, so a GPU thins its resident counts itself with
+the same result as the host, in a fixed number of kernels and no host round-trip. A
+resumed run repeats the uninterrupted one's draws (the step count is in the
+checkpoint). Validation, the encoder input's fit
 (:meth:`~ampflow.model.encoders.HiCInput.fit`) and the embeddings read the counts as
 they are.
+
+The hash is MurmurHash3's 32-bit finaliser (a bijection of 32-bit words with full
+avalanche), applied after each key word, multiplied by the golden ratio's word, is
+mixed in. The words are int32 tensors whose products wrap modulo 2**32 (two's
+complement, on CPU and CUDA alike); a test holds them to the same hash in Python's
+exact integers.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from ..base.errors import InputError
 
 #: Entropy word that keeps these draws apart from every other stream seeded from train.seed.
 THINNING_STREAM = 0x7448494E  # "tHIN"
+#: Key word of a cell's kept fraction, apart from every feature's contact draws.
+FRACTION_KEY = 0xFFFFFFFF
+#: Transient bytes of thinning, per stored entry (a padded slot on the device) and per
+#: further contact drawn alone: the device's room for it beside its padded rows
+#: (held to the CPU allocator's peak by a test).
+THINNING_BYTES_PER_SLOT = 40
+THINNING_BYTES_PER_DRAW = 60
+
+_M32 = 0xFFFFFFFF
 
 
 def check_integer_counts(hic: sp.csr_matrix, cell_ids, path=None) -> None:
@@ -42,23 +64,110 @@ def check_integer_counts(hic: sp.csr_matrix, cell_ids, path=None) -> None:
         )  # fmt: skip
 
 
+def _signed32(c: int) -> int:
+    """The int32 whose bits are the 32-bit word ``c``."""
+    c &= _M32
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
+_C1, _C2, _GOLDEN = _signed32(0x85EBCA6B), _signed32(0xC2B2AE35), _signed32(0x9E3779B1)
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's finaliser of 32-bit words held in int32 (``x`` is overwritten):
+    products wrap modulo 2**32 and right shifts are made logical by a mask."""
+    x ^= (x >> 16) & 0xFFFF
+    x *= _C1
+    x ^= (x >> 13) & 0x7FFFF
+    x *= _C2
+    x ^= (x >> 16) & 0xFFFF
+    return x
+
+
+def _mix(h: torch.Tensor, key) -> torch.Tensor:
+    """Hash words ``h`` (int32) with one more key word (an int or an integer tensor; its
+    low 32 bits), a new tensor."""
+    key = torch.as_tensor(_signed32(key) if isinstance(key, int) else key, device=h.device).to(torch.int32)
+    return _fmix32(key * _GOLDEN ^ h)
+
+
+def _uniform(h: torch.Tensor) -> torch.Tensor:
+    """Hash words as uniforms in [0, 1) (float64, their top 24 bits)."""
+    return ((h >> 8) & 0xFFFFFF).to(torch.float64) * 2.0**-24
+
+
+def thresholds(fractions: torch.Tensor) -> torch.Tensor:
+    """Kept fractions p as int32 thresholds: a hash word's uniform k * 2**-24
+    (:func:`_uniform`) is under p exactly when k < ceil(p * 2**24)."""
+    return torch.ceil(fractions * 2.0**24).to(torch.int32)
+
+
+def _below(h: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
+    """Whether each hash word's uniform is under its fraction (given as :func:`thresholds`)."""
+    return ((h >> 8) & 0xFFFFFF) < limits
+
+
+def cell_hashes(cells: torch.Tensor, seed: int, step: int) -> torch.Tensor:
+    """One hash word per cell (int32) keyed by (seed, step, cell)."""
+    h = torch.full_like(cells, THINNING_STREAM, dtype=torch.int32)
+    seed = int(seed)
+    for word in (seed & _M32, (seed >> 32) & _M32, int(step) & _M32, (int(step) >> 32) & _M32):
+        h = _mix(h, word)
+    return _mix(h, cells)
+
+
+def keep_fractions(hashes: torch.Tensor, keep_min: float) -> torch.Tensor:
+    """Each cell's kept fraction (float64), uniform over [keep_min, 1)."""
+    return keep_min + (1.0 - keep_min) * _uniform(_mix(hashes, FRACTION_KEY))
+
+
+def thin_entries(counts: torch.Tensor, cols: torch.Tensor, hashes: torch.Tensor, limits: torch.Tensor, sizes: tuple[int, int]) -> torch.Tensor:
+    """Binomial draws of stored counts (N,) (whole numbers, any dtype; 0 for padding) at
+    feature ``cols`` (N,) of the cells whose ``hashes`` and kept fractions (``limits``,
+    :func:`thresholds`) (N,) are given: each of an entry's n contacts is kept when its
+    uniform, the hash of the cell, the feature and the contact's number, is under the
+    fraction. ``sizes`` (:func:`draw_sizes`), known on the host, sizes the draws without
+    reading the device. Returns the kept counts in ``counts``' dtype.
+
+    Most single-cell counts are 1: an entry's first contact is drawn from the entry's own
+    hash, and only the further contacts of the larger counts are spread out, one per draw."""
+    n_big, extra = sizes
+    h = _mix(hashes, cols)
+    kept = (_below(h, limits) & (counts > 0)).to(torch.int64)
+    if extra:
+        big = torch.nonzero_static(counts > 1, size=n_big).squeeze(1)
+        more = counts.index_select(0, big).to(torch.int64) - 1
+        ends = torch.cumsum(more, 0)
+        entry = torch.repeat_interleave(torch.arange(n_big, device=big.device), more, output_size=extra)
+        which = torch.arange(1, extra + 1, device=big.device) - (ends - more).index_select(0, entry)
+        at = big.index_select(0, entry)
+        hit = _below(_mix(h.index_select(0, at), which), limits.index_select(0, at))
+        # kept contacts per entry from a running count: integer, exact and deterministic
+        # (no atomic adds), an entry's draws being contiguous
+        running = torch.cat([torch.zeros(1, dtype=torch.int64, device=big.device), torch.cumsum(hit.to(torch.int64), 0)])
+        kept.index_add_(0, big, running.index_select(0, ends) - running.index_select(0, ends - more))
+    return kept.to(counts.dtype)
+
+
+def draw_sizes(values: np.ndarray) -> tuple[int, int]:
+    """(entries with more than one contact, contacts beyond each entry's first) of the
+    stored counts ``values``: the sizes :func:`thin_entries` draws."""
+    big = values[values > 1]
+    return len(big), int((big - 1).sum(dtype=np.float64))
+
+
 def thin_rows(rows: sp.csr_matrix, cells: np.ndarray, keep_min: float, seed: int, step: int) -> sp.csr_matrix:
-    """``rows`` (len(cells), F) integer counts thinned: row i kept with a probability drawn
-    uniformly from [keep_min, 1] by cell ``cells[i]``'s own generator for ``step``
+    """``rows`` (len(cells), F) integer counts thinned: row i keeps each contact with a
+    probability drawn uniformly from [keep_min, 1) for cell ``cells[i]`` and ``step``
     (``keep_min`` 1: the rows, unchanged)."""
     if keep_min >= 1.0:
         return rows
-    out = sp.csr_matrix(rows, copy=True)
-    for i, cell in enumerate(np.asarray(cells)):
-        rng = np.random.default_rng([THINNING_STREAM, int(seed), int(step), int(cell)])
-        p = rng.uniform(keep_min, 1.0)
-        row = out.data[out.indptr[i] : out.indptr[i + 1]]  # a view: written in place
-        # most single-cell counts are 1, where Binomial(1, p) is a uniform draw below p:
-        # cheaper than numpy's binomial sampler (a row of mostly ones thins about twice
-        # as fast)
-        one = row == 1
-        row[one] = rng.random(int(one.sum())) < p
-        many = ~one & (row > 0)
-        row[many] = rng.binomial(row[many].astype(np.int64), p)
+    rows = sp.csr_matrix(rows)
+    lengths = torch.as_tensor(np.diff(rows.indptr))
+    hashes = cell_hashes(torch.as_tensor(np.ascontiguousarray(cells, dtype=np.int64)), seed, step)
+    limits = thresholds(keep_fractions(hashes, keep_min))
+    kept = thin_entries(torch.as_tensor(rows.data), torch.as_tensor(rows.indices), hashes.repeat_interleave(lengths), limits.repeat_interleave(lengths),
+                        draw_sizes(rows.data))  # fmt: skip
+    out = sp.csr_matrix((kept.numpy(), rows.indices.copy(), rows.indptr.copy()), shape=rows.shape)
     out.eliminate_zeros()
     return out

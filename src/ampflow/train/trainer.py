@@ -54,7 +54,7 @@ from ..parallel.parallelize import full_state, load_full_state, parallelize
 from . import checkpoint
 from .data import PairedData
 from .device import run_device, use_deterministic
-from .device_cells import DeviceCells, PinnedCopy, padded_bytes
+from .device_cells import DeviceCells, PinnedCopy, padded_bytes, thinning_bytes
 from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
 from .measured_memory import measure_step, measured_dp_step
@@ -436,21 +436,23 @@ class Trainer:
         pinned memory (and always on CPU, where the host's matrices are the device's)."""
         if self.device.type != "cuda":
             return None
-        if self.cfg.hic_keep_min < 1:
-            log.info("training counts: thinned on the host each step (train.hic_keep_min), copied from pinned memory")
-            return None
         mats = {"hic": self.data.hic, **({"rna": self.data.rna} if self.data.has_rna else {})}
-        need = sum(padded_bytes(m, torch.finfo(self.dtype).bits // 8) for m in mats.values())
+        thinned = self.cfg.hic_keep_min < 1
+        value_bytes = {k: 4 if thinned and k == "hic" else torch.finfo(self.dtype).bits // 8 for k in mats}
+        need = sum(padded_bytes(m, value_bytes[k]) for k, m in mats.items())
+        if thinned:  # the largest batch's transient draws beside the rows
+            need += thinning_bytes(self.data.hic, self.cfg.batch_size)
         free, _ = torch.cuda.mem_get_info(self.device)
         room = free - int(self.plan.predicted_peak_bytes or 0) - RESIDENT_MARGIN_BYTES
         if need > room:
             log.info("training counts: %.2f GiB as padded rows do not fit beside the step (%.2f GiB free less the plan's peak and a "
                      "margin): densified on the host, copied from pinned memory", need / 2**30, max(room, 0) / 2**30)  # fmt: skip
             return None
-        cells = {k: DeviceCells(m, self.device, self.dtype) for k, m in mats.items()}
+        cells = {k: DeviceCells(m, self.device, self.dtype, thinned=thinned and k == "hic") for k, m in mats.items()}
         if self.data.batch_names:
             cells["codes"] = torch.as_tensor(self.data.batch_codes, dtype=torch.long, device=self.device)
-        log.info("training counts on the device: %.2f GiB as padded rows (%.2f GiB room); batches densified there", need / 2**30, room / 2**30)
+        log.info("training counts on the device: %.2f GiB as padded rows (%.2f GiB room); batches densified%s there", need / 2**30, room / 2**30,
+                 " and thinned" if thinned else "")  # fmt: skip
         return cells
 
     def _thinning(self) -> tuple[float, int, int] | None:
@@ -463,7 +465,7 @@ class Trainer:
         """The batch's counts and batch indicators into the static step's buffers."""
         if self.resident is not None:
             idx = torch.as_tensor(cells, dtype=torch.long).to(self.device, non_blocking=True)
-            self.resident["hic"].densify(idx, bufs.hic)
+            self.resident["hic"].densify(idx, bufs.hic, self._thinning(), cells)
             if "rna" in self.resident:
                 self.resident["rna"].densify(idx, bufs.rna)
             if bufs.cond is not None:  # one-hot by scatter: one_hot() checks its values on the host
