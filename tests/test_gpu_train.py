@@ -13,6 +13,7 @@ fail.
   CUDA implementation, and then within a stated tolerance (:data:`RESUME_RTOL` on the
   final loss and parameters: atomics reorder float32 sums, about 1e-7 relative per
   addition, over the 12 steps of the run);
+* thinned counts (``train.hic_keep_min``) drawn on the device as on the host;
 * every strategy set's collectives issued on a one-rank group (NCCL on CUDA, gloo on
   CPU), compared with the single-process model (tests/parallel_equivalence.py's helpers);
 * two ranks on one device over gloo (which takes CUDA tensors) against one process;
@@ -149,6 +150,41 @@ def test_trainer_trains_is_killed_and_resumes(device, graphs, tmp_path):
         for k in ma:
             if ma[k].is_floating_point():
                 torch.testing.assert_close(mb[k], ma[k], rtol=RESUME_RTOL, atol=RESUME_RTOL * float(ma[k].abs().max()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_thinned_counts_train_alike_on_the_device_and_from_the_host(device, tmp_path, monkeypatch):
+    """``train.hic_keep_min``: on a GPU the counts stay on the device and are thinned
+    there; referee: the same run with the counts thinned on the host and copied (the
+    device's room for them taken away), whose draws are the same: every metrics row's loss
+    within float32 rounding, the same parameters. On CPU both runs take the host path
+    (the test's own code, proven on every machine)."""
+    from ampflow.contract.config import EarlyStoppingConfig, LossWeights, ModelConfig, StageConfig, TrainConfig
+    from ampflow.train import trainer as trainer_module
+
+    data = _paired_data(tmp_path, 32)
+    w = LossWeights()
+    cfg = TrainConfig(device=device, batch_size=8, hic_keep_min=0.3, checkpoint_every=10**6, threads=1, pretrain=StageConfig(2, 2e-3, w),
+                      finetune=StageConfig(0, 5e-4, w), early_stopping=EarlyStoppingConfig(patience=0))  # fmt: skip
+    try:
+        on_device = trainer_module.Trainer(data, ModelConfig(), cfg, tmp_path / "device")
+        assert (getattr(on_device, "resident", None) is not None) == (device == "cuda")
+        assert on_device.fit() is True
+        monkeypatch.setattr(trainer_module, "RESIDENT_MARGIN_BYTES", 2**62)
+        from_host = trainer_module.Trainer(data, ModelConfig(), cfg, tmp_path / "host")
+        assert getattr(from_host, "resident", None) is None
+        assert from_host.fit() is True
+    finally:
+        torch.use_deterministic_algorithms(False)
+    rd, rh = _rows(tmp_path / "device"), _rows(tmp_path / "host")
+    assert len(rd) == len(rh) == 8
+    for a, b in zip(rd, rh):
+        assert math.isclose(a["loss"]["total"], b["loss"]["total"], rel_tol=1e-5), (a["step"], a["loss"], b["loss"])
+    md = torch.load(tmp_path / "device" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
+    mh = torch.load(tmp_path / "host" / "model.pt", map_location="cpu", weights_only=True)["state_dict"]
+    for k in md:
+        if md[k].is_floating_point():
+            torch.testing.assert_close(md[k], mh[k], rtol=1e-4, atol=1e-4 * float(md[k].abs().max()))
 
 
 # ------------------------------------------------------------------ collectives

@@ -36,7 +36,7 @@ def test_keep_min_one_is_the_counts_as_given():
 
 
 def test_a_cells_draw_is_its_own_whatever_its_batch_or_order():
-    """Row i of a batch is thinned by cell i's generator for the step alone: the batch
+    """Row i of a batch is thinned by cell i's draws for the step alone: the batch
     of six, its two halves, and the six in reverse order give every cell the same row;
     another step or seed gives other rows."""
     rows, cells = counts(), np.array([11, 3, 7, 40, 2, 9])
