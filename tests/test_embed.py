@@ -211,6 +211,30 @@ def test_the_projection_and_the_farthest_stratum_come_from_the_model_file(data_d
     assert not np.allclose(zeroed.obsm["X_hic"], reference.obsm["X_hic"])
 
 
+def test_a_reach_in_base_pairs_trains_as_the_stratum_within_it(data_dir, tmp_path, caplog):
+    """``model.hic_max_distance``: a reach of 2.5 bins of the data's resolution trains the
+    model that ``hic_max_stratum: 2`` trains (referee: that run, its vectors to the bit),
+    its file keeps the stratum, and it embeds to its own vectors; data whose resolution is
+    unknown are refused by key."""
+    from dataclasses import replace
+
+    resolution = int(ad.read_h5ad(data_dir / "hic.h5ad").uns["ampflow"]["resolution"])
+    assert Trainer(load_paired(data_dir), replace(MODEL, hic_max_stratum=2), TRAIN, tmp_path / "stratum").fit() is True
+    with caplog.at_level("INFO", logger="ampflow.train.trainer"):
+        reach = replace(MODEL, hic_max_distance=2 * resolution + resolution // 2)
+        assert Trainer(load_paired(data_dir), reach, TRAIN, tmp_path / "bp").fit() is True
+    assert f"Hi-C encoder reach: strata 0-2 (model.hic_max_distance over the data's {resolution} bp bins)" in caplog.text
+    reference = ad.read_h5ad(tmp_path / "stratum" / "embeddings.h5ad")
+    assert_same_vectors(ad.read_h5ad(tmp_path / "bp" / "embeddings.h5ad"), reference)
+    kept = torch.load(tmp_path / "bp" / "model.pt", map_location="cpu", weights_only=True)["model_config"]
+    assert kept["hic_max_stratum"] == 2 and kept["hic_max_distance"] is None
+    assert_same_vectors(embed(tmp_path / "bp" / "model.pt", tmp_path / "emb.h5ad", "--data", data_dir), reference)
+    data = load_paired(data_dir)
+    del data.meta["hic"]["resolution"]
+    with pytest.raises(InputError, match="model.hic_max_distance: .*resolution is not known"):
+        Trainer(data, reach, TRAIN, tmp_path / "unknown")
+
+
 def test_no_overlap(data_dir, trained, tmp_path, capsys):
     a = ad.read_h5ad(data_dir / "rna.h5ad")
     a.var_names = [f"other{i}" for i in range(a.n_vars)]

@@ -7,7 +7,7 @@ defaults; ``tests/test_config.py`` holds the two together.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..base.errors import InputError, reject_unknown_keys
 
@@ -53,7 +53,10 @@ class ModelConfig:
     ``hic_pcs`` say how the Hi-C encoder weighs the strata, whether it reads stratum 0,
     whether it takes the log of what it reads, the farthest stratum it reads (None: all)
     and on how many of the training cells' principal axes it projects its input (0:
-    none; see :class:`~ampflow.model.encoders.HiCInput`).
+    none; see :class:`~ampflow.model.encoders.HiCInput`). ``hic_max_distance`` gives that
+    reach in base pairs instead, the same at every resolution a workflow trains:
+    :meth:`at_resolution` turns it into the farthest stratum of a configuration's data
+    (training does, so ``model.pt`` keeps the stratum).
     """
 
     latent_dim: int = 12
@@ -74,6 +77,7 @@ class ModelConfig:
     hic_diagonal: bool = True
     hic_transform: str = "log1p"
     hic_max_stratum: int | None = None
+    hic_max_distance: int | None = None
     hic_pcs: int = 0
 
     def __post_init__(self):
@@ -87,6 +91,11 @@ class ModelConfig:
             isinstance(self.hic_max_stratum, bool) or not isinstance(self.hic_max_stratum, int) or self.hic_max_stratum < 0
         ):
             raise InputError("must be a stratum number >= 0 or null", key="model.hic_max_stratum", value=self.hic_max_stratum)
+        d = self.hic_max_distance
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
+            raise InputError("must be a distance in base pairs >= 0 or null", key="model.hic_max_distance", value=d)
+        if d is not None and self.hic_max_stratum is not None:
+            raise InputError(f"gives the reach that hic_max_stratum ({self.hic_max_stratum}) gives too: set one of them", key="model.hic_max_distance", value=d)
         if isinstance(self.hic_pcs, bool) or not isinstance(self.hic_pcs, int) or self.hic_pcs < 0:
             raise InputError("must be an integer >= 0 (0: no projection)", key="model.hic_pcs", value=self.hic_pcs)
         if self.batch_key is not None and (not isinstance(self.batch_key, str) or not self.batch_key):
@@ -107,6 +116,18 @@ class ModelConfig:
     @property
     def D(self) -> int:
         return self.decoder_dim or self.latent_dim
+
+    def at_resolution(self, resolution: int | None, path=None) -> ModelConfig:
+        """These settings for data binned at ``resolution`` bp: ``hic_max_distance`` as
+        the farthest stratum within it (``distance // resolution``: stratum k lies k bins
+        off the diagonal); unchanged without ``hic_max_distance``. Data of no known
+        resolution cannot take a reach in base pairs: an error naming ``path``."""
+        if self.hic_max_distance is None:
+            return self
+        if not resolution:
+            raise InputError("is a reach in base pairs, but the data's resolution is not known (uns['ampflow']['resolution'])",
+                             path=path, key="model.hic_max_distance", value=self.hic_max_distance)  # fmt: skip
+        return replace(self, hic_max_distance=None, hic_max_stratum=int(self.hic_max_distance) // int(resolution))
 
     @property
     def private(self) -> int:

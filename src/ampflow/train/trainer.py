@@ -174,6 +174,10 @@ class Trainer:
 
     def __init__(self, data: PairedData, model_cfg: ModelConfig, train_cfg: TrainConfig, out_dir, name: str = "",
                  plan: Plan | None = None):  # fmt: skip
+        if model_cfg.hic_max_distance is not None:  # a reach in base pairs, as a stratum of this data (model.pt keeps it)
+            resolution = data.meta.get("hic", {}).get("resolution")
+            model_cfg = model_cfg.at_resolution(resolution)
+            log.info("Hi-C encoder reach: strata 0-%d (model.hic_max_distance over the data's %s bp bins)", model_cfg.hic_max_stratum, resolution)
         self.data, self.model_cfg, self.cfg = data, model_cfg, train_cfg
         self.plan = plan or Plan()
         self.mesh = plan_mesh(plan)
