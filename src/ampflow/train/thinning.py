@@ -87,8 +87,9 @@ def _fmix32(x: torch.Tensor) -> torch.Tensor:
 def _mix(h: torch.Tensor, key) -> torch.Tensor:
     """Hash words ``h`` (int32) with one more key word (an int or an integer tensor; its
     low 32 bits), a new tensor."""
-    key = torch.as_tensor(_signed32(key) if isinstance(key, int) else key, device=h.device).to(torch.int32)
-    return _fmix32(key * _GOLDEN ^ h)
+    if isinstance(key, int):  # a scalar: nothing copied to the device
+        return _fmix32(h ^ _signed32((key & _M32) * 0x9E3779B1))
+    return _fmix32(key.to(torch.int32) * _GOLDEN ^ h)
 
 
 def _uniform(h: torch.Tensor) -> torch.Tensor:
