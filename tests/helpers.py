@@ -3,7 +3,7 @@ the small trainer setup (``MODEL``, ``SETTINGS``, ``prepare``, ``metrics``), pla
 profiles for the diagnosis tests (``profile``, ``host``, ``plan_for``, ``Est``,
 ``mm10_profile``), a paired dataset with batches, the independent bin count, the
 Snakemake runner of the workflow tests, the error-message and figure-label checks, and
-the report's inputs."""
+the report's inputs, and the host-sync counter of the device-side steps."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import traceback
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import scipy.sparse as sp
 import torch
 from matplotlib.figure import Figure
 from synthetic_shapes import synthetic_features, synthetic_graph
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.amp.decide.diagnose import diagnose
 from ampflow.cli import main
@@ -307,3 +309,30 @@ def assert_same_model(a: Path, b: Path) -> None:
 
 def metrics(out: Path, name: str = "metrics.jsonl") -> list[dict]:
     return [json.loads(ln) for ln in (out / name).read_text().splitlines()]
+
+
+class SyncCount(TorchDispatchMode):
+    """Host syncs as dispatched ops: ``_local_scalar_dense`` and copies from a GPU tensor
+    to the CPU; each with where it came from (Adam's CPU step-count reads apart)."""
+
+    def __init__(self):
+        super().__init__()
+        self.syncs: Counter = Counter()
+        self.optimizer_reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        sync = name == "_local_scalar_dense" and not args[0].is_cuda
+        to_host = False
+        if name in ("_to_copy", "copy_"):
+            src = args[1] if name == "copy_" else args[0]
+            dst_cpu = (args[0].device.type == "cpu") if name == "copy_" else (str(kwargs.get("device", "")).startswith("cpu"))
+            to_host = torch.is_tensor(src) and src.is_cuda and dst_cpu
+        if name == "_local_scalar_dense" or to_host:
+            where = "".join(traceback.format_stack(limit=12))
+            if sync and "torch/optim/" in where:
+                self.optimizer_reads += 1
+            else:
+                self.syncs[f"{name}: {where}"] += 1
+        return func(*args, **kwargs)

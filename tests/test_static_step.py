@@ -22,17 +22,15 @@ trainer's step without host round-trips.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from helpers import SyncCount
 from parallel_equivalence import CLIP, LR, WEIGHTS, _adam_tolerance, _clip, _problem, _rel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.base.errors import InputError
 from ampflow.train.static_step import StaticStep, StepMode, choose_mode, draw_step, forward_terms
@@ -211,33 +209,6 @@ def test_choose_mode():
 
 
 # ------------------------------------------------------------------ the trainer's step
-class SyncCount(TorchDispatchMode):
-    """Host syncs as dispatched ops: ``_local_scalar_dense`` and copies from a GPU tensor
-    to the CPU; each with where it came from (Adam's CPU step-count reads apart)."""
-
-    def __init__(self):
-        super().__init__()
-        self.syncs: collections.Counter = collections.Counter()
-        self.optimizer_reads = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func.overloadpacket.__name__
-        sync = name == "_local_scalar_dense" and not args[0].is_cuda
-        to_host = False
-        if name in ("_to_copy", "copy_"):
-            src = args[1] if name == "copy_" else args[0]
-            dst_cpu = (args[0].device.type == "cpu") if name == "copy_" else (str(kwargs.get("device", "")).startswith("cpu"))
-            to_host = torch.is_tensor(src) and src.is_cuda and dst_cpu
-        if name == "_local_scalar_dense" or to_host:
-            where = "".join(traceback.format_stack(limit=12))
-            if sync and "torch/optim/" in where:
-                self.optimizer_reads += 1
-            else:
-                self.syncs[f"{name}: {where}"] += 1
-        return func(*args, **kwargs)
-
-
 def _hic_only_data(n_cells=40):
     from helpers import batched_paired_data
 

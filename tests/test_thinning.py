@@ -197,3 +197,25 @@ def test_the_room_kept_for_thinning_holds_the_allocators_peak():
         room = thinning_bytes(mat, 64)
         assert room == cells.thinning_bytes(rows)
         assert 0.5 * room <= trace.peak <= room, (lam, trace.peak, room)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_thinning_on_the_device_reads_nothing_back(device):
+    """The draws are sized on the host: densifying and thinning a batch dispatches no
+    scalar read (``_local_scalar_dense``, what ``.item()`` and an unsized
+    ``repeat_interleave`` or ``nonzero`` call on a GPU) and no copy to the host; referee:
+    the same counter sees a scalar read."""
+    from helpers import SyncCount
+
+    from ampflow.train.device_cells import DeviceCells
+
+    mat = sp.csr_matrix(np.random.default_rng(3).poisson(1.5, size=(30, 200)).astype(np.float32))
+    cells = DeviceCells(mat, device, thinned=True)
+    rows = np.array([4, 0, 29, 7])
+    idx, out = torch.as_tensor(rows, device=device), torch.empty(4, 200, device=device)
+    with SyncCount() as count:
+        cells.densify(idx, out, (0.3, 0, 2), rows)
+    assert not count.syncs, list(count.syncs)[:1]
+    with SyncCount() as count:
+        int(idx.sum())
+    assert count.syncs
