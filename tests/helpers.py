@@ -12,8 +12,8 @@ import json
 import os
 import re
 import subprocess
-import traceback
 import sys
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
