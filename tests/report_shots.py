@@ -68,9 +68,20 @@ def screenshot(browser: str, page: Path, out: Path, window: str = WINDOW) -> Pat
         "--allow-file-access-from-files", f"--window-size={window}", "--virtual-time-budget=15000",
         f"--screenshot={out}", page.resolve().as_uri(),
     ]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    # headless Chromium now and then hangs on a loaded machine, before or after it writes
+    # the file: a written screenshot is kept, and a hung run without one is run once more
+    for attempt in (1, 2):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+            why = f"exit {r.returncode}: {r.stderr[-2000:]}"
+        except subprocess.TimeoutExpired as e:
+            why = f"no exit within {e.timeout:g} s (attempt {attempt})"
+            if out.exists() and out.stat().st_size > 0:
+                break
+            continue
+        break
     if not out.exists() or out.stat().st_size == 0:
-        raise RuntimeError(f"{browser} wrote no screenshot (exit {r.returncode}): {r.stderr[-2000:]}")
+        raise RuntimeError(f"{browser} wrote no screenshot ({why})")
     return out
 
 
