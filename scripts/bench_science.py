@@ -202,8 +202,9 @@ def input_pca(data, fit: np.ndarray, model_cfg: dict, n_comps: int = 20) -> np.n
     """PCA of the Hi-C encoder's own input (the template's transform and strata, its band
     means from the ``fit`` cells) of ``data`` (:func:`load_paired`), axes fitted on those
     cells: what a model that learnt nothing beyond its input would score. (Its own
-    ``hic_pcs`` projection is left out: this PCA is that projection.)"""
-    cfg = ModelConfig.from_dict(model_cfg)
+    ``hic_pcs`` projection is left out: this PCA is that projection.) A reach in base
+    pairs is the stratum it is at the data's resolution, as training resolves it."""
+    cfg = ModelConfig.from_dict(model_cfg).at_resolution(data.meta.get("hic", {}).get("resolution"))
     transform = HiCInput(data.feature_stratum, data.n_strata, cfg.hic_band_weight, cfg.hic_diagonal, cfg.hic_transform, max_stratum=cfg.hic_max_stratum)
     transform = transform.double()
     transform.fit(data.stratum_totals(np.flatnonzero(fit)))

@@ -149,8 +149,9 @@ def test_input_pca_reads_the_strata_the_encoder_reads():
     """The PCA of the encoder's own input with the settings of ablation ``near_pcs``
     (strata 1-3, no log, BandNorm's band weight) is BandNorm without its log over strata
     1-3: the same input, so the same principal coordinates up to each axis's sign.
-    Referee: ``bandnorm_baseline``, written apart from the encoder's input. Reading every
-    stratum instead (the setting ignored) gives other coordinates."""
+    Referee: ``bandnorm_baseline``, written apart from the encoder's input. The same
+    reach given as 3 Mb of 1 Mb bins is the same input; reading every stratum instead
+    (the setting ignored) gives other coordinates."""
     import types
 
     import anndata as ad
@@ -166,7 +167,7 @@ def test_input_pca_reads_the_strata_the_encoder_reads():
     strata = np.repeat(np.arange(6), 25)
     x = sp.csr_matrix(rng.poisson(rng.uniform(0.3, 3.0, (60, 1)) * np.exp(-0.4 * strata), (60, strata.size)).astype(np.float64))
     onehot = sp.csr_matrix((np.ones(strata.size), (np.arange(strata.size), strata)))
-    data = types.SimpleNamespace(hic=x, feature_stratum=torch.as_tensor(strata), n_strata=6,
+    data = types.SimpleNamespace(hic=x, feature_stratum=torch.as_tensor(strata), n_strata=6, meta={"hic": {"resolution": 1_000_000}},
                                  stratum_totals=lambda idx: torch.as_tensor((x[idx] @ onehot).toarray()))  # fmt: skip
     fit = np.arange(60) < 45
     near = bench.CONFIG_ABLATIONS["near_pcs"]
@@ -176,6 +177,9 @@ def test_input_pca_reads_the_strata_the_encoder_reads():
     assert got.shape == want.shape
     signs = np.sign((got * want).sum(0))
     np.testing.assert_allclose(got * signs, want, rtol=1e-6, atol=1e-8)
+    # a config's reach in base pairs (model.hic_max_distance): 3 Mb is strata 1-3 of these 1 Mb bins
+    reach = bench.input_pca(data, fit, {**near, "hic_max_stratum": None, "hic_max_distance": 3_000_000})
+    np.testing.assert_allclose(np.abs(reach), np.abs(got), rtol=1e-9, atol=1e-12)
     every = bench.input_pca(data, fit, {**near, "hic_max_stratum": None})
     assert not np.allclose(np.abs(every), np.abs(want), atol=1e-3)
 
