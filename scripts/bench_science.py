@@ -46,8 +46,13 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``hic_kl20``: that term at 20, the default before (on a few hundred training cells it
   left the latent about two effective dimensions);
 * ``thin30``: each training step's cells keep each Hi-C contact with a probability drawn
-  per cell from [0.3, 1] (``train.hic_keep_min``; 1, none, by default);
-* ``near_thin``: ``near_pcs`` and ``thin30`` together.
+  per cell from [0.3, 1] (``train.hic_keep_min``, the template's value);
+* ``near_thin``: ``near_pcs`` and ``thin30`` together (the template's Hi-C input and
+  thinning at 1 Mb, where its 3 Mb reach is strata 1-3);
+* ``log1p_all``: the encoder reads every stratum, the diagonal included, through
+  ``log1p``, unprojected (the template's Hi-C input before it took ``near_thin``'s);
+* ``unthinned``: no thinning (``train.hic_keep_min: 1``);
+* ``log1p_all_unthinned``: both, the template's Hi-C settings before ``near_thin``.
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -131,7 +136,8 @@ from ampflow.train.trainer import Trainer
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "pcs20", "near_pcs", "patience10", "pretrain300", "hic_kl1", "hic_kl20",
-             "thin30", "near_thin", "sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32", "old")  # fmt: skip
+             "thin30", "near_thin", "log1p_all", "unthinned", "log1p_all_unthinned", "sampled_keys", "decay_head", "no_loadings", "full_key_scale",
+             "latent32", "old")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
@@ -142,14 +148,20 @@ CONFIG_ABLATIONS = {
     "linear": {"hic_transform": "linear"},
     "pcs20": {"hic_pcs": 20},
     "near_pcs": {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20},
+    "log1p_all": {"hic_transform": "log1p", "hic_diagonal": True, "hic_max_stratum": None, "hic_max_distance": None, "hic_pcs": 0},
 }
 #: Ablations that are training settings (``train.*``, merged into the template's).
-TRAIN_ABLATIONS = {"patience10": {"early_stopping": {"patience": 10}}, "pretrain300": {"pretrain": {"epochs": 300}}, "thin30": {"hic_keep_min": 0.3}}
+TRAIN_ABLATIONS = {
+    "patience10": {"early_stopping": {"patience": 10}},
+    "pretrain300": {"pretrain": {"epochs": 300}},
+    "thin30": {"hic_keep_min": 0.3},
+    "unthinned": {"hic_keep_min": 1.0},
+}
 #: Ablations that are loss weights of both training stages (``train.*.weights``).
 WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}, "hic_kl20": {"hic_kl": 20.0}}
 OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32")
 #: Variants that are several ablations at once.
-COMBINED = {"old": OLD, "near_thin": ("near_pcs", "thin30")}
+COMBINED = {"old": OLD, "near_thin": ("near_pcs", "thin30"), "log1p_all_unthinned": ("log1p_all", "unthinned")}
 PERMUTATIONS = 200
 #: Training cells whose types a new cell's type is voted from (label transfer).
 TRANSFER_NEIGHBOURS = 15

@@ -227,6 +227,7 @@ class Shape:
     feature_stratum: torch.Tensor  # (F,)
     graph: GraphSpec
     n_genes: int
+    resolution: int  # bp: the data says it, as a workflow's does (model.hic_max_distance reads it)
 
     @property
     def n_anchors(self) -> int:
@@ -268,7 +269,7 @@ def build_shape(sizes: dict[str, int], resolution: int, n_strata: int, n_genes: 
         src=src, dst=dst, weight=weight, sign=torch.ones(src.numel()), n_nodes=n_nodes,
         gene_nodes=torch.arange(n_genes), anchor_nodes=torch.arange(n_genes, n_nodes),
     )  # fmt: skip
-    return Shape(f"{resolution_label(resolution)}/{n_strata}", n_strata, anchor, stratum, graph, n_genes)
+    return Shape(f"{resolution_label(resolution)}/{n_strata}", n_strata, anchor, stratum, graph, n_genes, resolution)
 
 
 class Cells:
@@ -756,7 +757,7 @@ def hires_data(shape: Shape, n: int, umis: float, contacts: float, seed: int, de
     return PairedData(
         obs=pd.DataFrame(index=pd.Index([f"cell{i}" for i in range(n)], name="cell")),
         rna=rna, hic=hic, feature_anchor=shape.feature_anchor, feature_stratum=shape.feature_stratum,
-        n_strata=shape.n_strata, graph=shape.graph, meta={},
+        n_strata=shape.n_strata, graph=shape.graph, meta={"hic": {"resolution": shape.resolution}},
         genes=[f"gene{i}" for i in range(shape.n_genes)], features=[f"f{i}" for i in range(hic.shape[1])],
     )  # fmt: skip
 

@@ -16,6 +16,12 @@ except ImportError:  # run from a checkout without installing the package
     from ampflow.model.paired import GraphSpec
 
 
+#: ``PairedData.meta`` of synthetic cells: the bin size a workflow's data records, which a
+#: reach in base pairs (``model.hic_max_distance``) is counted in; 1 Mb, so the
+#: template's 3 Mb reach is strata 0-3
+SYNTHETIC_META = {"hic": {"resolution": 1_000_000}}
+
+
 def synthetic_features(n: int, n_strata: int, keep: float, size: int, g: torch.Generator):
     """``(feature_anchor, feature_stratum)``, stratum-major: all anchors at stratum 0,
     then for each ``k >= 1`` a random subset of the anchors ``a < n - k`` (pair

@@ -23,7 +23,7 @@ import pandas as pd
 import scipy.sparse as sp
 import torch
 from matplotlib.figure import Figure
-from synthetic_shapes import synthetic_features, synthetic_graph
+from synthetic_shapes import SYNTHETIC_META, synthetic_features, synthetic_graph
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.amp.decide.diagnose import diagnose
@@ -175,7 +175,7 @@ def batched_paired_data(n_cells=64, batch_fold=6.0, seed=0, batches=True) -> Pai
     )
     return PairedData(
         obs=obs, rna=sp.csr_matrix((n_cells, 0), dtype=np.float32), hic=sp.csr_matrix(hic, dtype=np.float32),
-        feature_anchor=anchor, feature_stratum=stratum, n_strata=N_STRATA, graph=synthetic_graph(0, N_ANCHORS, g), meta={},
+        feature_anchor=anchor, feature_stratum=stratum, n_strata=N_STRATA, graph=synthetic_graph(0, N_ANCHORS, g), meta=SYNTHETIC_META,
     )  # fmt: skip
 
 

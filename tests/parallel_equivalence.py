@@ -98,6 +98,8 @@ def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
     rna = torch.poisson(torch.full((B, G), 0.8, dtype=F64), generator=g)  # sparse, as scRNA is
     depth = torch.linspace(2.0, 0.2, B, dtype=F64)
     hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g)
+    if cfg.hic_pcs:  # the input's projection fitted on the problem's cells, as training fits it on its own
+        model.hic_input.fit(torch.zeros(B, L, dtype=F64).index_add_(1, stratum, hic), hic.numpy())
     cond = torch.nn.functional.one_hot(torch.arange(B) % n_batches, n_batches).to(dtype) if n_batches else None
     # one problem in both precisions: the fp32 one is the fp64 one rounded
     return model.to(dtype), rna.to(dtype), hic.to(dtype), cond

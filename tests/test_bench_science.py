@@ -180,12 +180,13 @@ def test_input_pca_reads_the_strata_the_encoder_reads():
     # a config's reach in base pairs (model.hic_max_distance): 3 Mb is strata 1-3 of these 1 Mb bins
     reach = bench.input_pca(data, fit, {**near, "hic_max_stratum": None, "hic_max_distance": 3_000_000})
     np.testing.assert_allclose(np.abs(reach), np.abs(got), rtol=1e-9, atol=1e-12)
-    every = bench.input_pca(data, fit, {**near, "hic_max_stratum": None})
+    every = bench.input_pca(data, fit, {**near, "hic_max_stratum": None, "hic_max_distance": None})
     assert not np.allclose(np.abs(every), np.abs(want), atol=1e-3)
 
 
 def test_combined_variants_apply_each_of_their_ablations():
-    """``near_thin`` is ``near_pcs`` and ``thin30`` at once, ``old`` the decoder's five;
+    """``near_thin`` is ``near_pcs`` and ``thin30`` at once, ``log1p_all_unthinned``
+    ``log1p_all`` and ``unthinned``, ``old`` the decoder's five;
     a single name is itself, ``model`` none. Referee: the settings written out by hand
     (the encoder's input of BandNorm without its log over strata 1-3, projected on 20
     axes; thinning from 0.3); ModelConfig and TrainConfig accept them."""
@@ -201,6 +202,12 @@ def test_combined_variants_apply_each_of_their_ablations():
     assert template["hic_pcs"] == 0  # the template itself untouched
     assert bench.ablated_train({"seed": 0}, names) == {"seed": 0, "hic_keep_min": 0.3}
     assert ModelConfig.from_dict(model).hic_pcs == 20 and TrainConfig.from_dict({"hic_keep_min": 0.3}).hic_keep_min == 0.3
+    # the template's Hi-C settings before near_thin: every stratum through log1p, unprojected, unthinned
+    before = bench.ablation_names("log1p_all_unthinned")
+    template = {"hic_diagonal": False, "hic_transform": "linear", "hic_max_distance": 3_000_000, "hic_pcs": 20}
+    model = ModelConfig.from_dict(bench.ablated_model(template, before))
+    assert (model.hic_transform, model.hic_diagonal, model.hic_max_stratum, model.hic_max_distance, model.hic_pcs) == ("log1p", True, None, None, 0)
+    assert TrainConfig.from_dict(bench.ablated_train({"hic_keep_min": 0.3}, before)).hic_keep_min == 1.0
     assert set(bench.COMBINED) <= set(bench.ABLATIONS)
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
-from synthetic_shapes import synthetic_features, synthetic_graph
+from synthetic_shapes import SYNTHETIC_META, synthetic_features, synthetic_graph
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ampflow.contract.config import LossWeights, ModelConfig, TrainConfig
@@ -37,7 +37,7 @@ def data() -> PairedData:
     obs = pd.DataFrame({"batch": [f"b{i % 3 // 2}" for i in range(N_CELLS)]}, index=[f"c{i}" for i in range(N_CELLS)])
     return PairedData(
         obs=obs, rna=sp.csr_matrix(rna.numpy()), hic=sp.csr_matrix(hic.numpy()), feature_anchor=anchor,
-        feature_stratum=stratum, n_strata=N_STRATA, graph=synthetic_graph(N_GENES, N_ANCHORS, g), meta={},
+        feature_stratum=stratum, n_strata=N_STRATA, graph=synthetic_graph(N_GENES, N_ANCHORS, g), meta=SYNTHETIC_META,
     )  # fmt: skip
 
 

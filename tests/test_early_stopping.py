@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
-from synthetic_shapes import synthetic_features, synthetic_graph
+from synthetic_shapes import SYNTHETIC_META, synthetic_features, synthetic_graph
 from trainer_doubles import StoppingTrainer
 
 from ampflow.base.errors import InputError
@@ -47,7 +47,7 @@ def data() -> PairedData:
     obs = pd.DataFrame(index=[f"c{i}" for i in range(N_CELLS)])
     return PairedData(
         obs=obs, rna=sp.csr_matrix((N_CELLS, 0), dtype=np.float32), hic=sp.csr_matrix(hic, dtype=np.float32),
-        feature_anchor=anchor, feature_stratum=stratum, n_strata=N_STRATA, graph=synthetic_graph(0, N_ANCHORS, g), meta={},
+        feature_anchor=anchor, feature_stratum=stratum, n_strata=N_STRATA, graph=synthetic_graph(0, N_ANCHORS, g), meta=SYNTHETIC_META,
     )  # fmt: skip
 
 

@@ -71,7 +71,7 @@ def _paired_data(tmp: Path, n_cells: int):
         obs=pd.DataFrame(index=pd.Index([f"c{i}" for i in range(n_cells)], name="cell_id")),
         rna=sp.csr_matrix(rna.numpy()), hic=sp.csr_matrix(hic.numpy()),
         feature_anchor=shape.feature_anchor, feature_stratum=shape.feature_stratum, n_strata=shape.n_strata,
-        graph=shape.graph, meta={}, genes=[f"g{i}" for i in range(shape.n_genes)],
+        graph=shape.graph, meta={"hic": {"resolution": shape.resolution}}, genes=[f"g{i}" for i in range(shape.n_genes)],
         features=[f"f{i}" for i in range(hic.shape[1])],
     )  # fmt: skip
 

@@ -156,7 +156,8 @@ def test_a_reach_in_base_pairs_is_the_farthest_stratum_within_it():
     """``hic_max_distance`` at three resolutions: stratum k lies k bins off the diagonal,
     so 3 Mb reaches strata 3, 6 and 30 at 1 Mb, 500 kb and 100 kb, and 2.99 Mb reaches
     stratum 2 at 1 Mb (referee: the strata counted by hand). Without it the settings
-    are unchanged; with the stratum as well it is refused, by key."""
+    are unchanged; with the stratum as well the stratum is the reach. Data of unknown
+    resolution is refused, by key."""
     from ampflow.base.errors import InputError
 
     cfg = ModelConfig.from_dict({"hic_max_distance": 3_000_000})
@@ -165,7 +166,8 @@ def test_a_reach_in_base_pairs_is_the_farthest_stratum_within_it():
     assert cfg.at_resolution(1_000_000).hic_max_distance is None
     plain = ModelConfig.from_dict({"hic_max_stratum": 4})
     assert plain.at_resolution(100_000) is plain and plain.at_resolution(None) is plain
-    with pytest.raises(InputError, match="model.hic_max_distance: .*set one of them"):
-        ModelConfig.from_dict({"hic_max_distance": 3_000_000, "hic_max_stratum": 3})
+    # a stratum set is the reach, whatever the distance beside it (the schema fills the default in)
+    both = ModelConfig.from_dict({"hic_max_distance": 3_000_000, "hic_max_stratum": 4})
+    assert both.hic_max_distance is None and both.at_resolution(100_000).hic_max_stratum == 4
     with pytest.raises(InputError, match="model.hic_max_distance: .*resolution is not known"):
         cfg.at_resolution(None, path="hic.h5ad")

@@ -423,12 +423,14 @@ def test_profile_adapters():
         "train": {"batch_size": 32, "dtype": "float32", "optimizer": "adam"},
     }
     est = estimate_for_profile(profile, ("chunked_attention", "key_first_decode"), 1, 1, 32)
-    # the model config's default private_dim: a quarter of latent_dim 16, so 12 aligned dims
-    assert est == predict(_spec(4, shared=12), chunk=32, key_first=True)
-    assert estimate_for_profile(profile, ("chunked_attention",), 1, 1, 0) == predict(_spec(4, shared=12))
+    # the model config's defaults: private_dim a quarter of latent_dim 16, so 12 aligned
+    # dims, and the Hi-C input's projection on hic_pcs axes
+    spec = _spec(4, shared=12, hic_pcs=ModelConfig().hic_pcs)
+    assert est == predict(spec, chunk=32, key_first=True)
+    assert estimate_for_profile(profile, ("chunked_attention",), 1, 1, 0) == predict(spec)
     mem = profile_memory(profile)
     json.dumps(mem)
-    assert mem["total_bytes"] == predict(_spec(4, shared=12)).total
+    assert mem["total_bytes"] == predict(spec).total
     assert mem["M_base_bytes"] + sum(mem["strata_bytes"]) == mem["total_bytes"]
 
 

@@ -56,7 +56,8 @@ class ModelConfig:
     none; see :class:`~ampflow.model.encoders.HiCInput`). ``hic_max_distance`` gives that
     reach in base pairs instead, the same at every resolution a workflow trains:
     :meth:`at_resolution` turns it into the farthest stratum of a configuration's data
-    (training does, so ``model.pt`` keeps the stratum).
+    (training does, so ``model.pt`` keeps the stratum); ``hic_max_stratum``, when set,
+    is the reach and ``hic_max_distance`` is dropped.
     """
 
     latent_dim: int = 12
@@ -74,11 +75,11 @@ class ModelConfig:
     graph_batch: int = 4096
     batch_key: str | None = "batch"
     hic_band_weight: str = "mean"
-    hic_diagonal: bool = True
-    hic_transform: str = "log1p"
+    hic_diagonal: bool = False
+    hic_transform: str = "linear"
     hic_max_stratum: int | None = None
-    hic_max_distance: int | None = None
-    hic_pcs: int = 0
+    hic_max_distance: int | None = 3_000_000
+    hic_pcs: int = 20
 
     def __post_init__(self):
         if self.hic_transform not in HIC_TRANSFORMS:
@@ -95,7 +96,9 @@ class ModelConfig:
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
             raise InputError("must be a distance in base pairs >= 0 or null", key="model.hic_max_distance", value=d)
         if d is not None and self.hic_max_stratum is not None:
-            raise InputError(f"gives the reach that hic_max_stratum ({self.hic_max_stratum}) gives too: set one of them", key="model.hic_max_distance", value=d)
+            # a stratum set is the reach: a config that sets hic_max_stratum keeps it under
+            # the default reach in base pairs, which the schema fills in beside it
+            object.__setattr__(self, "hic_max_distance", None)
         if isinstance(self.hic_pcs, bool) or not isinstance(self.hic_pcs, int) or self.hic_pcs < 0:
             raise InputError("must be an integer >= 0 (0: no projection)", key="model.hic_pcs", value=self.hic_pcs)
         if self.batch_key is not None and (not isinstance(self.batch_key, str) or not self.batch_key):
@@ -348,7 +351,7 @@ class TrainConfig:
     every parameter by ``lr x weight_decay`` besides Adam's step, so that a weight the
     gradient does not keep up fades (:func:`ampflow.train.trainer.make_optimizer`).
 
-    ``hic_keep_min`` (default 1: off) thins the Hi-C counts each training step reads:
+    ``hic_keep_min`` (default 0.3; 1: off) thins the Hi-C counts each training step reads:
     each cell keeps each contact with a probability drawn per cell and step uniformly
     from ``[hic_keep_min, 1]`` (:mod:`ampflow.train.thinning`), so the encoder never sees
     a training cell twice with the same counts.
@@ -368,7 +371,7 @@ class TrainConfig:
     cuda_graphs: bool | str = "auto"
     clip_grad_norm: float | str | None = CLIP_ZSCORE
     weight_decay: float = 0.0
-    hic_keep_min: float = 1.0
+    hic_keep_min: float = 0.3
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
