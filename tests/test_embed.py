@@ -190,6 +190,25 @@ def test_the_hic_transform_comes_from_the_model_file(data_dir, tmp_path, transfo
     assert np.array_equal(old.obsm["X_hic"], reference.obsm["X_hic"]) == (transform == "log1p")
 
 
+def test_a_model_file_from_before_the_hic_input_settings_embeds_as_it_trained(data_dir, tmp_path):
+    """A model.pt written before ``hic_transform``, ``hic_diagonal``, ``hic_max_stratum``,
+    ``hic_max_distance`` and ``hic_pcs`` existed read every stratum, the diagonal
+    included, through log1p, unprojected: it embeds with those settings, not today's
+    defaults. Referee: the trainer's own vectors of a model trained with them, its file
+    stripped of the five keys."""
+    from dataclasses import replace
+
+    out = tmp_path / "run"
+    before = replace(MODEL, hic_transform="log1p", hic_diagonal=True, hic_max_stratum=None, hic_max_distance=None, hic_pcs=0)
+    assert Trainer(load_paired(data_dir), before, TRAIN, out).fit() is True
+    reference = ad.read_h5ad(out / "embeddings.h5ad")
+    m = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
+    for key in ("hic_transform", "hic_diagonal", "hic_max_stratum", "hic_max_distance", "hic_pcs"):
+        del m["model_config"][key]
+    torch.save(m, tmp_path / "old.pt")
+    assert_same_vectors(embed(tmp_path / "old.pt", tmp_path / "old.h5ad", "--data", data_dir), reference)
+
+
 def test_the_projection_and_the_farthest_stratum_come_from_the_model_file(data_dir, tmp_path, caplog):
     """Referee: the trainer's own vectors of a model whose Hi-C input reads strata 0-2
     projected on 3 principal axes. Its file embeds the training folder to them; the same

@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 #: Keys of ``model.pt`` that embedding reads besides the weights and the model settings.
 NAME_KEYS = ("genes", "features", "n_strata", "feature_stratum")
+#: How the Hi-C encoder read its input in the versions before each of these settings
+#: existed (every stratum, the diagonal included, through log1p, unprojected): a
+#: model.pt without a key embeds as it trained, not with today's default
+HIC_INPUT_BEFORE = {"hic_transform": "log1p", "hic_diagonal": True, "hic_max_stratum": None, "hic_max_distance": None, "hic_pcs": 0}
 
 
 @dataclass(frozen=True)
@@ -169,8 +173,7 @@ def load_trained(model_path, device: str | torch.device = "cpu") -> TrainedModel
     for key in ("state_dict", "model_config", *NAME_KEYS):
         if key not in m:
             raise InputError("the model file lacks this key (train it again with this version to embed with it)", path=path, key=key)
-    # a model written before model.hic_transform existed read its Hi-C input through log1p
-    cfg = ModelConfig.from_dict({"hic_transform": "log1p", **m["model_config"]})
+    cfg = ModelConfig.from_dict({**HIC_INPUT_BEFORE, **m["model_config"]})
     train = m.get("train_config", {})
     dtype = getattr(torch, train.get("dtype", "float32"))
     stratum = torch.as_tensor(m["feature_stratum"], dtype=torch.long)
