@@ -100,9 +100,10 @@ threads; no plan, so the model runs as built), on ``--hires-cells`` synthetic ce
 cell trained on (no ``split`` column, no batches). Per shape and mode (``--modes``:
 ``eager`` = ``train.compile`` and ``train.cuda_graphs`` false, today's step;
 ``compiled`` = compile only; ``graphed`` = CUDA graphs only (a GPU only);
-``compiled+graphed``; ``eager-thinned`` and ``graphed-thinned``: the same with
-``train.hic_keep_min: 0.3``, thinned on the host eagerly and on the device when graphed,
-what thinning costs beside the plain mode) one epoch of full batches, cut to the steps needed, without early
+``compiled+graphed``, each reading the counts as they are (``train.hic_keep_min: 1``);
+``eager-thinned`` and ``graphed-thinned``: the same with ``train.hic_keep_min: 0.3``,
+thinned on the host eagerly and on the device when graphed, what thinning costs beside
+the plain mode) one epoch of full batches, cut to the steps needed, without early
 stopping, checkpoints or output files (a subclass of the trainer adds the probes):
 
 * ``--hires-warmup`` steps first (the compile or the capture, the trainer's measured
@@ -1023,8 +1024,9 @@ def hires_train_config(args, mode: str, device: str, epochs: int, early: bool) -
     base = template_train_config(args.template)
     compile_, graphs = HIRES_MODES[mode]
     cfg = replace(base, batch_size=args.batch, device=device, compile=compile_, cuda_graphs=graphs, seed=args.seed)
-    if mode in THINNED_MODES:
-        cfg = replace(cfg, hic_keep_min=THINNED_KEEP_MIN)
+    # the other modes read the counts as they are, whatever the template thins: the
+    # thinned modes' cost is measured beside them
+    cfg = replace(cfg, hic_keep_min=THINNED_KEEP_MIN if mode in THINNED_MODES else 1.0)
     if args.threads:  # the threads the floor's matrix-product rate was measured with
         cfg = replace(cfg, threads=args.threads)
     if early:
