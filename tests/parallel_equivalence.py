@@ -15,6 +15,7 @@ from synthetic_shapes import synthetic_features, synthetic_graph
 from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.contract.plan import Plan
 from ampflow.contract.strategies import BUILT_IN
+from ampflow.model.encoders import stratum_totals
 from ampflow.model.paired import PairedModel
 from ampflow.parallel.clip import clip_gradients
 from ampflow.parallel.data_parallel import DataParallelStep, balanced_split, draw_noise
@@ -81,6 +82,15 @@ def _plan(ids, dp, tp, chunk=3):
     })  # fmt: skip
 
 
+def fit_hic_input(model, hic: torch.Tensor, stratum: torch.Tensor) -> None:
+    """The Hi-C input's projection (``model.hic_pcs``) fitted on a problem's cells, as
+    training fits it on its training cells: unfitted axes give every cell the same zero
+    input, whose gradients vanish in exact arithmetic and leave rounding to compare."""
+    if model.hic_input.pcs:
+        counts = hic.double()
+        model.hic_input.fit(stratum_totals(counts, stratum, model.hic_input.n_strata), counts.numpy())
+
+
 def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     anchor, stratum = synthetic_features(n_anchors, L, 0.7, 0, g)
@@ -98,8 +108,7 @@ def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
     rna = torch.poisson(torch.full((B, G), 0.8, dtype=F64), generator=g)  # sparse, as scRNA is
     depth = torch.linspace(2.0, 0.2, B, dtype=F64)
     hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g)
-    if cfg.hic_pcs:  # the input's projection fitted on the problem's cells, as training fits it on its own
-        model.hic_input.fit(torch.zeros(B, L, dtype=F64).index_add_(1, stratum, hic), hic.numpy())
+    fit_hic_input(model, hic, stratum)
     cond = torch.nn.functional.one_hot(torch.arange(B) % n_batches, n_batches).to(dtype) if n_batches else None
     # one problem in both precisions: the fp32 one is the fp64 one rounded
     return model.to(dtype), rna.to(dtype), hic.to(dtype), cond

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 from dist_helpers import run_world
-from parallel_equivalence import LR, WEIGHTS, _adam_tolerance, _snapshot
+from parallel_equivalence import LR, WEIGHTS, _adam_tolerance, _snapshot, fit_hic_input
 from synthetic_shapes import synthetic_features, synthetic_graph
 
 from ampflow.contract.config import ModelConfig
@@ -41,6 +41,7 @@ def _problem(dtype, dropout=0.0, n_anchors=9, L=3, G=7, seed=0):
     rna = torch.poisson(torch.full((B, G), 3.0, dtype=F64), generator=g).to(dtype)
     depth = (_skewed_contacts() + 1).to(F64) / len(anchor)
     hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g).to(dtype)
+    fit_hic_input(model, hic, stratum)
     return model, rna, hic
 
 

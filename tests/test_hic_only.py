@@ -23,7 +23,7 @@ import pytest
 import torch
 from dist_helpers import run_world
 from helpers import SETTINGS as FIXED_SCHEDULE
-from parallel_equivalence import CONFIGS, LR, SETS, WEIGHTS, _plan, _snapshot, assert_rank_matches
+from parallel_equivalence import CONFIGS, LR, SETS, WEIGHTS, _plan, _snapshot, assert_rank_matches, fit_hic_input
 from synthetic_shapes import synthetic_features, synthetic_graph
 
 from ampflow.amp.decide.diagnose import diagnose
@@ -311,6 +311,7 @@ def _problem(dtype, config, n_anchors=9, L=4, seed=0):
             p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64))
     depth = torch.linspace(2.0, 0.2, B, dtype=torch.float64)
     hic = torch.poisson(depth.unsqueeze(1).expand(B, len(anchor)), generator=g)
+    fit_hic_input(model, hic, stratum)
     return model.to(dtype), torch.zeros(B, 0, dtype=dtype), hic.to(dtype)
 
 
