@@ -80,7 +80,9 @@ VALIDATION_BATCH_FACTOR = 8
 def build_model(cfg: ModelConfig, data: PairedData) -> PairedModel:
     """The plain model for ``data``, its Hi-C input weighed by the training cells' strata
     and projected on their principal axes (:meth:`~ampflow.model.encoders.HiCInput.fit`;
-    never the held-out cells)."""
+    never the held-out cells); a reach in base pairs read as the stratum it is at the
+    data's resolution."""
+    cfg = cfg.at_resolution(data.meta.get("hic", {}).get("resolution"))
     model = PairedModel(cfg, data.rna.shape[1], data.feature_anchor, data.feature_stratum, data.n_strata, data.graph, data.n_batches)
     rows = data.train_rows
     if not cfg.hic_pcs:
