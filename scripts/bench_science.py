@@ -123,7 +123,7 @@ from ampflow.contract.config import EarlyStoppingConfig, ModelConfig, TrainConfi
 from ampflow.contract.layout import HELDOUT, SPLIT_COLUMN, TRAIN, training_rows
 from ampflow.evaluate.baselines import bandnorm_baseline, counts_matrix, hic_baseline, pca_fit_transform
 from ampflow.evaluate.clusters import KMEANS_STARTS
-from ampflow.evaluate.embed import map_columns
+from ampflow.evaluate.embed import HIC_INPUT_BEFORE, map_columns
 from ampflow.evaluate.spread import effective_dims
 from ampflow.io.h5ad import read_h5ad
 from ampflow.model import decoders, paired
@@ -148,7 +148,7 @@ CONFIG_ABLATIONS = {
     "linear": {"hic_transform": "linear"},
     "pcs20": {"hic_pcs": 20},
     "near_pcs": {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20},
-    "log1p_all": {"hic_transform": "log1p", "hic_diagonal": True, "hic_max_stratum": None, "hic_max_distance": None, "hic_pcs": 0},
+    "log1p_all": dict(HIC_INPUT_BEFORE),  # what a model.pt from before these settings read
 }
 #: Ablations that are training settings (``train.*``, merged into the template's).
 TRAIN_ABLATIONS = {

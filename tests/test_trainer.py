@@ -132,8 +132,8 @@ def test_outputs(paired, reference):
     m = load_model(out)
     assert {"state_dict", "model_config", "train_config"} <= set(m)
     # a reach in base pairs is kept as the stratum it is at the data's resolution
-    kept = MODEL.at_resolution(paired.meta["hic"]["resolution"]).to_dict()
-    assert m["model_config"] == kept
+    model_kept = MODEL.at_resolution(paired.meta["hic"]["resolution"]).to_dict()
+    assert m["model_config"] == model_kept
     assert TrainConfig.from_dict(m["train_config"]) == TRAIN
     assert m["steps"] == N_STEPS
 
@@ -178,7 +178,7 @@ def test_outputs(paired, reference):
     assert (out / "checkpoints" / "metrics.partial.jsonl").read_bytes() == (out / "metrics.jsonl").read_bytes()
 
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    assert cfg["name"] == "run" and cfg["model"] == kept
+    assert cfg["name"] == "run" and cfg["model"] == model_kept
     assert TrainConfig.from_dict(cfg["train"]) == TRAIN
 
     kept = checkpoint.list_checkpoints(out / "checkpoints")
