@@ -60,6 +60,8 @@ CONFIG_ARGS = ["--configfile", "config/demo.yaml", "config/slurm.yaml"]
 # fast polling for the test; everything else from the profile
 POLL = ["--latency-wait", "1", "--seconds-between-status-checks", "1", "--slurm-init-seconds-before-status-checks", "1"]
 RUN_TIMEOUT = 600
+# what workflow/Snakefile runs in the Snakemake process itself (its `localrules`)
+LOCAL_RULES = {"qc_cells", "split_cells", "profile", "diagnose", "report_plan", "report_memory", "report_training", "report_summary"}
 
 
 def env() -> dict[str, str]:
@@ -133,7 +135,14 @@ def test_whole_workflow_through_sbatch(reference):
     assert ids and ids == {j["id"] for j in jobs}, (sorted(ids), jobs)
     assert {j["state"] for j in jobs} == {"COMPLETED"}, [j for j in jobs if j["state"] != "COMPLETED"]
     rules = {j["rule"] for j in jobs}
-    assert {"bin_block", "strata", "devices", "diagnose", "train", "extract", "evaluate", "report_summary"} <= rules, rules
+    assert {"bin_block", "strata", "devices", "train", "extract", "evaluate", "report_qc"} <= rules, rules
+    # the light rules (workflow/Snakefile's localrules) ran in the head, never through
+    # sbatch, and wrote their outputs: Snakemake's own record says so ("localrule X:")
+    assert not rules & LOCAL_RULES, rules & LOCAL_RULES
+    ran_here = {ln.split()[1].rstrip(":") for ln in r.stdout.splitlines() + r.stderr.splitlines() if ln.startswith("localrule ")}
+    assert LOCAL_RULES <= ran_here, LOCAL_RULES - ran_here
+    for rel in ("qc/split.tsv", "figures/summary.tsv", *(f"amp/{c}/plan.json" for c in CONFIGS)):
+        assert (res / rel).is_file(), rel
     # CPU rules on the CPU partition, GPU rules (with GPUs) on the GPU partition
     by_rule = {}
     for j in jobs:
