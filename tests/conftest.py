@@ -25,10 +25,11 @@ LONGEST_FIRST = ("test_slurm_real.py", "readme_run", "test_workflow.py", "test_s
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup --no-loadscope-reorder``) every test module
-    runs in one worker, so that its module-scoped workflow run is built once, and the
-    tests of a costly session fixture (the README's commands, ``make demo`` included) run
-    in one worker together."""
+    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup
+    --no-loadscope-reorder``) every test module runs in one worker, so that its
+    module-scoped workflow run is built once, and the tests of a costly session fixture
+    (the README's commands, ``make demo`` included) run in one worker together; the
+    groups of :data:`LONGEST_FIRST` are collected, and so started, first."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     group = {}
