@@ -148,6 +148,32 @@ def test_kmeans_scores_with_their_shuffled_control():
     assert "ari_batch" not in kmeans_scores(a.obsm["X_joint"], labels, 0, pd.Series("b", index=labels.index))
 
 
+@pytest.mark.parametrize(
+    "n, n_labels, n_clusters",
+    [(34, 4, 3), (163, 4, 4), (200, 7, 12), (7469, 20, 15), (10, 2, 1), (10, 1, 1), (50, 1, 3), (5, 5, 5)],
+)
+def test_shuffled_label_control_equals_scikit_learns_scores(n, n_labels, n_clusters):
+    """The shuffled-label control scores each permutation from its contingency table;
+    the referee is scikit-learn's ``adjusted_rand_score`` and
+    ``normalized_mutual_info_score`` on the same permuted labels (the same seeded
+    draws), single labels and single clusters among the cases: the same percentiles."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    from ampflow.evaluate.controls import shuffled_labels
+
+    rng = np.random.default_rng(n + n_labels + n_clusters)
+    truth = np.array([f"type{i}" for i in rng.integers(0, n_labels, n)], dtype=object)
+    clusters = rng.integers(0, n_clusters, n)
+    draws = np.random.default_rng(3)
+    perms = [draws.permutation(truth) for _ in range(50)]
+    want = {
+        "ari_shuffled_p95": np.percentile([adjusted_rand_score(p, clusters) for p in perms], 95),
+        "nmi_shuffled_p95": np.percentile([normalized_mutual_info_score(p, clusters) for p in perms], 95),
+    }
+    got = shuffled_labels(truth, clusters, seed=3, n=50)
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
 def test_cluster_scores_deterministic_for_a_seed():
     a = blobs(n=250, k=6, spread=2.0, seed=5)  # overlapping blobs, so Leiden has choices to make
     assert cluster_scores(a, seed=7) == cluster_scores(a.copy(), seed=7)
