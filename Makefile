@@ -65,10 +65,8 @@ demo: $(STAMP)
 demo-gpu:
 	$(MAKE) demo DEMO_CONFIG=config/demo-gpu.yaml DATASET=demo-gpu
 
-# groups in the order tests/conftest.py collects them (the longest first), not xdist's
-# default of the groups with the most tests first, which started the longest last
 test: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # the workflow (snakemake --lint, snakefmt), the package (ruff, configured in
 # pyproject.toml) and its layers (import-linter's contracts in pyproject.toml)

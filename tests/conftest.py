@@ -17,28 +17,19 @@ sys.path.insert(1, str(REPO / "scripts"))
 
 #: Session fixtures too costly to build once per worker: their tests form one group.
 SHARED_RUNS = ("readme_run",)
-#: The longest groups of `make test` (module or shared run; minutes each on 2 cores,
-#: longest first), collected first so that they start first: started last, the longest
-#: ran alone for minutes after the other worker had run out of tests.
-LONGEST_FIRST = ("test_slurm_real.py", "readme_run", "test_workflow.py", "test_static_step.py", "test_train_dist.py", "test_config_files.py")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup
-    --no-loadscope-reorder``) every test module runs in one worker, so that its
-    module-scoped workflow run is built once, and the tests of a costly session fixture
-    (the README's commands, ``make demo`` included) run in one worker together; the
-    groups of :data:`LONGEST_FIRST` are collected, and so started, first."""
+    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup --no-loadscope-reorder``) every test module
+    runs in one worker, so that its module-scoped workflow run is built once, and the
+    tests of a costly session fixture (the README's commands, ``make demo`` included) run
+    in one worker together."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    group = {}
     for item in items:
         shared = next((f for f in SHARED_RUNS if f in getattr(item, "fixturenames", ())), None)
-        group[item] = shared or item.path.name
-        item.add_marker(pytest.mark.xdist_group(group[item]))
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(group[item], len(rank)))  # stable: the rest keep their order
+        item.add_marker(pytest.mark.xdist_group(shared or item.path.name))
 
 
 def pytest_report_header(config):
