@@ -21,7 +21,7 @@ SHARED_RUNS = ("readme_run",)
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup --no-loadscope-reorder``) every test module
+    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``) every test module
     runs in one worker, so that its module-scoped workflow run is built once, and the
     tests of a costly session fixture (the README's commands, ``make demo`` included) run
     in one worker together."""
