@@ -8,6 +8,8 @@ naive decode); the sharded runs apply the plan's strategies to the same plain mo
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from dist_helpers import run_world
@@ -49,3 +51,53 @@ def test_feature_shards_partition_every_stratum():
                 part = index[local[k] : local[k + 1]]
                 assert bool(((part >= bounds[k]) & (part < bounds[k + 1])).all())
     assert [split_range(10, 4, r) for r in range(4)] == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+# ----------------------------------------------------------------- collectives per step
+def _collectives_per_step(rank, world, strata):
+    """All-reduces of one forward and backward of the model under S2+S4+S5 (no chunk),
+    counted where every collective of the package ends: ``torch.distributed.all_reduce``."""
+    import torch.distributed as dist
+    from parallel_equivalence import WEIGHTS, _plan, _problem
+
+    from ampflow.parallel.mesh import Mesh
+    from ampflow.parallel.parallelize import parallelize
+
+    weights = dataclasses.replace(WEIGHTS, cross=0.0)  # one pass through the decoder
+    counts, real = {}, dist.all_reduce
+    calls = {"phase": "forward"}
+
+    def counted(*args, **kwargs):
+        calls[calls["phase"]] = calls.get(calls["phase"], 0) + 1
+        return real(*args, **kwargs)
+
+    for L in strata:
+        model, rna, hic, cond = _problem(torch.float64, "wide", L=L)
+        model = parallelize(model, _plan(["S2", "S4", "S5"], 1, world), Mesh.build(1, world)).train()
+        calls.clear()
+        calls["phase"] = "forward"
+        dist.all_reduce = counted
+        try:
+            terms = model(rna, hic, weights, cond=cond)
+            calls["phase"] = "backward"
+            terms["total"].backward()
+        finally:
+            dist.all_reduce = real
+        counts[L] = (calls["forward"], calls["backward"])
+    return counts
+
+
+@pytest.mark.dist
+def test_a_stratum_costs_thirteen_collectives_under_s2_s4_s5(tmp_path):
+    """Referee: the all-reduces the ranks really make (each a round trip every rank waits
+    on; on CPU they, not the arithmetic, set a tensor-parallel step's pace). A stratum's
+    block and decode take six forward (its feed-forward LayerNorm's statistics, attention
+    scores, the two halves of the feed-forward, the decode's partial products, the
+    softmax's normaliser) and seven backward (the same, and its input's gradient); the
+    tensors every stratum reads pass their collectives once for all strata. Counted as
+    the difference between 6 and 4 strata (the encoders' collectives do not grow with
+    them)."""
+    for counts in run_world(_collectives_per_step, 2, tmp_path, (4, 6)):
+        forward = (counts[6][0] - counts[4][0]) / 2
+        backward = (counts[6][1] - counts[4][1]) / 2
+        assert (forward, backward) == (6, 7), counts

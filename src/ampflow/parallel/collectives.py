@@ -73,10 +73,14 @@ def group_sum(x: torch.Tensor, group) -> torch.Tensor:
     return x if group is None else _all_reduce(x, group)
 
 
-def all_reduce_max(x: torch.Tensor, group) -> torch.Tensor:
-    """Element-wise max over the group, outside autograd (e.g. a softmax shift, whose
-    value does not change the result and so needs no gradient)."""
+def group_gather(x: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's ``x`` (same shape on every rank), stacked in group-rank order:
+    ``(group size, *x.shape)``, in one collective. Built as the sum of buffers that are
+    zero outside each rank's row (an all-reduce: the collective every backend has), so
+    under autograd the gradient of a rank's row is the sum of every rank's gradient of
+    it (what a value that all ranks' losses read needs). No group: ``x[None]``."""
     if group is None:
-        return x
-    with torch.no_grad():
-        return _all_reduce(x.detach(), group, dist.ReduceOp.MAX)
+        return x.unsqueeze(0)
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    rows = [x.new_zeros((rank, *x.shape)), x.unsqueeze(0), x.new_zeros((size - rank - 1, *x.shape))]
+    return all_reduce_sum(torch.cat(rows), group)

@@ -7,7 +7,7 @@ stratum's features (:func:`~.shards.feature_shards`). Two places touch all featu
   multiplies its columns, the partial sums are all-reduced (identity backward: what
   follows is replicated), the bias is added once;
 * the decoder's per-stratum softmax (:func:`sharded_softmax`): the normaliser is
-  combined over the ranks (all-reduce of the max, then of the sum of exponentials).
+  combined over the ranks (every rank's max and sum of exponentials, gathered at once).
 
 The reconstruction loss over a rank's features is summed locally and all-reduced in
 :class:`~.sharded_decoder.ShardedStratifiedZINBDecoder`.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .collectives import all_reduce_max, all_reduce_sum, reduce_from_group
+from .collectives import group_gather, reduce_from_group
 from .shards import Shard, sharded_parameter
 
 
@@ -56,13 +56,24 @@ def sharded_softmax(logits: torch.Tensor, group) -> torch.Tensor:
     """Softmax along dim 1 of a row whose entries are spread over ``group``.
 
     logits: (B, n_local), possibly n_local = 0 -> (B, n_local). With no group this is
-    ``torch.softmax``. The shift by the global max only guards ``exp`` and needs no
-    gradient; the normaliser is a sum that every rank's probabilities depend on, so it
-    is all-reduced in both directions.
+    ``torch.softmax``. One collective forward and one backward: every rank's max ``m_r``
+    and sum ``s_r = sum exp(x - m_r)`` are gathered together (:func:`group_gather`), and
+    the normaliser is ``sum_r s_r exp(m_r - M)`` with ``M`` the largest ``m_r`` (a
+    log-sum-exp over ranks). The shifts only guard ``exp`` and need no gradient; the
+    ``s_r`` are sums that every rank's probabilities depend on, so their gradients are
+    summed over the ranks (the gather's backward).
     """
     if group is None:
         return torch.softmax(logits, dim=1)
-    local_max = logits.detach().amax(1, keepdim=True) if logits.shape[1] else logits.new_full((logits.shape[0], 1), float("-inf"))
-    shift = all_reduce_max(local_max, group)
-    e = torch.exp(logits - shift)
-    return e / all_reduce_sum(e.sum(1, keepdim=True), group)
+    B = logits.shape[0]
+    if logits.shape[1]:
+        local_max = logits.detach().amax(1, keepdim=True)
+        e = torch.exp(logits - local_max)
+        local_sum = e.sum(1, keepdim=True)
+    else:  # an empty piece adds nothing: exp(-inf - M) = 0
+        local_max, local_sum, e = logits.new_full((B, 1), float("-inf")), logits.new_zeros((B, 1)), logits
+    stats = group_gather(torch.cat([local_max, local_sum], 1), group)  # (tp, B, 2)
+    maxima = stats[..., :1].detach()
+    shift = maxima.amax(0)  # (B, 1)
+    total = (stats[..., 1:] * torch.exp(maxima - shift)).sum(0)
+    return e * (torch.exp(local_max - shift) / total)

@@ -10,8 +10,8 @@ every head) and a contiguous slice ``J`` of the feed-forward width ``ffn * D``. 
   products, scaled by ``1 / sqrt(D / heads)`` of the *global* head width; the values
   and the output stay local. Built on the banded kernel, as the plain block (S3's
   query chunks compose; without S3 the whole sequence is one block).
-* ``LN(key)`` over D from all-reduced sums (mean, then the centred sum of squares;
-  backward likewise), saving only the normalised local channels.
+* ``LN(key)`` over D from every rank's mean and centred sum of squares, gathered in one
+  collective (backward: both sums in one), saving only the normalised local channels.
 * GEGLU: ``z = LN(key) W_ff^T`` is a partial sum over the local channels; the ranks
   all-reduce it and keep their slice ``J`` of both halves (an all-reduce, then a slice;
   a reduce-scatter would move less), so only
@@ -28,12 +28,13 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ..model.attention import local_attention_banded
 from ..model.decoders import StratumBlock
-from .collectives import all_reduce_sum, copy_to_group, group_sum
+from .collectives import all_reduce_sum, copy_to_group, group_gather, group_sum
 from .shards import Shard, sharded_parameter, split_range
 
 
@@ -44,10 +45,20 @@ class _ShardedLayerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, width, group):
-        mean = group_sum(x.sum(-1, keepdim=True), group) / width
-        xc = x - mean
-        rstd = torch.rsqrt(group_sum(xc.square().sum(-1, keepdim=True), group) / width + eps)
-        xhat = xc.mul_(rstd)
+        # one collective: every rank's mean and centred sum of squares, combined as Chan
+        # et al.'s parallel variance (M2 = sum M2_r + n_r sum (m_r - m)^2), as stable as
+        # the two-pass variance; each collective is a round trip that the ranks wait on
+        n = x.shape[-1]
+        if n * dist.get_world_size(group) != width:
+            raise ValueError(f"a sharded LayerNorm needs equal slices: {n} channels per rank of {width}")
+        local_mean = x.mean(-1, keepdim=True)
+        xc = x - local_mean
+        stats = group_gather(torch.cat([local_mean, xc.square().sum(-1, keepdim=True)], -1), group)  # (tp, ..., 2)
+        means = stats[..., :1]
+        mean = means.mean(0)
+        m2 = stats[..., 1:].sum(0) + n * (means - mean).square().sum(0)
+        rstd = torch.rsqrt(m2 / width + eps)
+        xhat = xc.sub_(mean - local_mean).mul_(rstd)
         ctx.save_for_backward(xhat, rstd, weight)
         ctx.width, ctx.group = width, group
         return xhat * weight + bias
@@ -58,9 +69,10 @@ class _ShardedLayerNorm(torch.autograd.Function):
         xhat, rstd, weight = ctx.saved_tensors
         rows = tuple(range(gy.dim() - 1))
         g = gy * weight
-        # dx = rstd (g - mean(g) - xhat mean(g xhat)), the means over the global width
-        m1 = group_sum(g.sum(-1, keepdim=True), ctx.group) / ctx.width
-        m2 = group_sum((g * xhat).sum(-1, keepdim=True), ctx.group) / ctx.width
+        # dx = rstd (g - mean(g) - xhat mean(g xhat)), the means over the global width,
+        # both in one collective
+        sums = group_sum(torch.cat([g.sum(-1, keepdim=True), (g * xhat).sum(-1, keepdim=True)], -1), ctx.group) / ctx.width
+        m1, m2 = sums[..., :1], sums[..., 1:]
         dx = (g - m1 - xhat * m2) * rstd
         return dx, (gy * xhat).sum(rows), gy.sum(rows), None, None, None
 

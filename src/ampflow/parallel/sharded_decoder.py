@@ -103,12 +103,16 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         return u @ self.u_proj.weight.T if self.u_proj is not None else u.index_select(1, self.channels)
 
     def _stratum_logits(self, k: int, u: torch.Tensor, u_D: torch.Tensor, v_anchors: torch.Tensor, u_load: torch.Tensor) -> torch.Tensor:
-        """Logits of this rank's features of stratum k: (B, |local piece of F_k|)."""
+        """Logits of this rank's features of stratum k: (B, |local piece of F_k|).
+
+        Under S2, ``u``, ``u_load`` and (without S5) ``u_D`` have passed
+        ``copy_to_group`` once for all strata (:meth:`mean_nll`): their gradients sum
+        over the strata here and are all-reduced once, not once per stratum."""
         lo, hi = self.local_bounds[k], self.local_bounds[k + 1]
         fg = self.group if self.features else None
         if k == 0 or not self.hidden:
             key, q = (v_anchors, u) if k == 0 else (self.blocks[k - 1](v_anchors), u_D)
-            key, q = copy_to_group(key, fg), copy_to_group(q, fg)
+            key = copy_to_group(key, fg)
             raw = self._product(q, key, self.feature_anchor[self.local_features[lo:hi]])
         else:
             key = self.blocks[k - 1](v_anchors)  # (n, D / tp)
@@ -118,7 +122,7 @@ class ShardedStratifiedZINBDecoder(nn.Module):
                 raw = all_reduce_sum(partial, self.group).index_select(1, self.local_features[lo:hi] - full_lo)
             else:
                 raw = reduce_from_group(self._product(u_D, key, self.feature_anchor[lo:hi]), self.group)
-        loadings = copy_to_group(u_load, fg) @ self.loading[lo:hi].T
+        loadings = u_load @ self.loading[lo:hi].T
         return F.softplus(self.scale_lin[lo:hi]) * raw + loadings + self.bias[lo:hi]
 
     def _product(self, q: torch.Tensor, key: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -134,7 +138,10 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         """
         fg = self.group if self.features else None
         u_D = self._u_D(u)
-        u_load = self.loading_input(u, cond)
+        u_load = copy_to_group(self.loading_input(u, cond), fg)
+        if not self.hidden:  # under S5 the strata k >= 1 all-reduce their partial products instead
+            u_D = copy_to_group(u_D, fg)
+        u = copy_to_group(u, fg)  # stratum 0's query
         means = []
         for k in range(self.n_strata):
             p = sharded_softmax(self._stratum_logits(k, u, u_D, v_anchors, u_load), fg)
