@@ -150,24 +150,37 @@ def test_calibrated_encoder_rate_predicts_the_models_encoder():
     """Referee: the wall-clock time of the model's own encoder (its LeakyReLU, BatchNorm,
     dropout and Normal heads included), forward and backward, at input widths the
     calibration did not time: predicted by ``encoder_flops`` over the calibrated rate
-    within a factor of 3, and the wider input the slower in both."""
+    within a factor of 3, and the wider input the slower in both.
+
+    Calibration and measurement alternate over a few rounds, each keeping its fastest
+    (the highest rate, the shortest time): a neighbour that loads the memory bus for a
+    while (another test, ``stress --vm 2``) slows whichever of the two it overlaps, and
+    one round of each failed 2 times in 4 beside it, in both directions."""
     from ampflow.model.encoders import Encoder
 
     threads = torch.get_num_threads()
     torch.manual_seed(0)
     for batch, hidden in ((64, 128), (32, 256)):
-        doc = calibrate(ModelConfig(hidden_dim=hidden), TrainConfig(device="cpu", threads=1, batch_size=batch), anchors=256, blocks=4, reps=3)
-        assert doc["shape"]["hidden_dim"] == hidden and doc["shape"]["batch_size"] == batch
-        rate = cm.constants_from_doc(doc).encoder_flops_per_s
-        torch.set_num_threads(1)
-        try:
-            measured = {n_in: _time_encoder(Encoder(n_in, hidden, 12, 0.1).train(), torch.rand(batch, n_in)) for n_in in (2000, 12000)}
-        finally:
-            torch.set_num_threads(threads)
+        rate, measured = 0.0, {}
+        encoders = {n_in: (Encoder(n_in, hidden, 12, 0.1).train(), torch.rand(batch, n_in)) for n_in in (2000, 12000)}
+        for _ in range(ENCODER_ROUNDS):
+            doc = calibrate(ModelConfig(hidden_dim=hidden), TrainConfig(device="cpu", threads=1, batch_size=batch), anchors=256, blocks=4, reps=3)
+            assert doc["shape"]["hidden_dim"] == hidden and doc["shape"]["batch_size"] == batch
+            rate = max(rate, cm.constants_from_doc(doc).encoder_flops_per_s)
+            torch.set_num_threads(1)
+            try:
+                for n_in, (encoder, x) in encoders.items():
+                    measured[n_in] = min(measured.get(n_in, math.inf), _time_encoder(encoder, x))
+            finally:
+                torch.set_num_threads(threads)
         predicted = {n_in: cm.encoder_flops(batch, n_in, hidden, 12) / rate for n_in in measured}
         for n_in in measured:
             assert 1 / 3 < predicted[n_in] / measured[n_in] < 3, (batch, hidden, n_in, predicted, measured, doc["measured"])
         assert measured[12000] > measured[2000] and predicted[12000] > predicted[2000]
+
+
+#: Alternations of calibration and measurement (test_calibrated_encoder_rate_...)
+ENCODER_ROUNDS = 4
 
 
 # ------------------------------------------------------------------ (b) tight and loose budgets
