@@ -89,8 +89,8 @@ def _collectives_per_step(rank, world, strata):
 
 @pytest.mark.dist
 def test_a_stratum_costs_thirteen_collectives_under_s2_s4_s5(tmp_path):
-    """Referee: the all-reduces the ranks really make (each a round trip every rank waits
-    on; on CPU they, not the arithmetic, set a tensor-parallel step's pace). A stratum's
+    """Referee: the all-reduces the ranks really make (each a round trip that every rank
+    waits on, for the slowest rank's compute too). A stratum's
     block and decode take six forward (its feed-forward LayerNorm's statistics, attention
     scores, the two halves of the feed-forward, the decode's partial products, the
     softmax's normaliser) and seven backward (the same, and its input's gradient); the
