@@ -4,7 +4,8 @@ Referees: the binomial law (a count n kept with probability p has mean np and va
 np(1 - p)), the uniform law of the kept fraction (scipy's Kolmogorov-Smirnov test), the
 whole batch's own draw (each cell thinned alone or in another batch or order gives the
 same rows: what data parallelism relies on), the counts as given (keep_min 1), the hash
-written out in Python's exact integers (the tensors' wrapping int32 arithmetic), scipy's
+written out in Python's exact integers (the tensors' wrapping int32 arithmetic, and the
+compiled loop's masked uint64 arithmetic), scipy's
 rows of the CSR matrix for the device's padded rows, and the CPU allocator's peak for
 the room the device keeps for thinning.
 """
@@ -19,9 +20,21 @@ from scipy import stats
 
 from ampflow.base.errors import InputError
 from ampflow.contract.config import TrainConfig
+from ampflow.train import thinning
 from ampflow.train.thinning import FRACTION_KEY, THINNING_STREAM, cell_hashes, check_integer_counts, keep_fractions, thin_rows
 
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+@pytest.fixture(params=["tensors", "compiled"])
+def host_path(request, monkeypatch):
+    """:func:`thin_rows` by the tensor kernels (:func:`thin_entries`) or by the compiled
+    loop (numba), whatever the batch's size."""
+    if request.param == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setattr(thinning, "COMPILE_ABOVE", 0 if request.param == "compiled" else float("inf"))
+    monkeypatch.setattr(thinning.THIN_CSR, "_compiled", None)
+    return request.param
 
 
 def counts(n_cells=6, n_features=400, seed=0) -> sp.csr_matrix:
@@ -138,7 +151,7 @@ def kept_by_hand(count: int, cell: int, col: int, keep_min: float, seed: int, st
     return sum((w >> 8) * 2.0**-24 < p for w in words)
 
 
-def test_the_draws_are_the_hash_written_out_in_exact_integers():
+def test_the_draws_are_the_hash_written_out_in_exact_integers(host_path):
     """The int32 tensors' wrapping products and masked shifts compute the same words as
     Python's unbounded integers, for seeds and steps past 32 bits too: every thinned count
     of 300 cells over 3 steps equals the count thinned by hand."""
@@ -156,7 +169,7 @@ def test_the_draws_are_the_hash_written_out_in_exact_integers():
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
-def test_the_devices_padded_rows_thin_as_the_host_rows(device):
+def test_the_devices_padded_rows_thin_as_the_host_rows(device, host_path):
     """Referee: the host's CSR rows thinned by :func:`thin_rows`, for rows of every length
     (empty ones and one with counts up to 60 included), in two batches and orders; the
     device reads nothing back to size its draws (they are summed on the host)."""

@@ -16,7 +16,11 @@ process (each data-parallel rank thins its own rows exactly as one process thins
 whole batch), not on how its counts are stored (host CSR rows or the device's padded
 rows give the same counts), and not on the device: the hash is integer arithmetic,
 exact in torch on CPU and CUDA alike, so a GPU thins its resident counts itself with
-the same result as the host, in a fixed number of kernels and no host round-trip. A
+the same result as the host, in a fixed number of kernels and no host round-trip. The
+host thins a deep batch's CSR rows in one compiled loop over the same words
+(:func:`_thin_csr`, numba): the tensor kernels hold every contact's draw, and a real
+cortex cell's diagonal carries tens of thousands of contacts (the shared Lee cells at 1
+Mb: 2.6 million draws a batch of 32, 47 ms by the kernels, 3 ms by the loop). A
 resumed run repeats the uninterrupted one's draws (the step count is in the
 checkpoint). Validation, the encoder input's fit
 (:meth:`~ampflow.model.encoders.HiCInput.fit`) and the embeddings read the counts as
@@ -36,6 +40,7 @@ import scipy.sparse as sp
 import torch
 
 from ..base.errors import InputError
+from ..base.jit import LazyJit
 
 #: Entropy word that keeps these draws apart from every other stream seeded from train.seed.
 THINNING_STREAM = 0x7448494E  # "tHIN"
@@ -157,6 +162,39 @@ def draw_sizes(values: np.ndarray) -> tuple[int, int]:
     return len(big), int((big - 1).sum(dtype=np.float64))
 
 
+def _thin_csr(data, indices, indptr, hashes, limits):
+    """:func:`thin_entries` of CSR rows as one loop (compiled by numba): row r's entries
+    drawn with its cell's hash word ``hashes[r]`` and threshold ``limits[r]`` (int64),
+    the words held in uint64 and masked to 32 bits. Returns the kept counts (int64)."""
+    m, golden = np.uint64(0xFFFFFFFF), np.uint64(0x9E3779B1)
+
+    def mix(h, key):  # _mix: MurmurHash3's finaliser of h ^ key * golden
+        x = h ^ ((np.uint64(key) * golden) & m)
+        x ^= x >> np.uint64(16)
+        x = (x * np.uint64(0x85EBCA6B)) & m
+        x ^= x >> np.uint64(13)
+        x = (x * np.uint64(0xC2B2AE35)) & m
+        return x ^ (x >> np.uint64(16))
+
+    out = np.empty(len(data), np.int64)
+    for r in range(len(indptr) - 1):
+        cell, limit = np.uint64(hashes[r] & 0xFFFFFFFF), limits[r]
+        for e in range(indptr[r], indptr[r + 1]):
+            h = mix(cell, indices[e])
+            kept = 0
+            for t in range(int(data[e])):  # the first contact's word is the entry's own
+                w = h if t == 0 else mix(h, t)
+                kept += 1 if int((w >> np.uint64(8)) & np.uint64(0xFFFFFF)) < limit else 0
+            out[e] = kept
+    return out
+
+
+THIN_CSR = LazyJit(_thin_csr)
+#: contacts beyond their entry's first above which :func:`thin_rows` runs the compiled
+#: loop: below, loading it costs more than the tensor kernels take
+COMPILE_ABOVE = 100_000
+
+
 def thin_rows(rows: sp.csr_matrix, cells: np.ndarray, keep_min: float, seed: int, step: int) -> sp.csr_matrix:
     """``rows`` (len(cells), F) integer counts thinned: row i keeps each contact with a
     probability drawn uniformly from [keep_min, 1) for cell ``cells[i]`` and ``step``
@@ -167,8 +205,13 @@ def thin_rows(rows: sp.csr_matrix, cells: np.ndarray, keep_min: float, seed: int
     lengths = torch.as_tensor(np.diff(rows.indptr))
     hashes = cell_hashes(torch.as_tensor(np.ascontiguousarray(cells, dtype=np.int64)), seed, step)
     limits = thresholds(keep_fractions(hashes, keep_min))
-    kept = thin_entries(torch.as_tensor(rows.data), torch.as_tensor(rows.indices), hashes.repeat_interleave(lengths), limits.repeat_interleave(lengths),
-                        draw_sizes(rows.data))  # fmt: skip
-    out = sp.csr_matrix((kept.numpy(), rows.indices.copy(), rows.indptr.copy()), shape=rows.shape)
+    sizes = draw_sizes(rows.data)
+    compiled = THIN_CSR.get() if THIN_CSR.loaded or sizes[1] >= COMPILE_ABOVE else None
+    if compiled is not None:  # one pass, no tensor of every contact's draw (deep cells: ~10x faster)
+        kept = compiled(rows.data, rows.indices, rows.indptr, hashes.numpy().astype(np.int64), limits.numpy().astype(np.int64)).astype(rows.data.dtype)
+    else:
+        kept = thin_entries(torch.as_tensor(rows.data), torch.as_tensor(rows.indices), hashes.repeat_interleave(lengths), limits.repeat_interleave(lengths),
+                            sizes).numpy()  # fmt: skip
+    out = sp.csr_matrix((kept, rows.indices.copy(), rows.indptr.copy()), shape=rows.shape)
     out.eliminate_zeros()
     return out
