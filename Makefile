@@ -87,6 +87,7 @@ bench: $(STAMP)
 	$(BIN)/python scripts/bench_profile.py
 	$(BIN)/python scripts/bench_memory_model.py
 	$(BIN)/python scripts/bench_train.py
+	$(BIN)/python scripts/bench_optimizer.py
 	$(BIN)/python scripts/bench_determinism.py
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python scripts/bench_parallel.py
 

@@ -9,13 +9,13 @@ guidance graph (gene-anchor and anchor-anchor edges, both directions, self-loops
 
 Two training steps then run on CPU as the trainer runs them
 (:func:`ampflow.train.measured_memory.measured_step`: ``zero_grad(set_to_none=True)``, forward,
-backward, ``torch.optim.Adam.step()``). The second is the steady state: Adam's moments
+backward, Adam's step, :func:`ampflow.train.trainer.make_optimizer`'s). The second is the steady state: Adam's moments
 exist and the first step's gradients are freed before its forward pass. Its memory is
 measured by the allocator (the profiler's allocation and free events summed in time
 order, transients included, from the bytes held when the step began:
 :class:`ampflow.train.measured_memory.AllocatorTrace`) and compared with
-:func:`~ampflow.amp.memory.predict.predict` from shapes alone (Adam one parameter at a
-time, as on CPU). Every shape runs in float32 and float64.
+:func:`~ampflow.amp.memory.predict.predict` from shapes alone (Adam's fused kernel, as
+the trainer runs it on CPU). Every shape runs in float32 and float64.
 
 On CUDA (``--device cuda``) the steps run on the GPU, Adam with its foreach kernels
 (the spec's ``optimizer_foreach``), and the caching allocator is the referee:
@@ -70,6 +70,7 @@ from ampflow.contract.config import LossWeights, ModelConfig
 from ampflow.model.paired import PairedModel
 from ampflow.train.measured_memory import StepMemory, measure_step, measured_step
 from ampflow.train.static_step import StaticStep, StepMode
+from ampflow.train.trainer import make_optimizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from synthetic_shapes import synthetic_features, synthetic_graph  # noqa: E402
@@ -132,7 +133,7 @@ def build(cfg: Config, dtype: torch.dtype, sizes: Path | None = None):
         mcfg, cfg.batch, cfg.n_genes, fps, n_anchors, graph.n_nodes, graph.src.numel(),
         dtype_bytes=torch.finfo(dtype).bits // 8, cross=cfg.cross,
     )  # fmt: skip
-    # torch.optim.Adam on CPU updates one parameter at a time
+    # the trainer's Adam on CPU: the fused kernel, no temporaries
     return model, rna, hic, replace(spec, optimizer_foreach=False), mcfg
 
 
@@ -187,7 +188,7 @@ def run(cfg: Config, dtype: str, sizes: Path | None = None, device: str = "cpu",
         model, rna, hic = model.to(device), rna.to(device), hic.to(device)
         # torch.optim.Adam's default on CUDA: foreach kernels over all parameters
         spec = replace(spec, optimizer_foreach=True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=step == "graphed")
+    optimizer = make_optimizer(model.parameters(), 1e-3, 0.0, capturable=step == "graphed")
     weights = LossWeights(cross=1.0 if cfg.cross else 0.0)
     t0 = time.perf_counter()
     if step == "eager":

@@ -119,8 +119,8 @@ stopping, checkpoints or output files (a subclass of the trainer adds the probes
   ``aten._local_scalar_dense`` (``.item()``, ``bool()``) of a CUDA tensor, copies from a
   CUDA tensor to the CPU, and CUDA ops whose output size depends on values (nonzero,
   masked_select, unique); those inside ``optimizer.step`` are counted apart (on a CPU
-  every scalar read counts, and Adam, not capturable there, reads each parameter's step
-  count once per step). On CUDA the same steps also run under CUDA's sync debug mode
+  every scalar read counts; the trainer's fused Adam there reads none, the loop it
+  replaced read each parameter's step count once per step). On CUDA the same steps also run under CUDA's sync debug mode
   (``torch.cuda.set_sync_debug_mode``), whose warnings count every synchronising call,
   compiled code and host-to-device copies from pageable memory included. While a dispatch
   mode is active torch.compile runs the forward eagerly (dynamo skips frames under one):
@@ -1229,7 +1229,7 @@ def run_hires(args, sizes) -> int:
             else:
                 launches = f"launches/step {r.ops:.0f} (aten ops dispatched)"
             syncs = f"host syncs/step {r.syncs:g} (+{r.optimizer_syncs:g} in optimizer.step"
-            syncs += f"; CUDA sync debug mode {r.cuda_syncs:g})" if r.cuda_syncs is not None else ", Adam's CPU step counts)"
+            syncs += f"; CUDA sync debug mode {r.cuda_syncs:g})" if r.cuda_syncs is not None else ", Adam's step counts)"
             ratios = (f"FLOP floor ratio {floors.flop_s * r.steps_per_s:.4f}, bytes floor ratio {floors.byte_s * r.steps_per_s:.4f}"
                       if floors else "floors failed")  # fmt: skip
             print(f"hires {key} {mode}: {r.steps_per_s:.2f} steps/s ({vs}), {launches}, {syncs}, "

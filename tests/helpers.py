@@ -319,10 +319,12 @@ class SyncCount(TorchDispatchMode):
         super().__init__()
         self.syncs: Counter = Counter()
         self.optimizer_reads = 0
+        self.ops: Counter = Counter()  # every dispatched op by name: what the mode saw
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
+        self.ops[name] += 1
         sync = name == "_local_scalar_dense" and not args[0].is_cuda
         to_host = False
         if name in ("_to_copy", "copy_"):

@@ -100,7 +100,7 @@ def mode_line(out: str, mode: str) -> re.Match:
     m = re.search(
         rf"^hires 100000:{STRATA} {re.escape(mode)}: {NUMBER} steps/s \(eager {NUMBER}: {NUMBER}x\), launches/step (\d+) "
         rf"\(aten ops called from outside aten; (\d+) dispatched under a dispatch mode\), "
-        rf"host syncs/step (\d+) \(\+(\d+) in optimizer.step, Adam's CPU step counts\), "
+        rf"host syncs/step (\d+) \(\+(\d+) in optimizer.step, Adam's step counts\), "
         rf"compile {NUMBER} s, capture {NUMBER} s, first step {NUMBER} s, epoch {NUMBER} s \((\d+) steps\), "
         rf"FLOP floor ratio {NUMBER}, bytes floor ratio {NUMBER}$",
         out,
@@ -108,13 +108,6 @@ def mode_line(out: str, mode: str) -> re.Match:
     )
     assert m, (mode, out)
     return m
-
-
-def n_parameter_tensors() -> int:
-    """Adam (not capturable, on CPU) reads each parameter's step count once per step."""
-    shape = bt.build_shape({"chrA": 3_000_000, "chrB": 2_000_000}, 100_000, STRATA, 30, 3, 0)
-    model = bt.PairedModel(bt.ModelConfig(), shape.n_genes, shape.feature_anchor, shape.feature_stratum, shape.n_strata, shape.graph)
-    return sum(1 for p in model.parameters() if p.requires_grad)
 
 
 def check_mode(out: str, mode: str) -> dict:
@@ -130,8 +123,8 @@ def check_mode(out: str, mode: str) -> dict:
     lo = (steps_s - 0.005) / (eager_s + 0.05) - 0.05
     hi = (steps_s + 0.005) / (eager_s - 0.05) + 0.05 if eager_s > 0.05 else float("inf")
     assert steps_s > 0 and lo <= ratio <= hi, m.group(0)
-    assert syncs == 0, m.group(0)  # nothing inside the step waits for the host but Adam's step counts
-    assert opt_syncs == n_parameter_tensors(), m.group(0)
+    assert syncs == 0, m.group(0)  # nothing inside the step waits for the host
+    assert opt_syncs == 0, m.group(0)  # the fused Adam reads no step count back (the loop read one per parameter)
     # the ops launched from outside aten are among those dispatched (a compiled step's
     # fused kernels are neither; under a dispatch mode it runs its forward eagerly)
     assert 0 < launches < dispatched and capture_s == 0.0

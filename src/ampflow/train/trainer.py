@@ -104,10 +104,20 @@ def make_optimizer(params, lr: float, weight_decay: float, capturable: bool) -> 
     gradient (each step multiplies every parameter by ``1 - lr x weight_decay`` before
     Adam's normalised step), not an L2 term added to it, whose pull Adam's normalisation
     would scale per parameter. ``capturable``: the step counts live on the device, as a
-    CUDA graph needs. With no decay it is the plain Adam every earlier run trained with."""
+    CUDA graph needs. With no decay it is the plain Adam every earlier run trained with.
+
+    On CPU, torch's fused kernel: one pass that reads and writes each element once and
+    allocates no temporary, where the default steps one parameter at a time through a
+    handful of elementwise kernels (``scripts/bench_optimizer.py`` on 2 cores: 4.4x,
+    5.4x and 8.2x faster at mm10 1 Mb/10, 500 kb/20 and 100 kb/30, the parameters
+    within 2e-7 of the loop's, relative to the largest, after 8 steps). On CUDA the
+    default (foreach kernels) stays, which the memory model was held to there."""
+    params = list(params)
+    cpu = all(p.device.type == "cpu" for p in params)
+    kw = {"fused": True} if cpu and not capturable else {"capturable": capturable}
     if weight_decay:
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, capturable=capturable)
-    return torch.optim.Adam(params, lr=lr, capturable=capturable)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kw)
+    return torch.optim.Adam(params, lr=lr, **kw)
 
 
 def epoch_batches(n: int, batch_size: int, seed: int, stage: int, epoch: int) -> list[np.ndarray]:

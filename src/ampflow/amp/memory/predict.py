@@ -19,8 +19,8 @@ largest:
   likelihood's eight ``B x F`` temporaries;
 * **optimizer step**: the state, every gradient, and Adam's temporaries: the square
   root of the second moments, as large as all parameters with foreach kernels (CUDA),
-  or twice the largest parameter when Adam steps one parameter at a time (CPU;
-  :attr:`ShapeSpec.optimizer_foreach`). Under data parallelism the gradients are
+  none with the fused kernel the trainer runs on CPU
+  (:attr:`ShapeSpec.optimizer_foreach`). Under data parallelism the gradients are
   all-reduced through one flat buffer of all of them first.
 
 Saved activations follow from what PyTorch saves for each operation the model uses
@@ -220,8 +220,7 @@ def _phases(led: Ledger, dev: Device) -> tuple[dict[str, int], dict[str, Callabl
     if state_total + grads + all_reduce > best:
         best, best_at = state_total + grads + all_reduce, None
 
-    largest = _sum(led.largest_param)
-    step_transient = grads if dev.spec.optimizer_foreach else 2 * largest
+    step_transient = grads if dev.spec.optimizer_foreach else 0  # CPU: the fused kernel allocates nothing
     phases = {
         "end_of_forward": forward,
         "backward": best,
@@ -243,7 +242,7 @@ def _phases(led: Ledger, dev: Device) -> tuple[dict[str, int], dict[str, Callabl
         return out + [("backward_transient", k, x) for x, k in step.transient]
 
     def optimizer_step():
-        shares = led.param_grads if dev.spec.optimizer_foreach else [(2 * x, k) for x, k in led.largest_param]
+        shares = led.param_grads if dev.spec.optimizer_foreach else []
         return state + [("gradients", k, x) for x, k in led.param_grads] + [("optimizer_transient", k, x) for x, k in shares]
 
     breakdown = {"end_of_forward": end_of_forward, "backward": backward, "optimizer_step": optimizer_step}

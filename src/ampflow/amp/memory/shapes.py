@@ -80,9 +80,9 @@ class ShapeSpec:
     optimizer_foreach : bool
         Whether the optimizer updates all parameters in one pass of foreach kernels,
         as ``torch.optim.Adam`` does on CUDA (its temporary, ``sqrt`` of the second
-        moments, is as large as all parameters), or one parameter at a time, as it does
-        on CPU (two temporaries the size of the parameter). Plans are for accelerators:
-        True by default; a CPU run is described with False.
+        moments, is as large as all parameters), or with the fused kernel the trainer
+        runs on CPU (:func:`ampflow.train.trainer.make_optimizer`: no temporary). Plans
+        are for accelerators: True by default; a CPU run is described with False.
     """
 
     n_cells_batch: int

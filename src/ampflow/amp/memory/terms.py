@@ -82,7 +82,6 @@ class Ledger:
         self.items: list[tuple[str, int | None, object, int, int | None]] = []
         self.steps: list[BackwardStep] = []
         self.param_grads: Shares = []  # every used parameter's gradient, for the optimizer phase
-        self.largest_param: Shares = []  # the largest used parameter tensor, by stratum share
 
     def step(self, component: str) -> BackwardStep:
         """Open the backward step of the next part of the forward pass: the items added
@@ -212,15 +211,6 @@ class _Params:
         self.grads.append((elems * b, stratum))
         led.param_grads.append((elems * b, stratum))
 
-    def tensor(self, shares: Shares) -> None:
-        """A candidate for the largest parameter tensor (its bytes by stratum share)."""
-        if sum(x for x, _ in shares) > sum(x for x, _ in self.led.largest_param):
-            self.led.largest_param = list(shares)
-
-
-def _largest(params: dict[str, ParamShape], dev: Device) -> int:
-    return max((p.local_numel(dev.parts) for p in params.values()), default=0)
-
 
 def buffer_terms(led: Ledger, dev: Device) -> None:
     """The model's buffers (index tensors, edge lists, BatchNorm running statistics,
@@ -267,15 +257,11 @@ def encoder_terms(led: Ledger, name: str, dev: Device, widths: list[int]) -> Non
     params = _Params(led, dev)
     enc0 = encoder_params(0, h, d, shard)
     params.add(_local(enc0, dev), len(enc0))
-    weight = []
     for k, width in enumerate(widths):
         led.add(name, dev.fp(B * width) * b if shard else B * width * b, k or None)  # first Linear's input
         cols = _per_stratum(enc0, encoder_params(width, h, d, shard), dev)
         params.add(cols, 0, k or None)
-        weight.append((cols * b, k or None))
         step.transient.append((cols * b, k or None))
-    params.tensor(weight)  # the first Linear's weight, one column block per stratum
-    params.tensor([(_largest(enc0, dev) * b, None)])  # the others (enc0 has no input columns)
     # LeakyReLU input, BatchNorm input, dropout mask, next layer's input; dropout(p=0)
     # returns its input unchanged, so it saves no mask
     per_b_h = 4 if s.dropout > 0 else 3
@@ -306,7 +292,6 @@ def graph_encoder_terms(led: Ledger, dev: Device) -> BackwardStep:
     params = _Params(led, dev)
     graph = graph_encoder_params(N, d)
     params.add(_local(graph, dev), len(graph))
-    params.tensor([(_largest(graph, dev) * b, None)])
     led.add("graph_encoder", 2 * E * d * b)  # the two convolutions' messages
     led.add("graph_encoder", 3 * N * d * b)  # SELU input, Normal-head input, softplus input
     led.add("graph_encoder", N * d * b)  # node noise
@@ -378,13 +363,10 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         used = {m: p for m, p in head0.items() if m not in unused}
         params.add(_local(used, dev), len(used))
         params.add(_local(unused, dev), len(unused), used=False)
-        loadings = []
         for k, fk in enumerate(fps):
             # per-feature vectors and loadings
             head = _per_stratum(head0, hic_decoder_shared_params(d, D, 1, fk, nb), dev)
             params.add(head, 0, k or None)
-            loadings.append((fp(fk) * (d + nb) * b, k or None))
-        params.tensor(loadings)  # the loadings, d (+ batches) times a per-feature vector
         head_step.kept.extend(params.grads)
         led.add("hic_decoder_head", B * d * b)  # u
         if nb:  # what the loadings read: u and the batch indicators, side by side
@@ -412,7 +394,6 @@ def hic_decoder_terms(led: Ledger, dev: Device, first: bool = True) -> None:
         if first:
             bp = _Params(led, dev)
             bp.add(_local(block, dev), len(block), k)
-            bp.tensor([(_largest(block, dev) * b, k)])
             step.kept.extend(bp.grads)
         led.add("stratum_norms", n * d * b + 2 * n * b, k, at(k))
         if s.attention:
