@@ -106,7 +106,8 @@ def make_optimizer(params, lr: float, weight_decay: float, capturable: bool) -> 
     would scale per parameter. ``capturable``: the step counts live on the device, as a
     CUDA graph needs. With no decay it is the plain Adam every earlier run trained with.
 
-    On CPU, torch's fused kernel: one pass that reads and writes each element once and
+    On CPU, torch's fused kernel (the same arithmetic, rounded in another order; a run
+    resumed from a checkpoint of the loop keeps the loop, whose setting it restores): one pass that reads and writes each element once and
     allocates no temporary, where the default steps one parameter at a time through a
     handful of elementwise kernels (``scripts/bench_optimizer.py`` on 2 cores: 4.4x,
     5.4x and 8.2x faster at mm10 1 Mb/10, 500 kb/20 and 100 kb/30, the parameters
