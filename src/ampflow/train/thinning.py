@@ -202,14 +202,14 @@ def thin_rows(rows: sp.csr_matrix, cells: np.ndarray, keep_min: float, seed: int
     if keep_min >= 1.0:
         return rows
     rows = sp.csr_matrix(rows)
-    lengths = torch.as_tensor(np.diff(rows.indptr))
     hashes = cell_hashes(torch.as_tensor(np.ascontiguousarray(cells, dtype=np.int64)), seed, step)
     limits = thresholds(keep_fractions(hashes, keep_min))
     sizes = draw_sizes(rows.data)
     compiled = THIN_CSR.get() if THIN_CSR.loaded or sizes[1] >= COMPILE_ABOVE else None
     if compiled is not None:  # one pass, no tensor of every contact's draw (deep cells: ~10x faster)
         kept = compiled(rows.data, rows.indices, rows.indptr, hashes.numpy().astype(np.int64), limits.numpy().astype(np.int64)).astype(rows.data.dtype)
-    else:
+    else:  # the entries' own cell words and thresholds, one per stored entry
+        lengths = torch.as_tensor(np.diff(rows.indptr))
         kept = thin_entries(torch.as_tensor(rows.data), torch.as_tensor(rows.indices), hashes.repeat_interleave(lengths), limits.repeat_interleave(lengths),
                             sizes).numpy()  # fmt: skip
     out = sp.csr_matrix((kept, rows.indices.copy(), rows.indptr.copy()), shape=rows.shape)
