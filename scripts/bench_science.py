@@ -52,7 +52,9 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``log1p_all``: the encoder reads every stratum, the diagonal included, through
   ``log1p``, unprojected (the template's Hi-C input before it took ``near_thin``'s);
 * ``unthinned``: no thinning (``train.hic_keep_min: 1``);
-* ``log1p_all_unthinned``: both, the template's Hi-C settings before ``near_thin``.
+* ``log1p_all_unthinned``: both, the template's Hi-C settings before ``near_thin``;
+* ``likelihood_all``: the Hi-C likelihood scores every stratum's features, not only those
+  of the strata the encoder reads (``model.hic_likelihood: all``, the model before).
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -137,7 +139,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "pcs20", "near_pcs", "patience10", "pretrain300", "hic_kl1", "hic_kl20",
              "thin30", "near_thin", "log1p_all", "unthinned", "log1p_all_unthinned", "sampled_keys", "decay_head", "no_loadings", "full_key_scale",
-             "latent32", "old")  # fmt: skip
+             "latent32", "old", "likelihood_all")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
@@ -149,6 +151,7 @@ CONFIG_ABLATIONS = {
     "pcs20": {"hic_pcs": 20},
     "near_pcs": {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20},
     "log1p_all": dict(HIC_INPUT_BEFORE),  # what a model.pt from before these settings read
+    "likelihood_all": {"hic_likelihood": "all"},  # the likelihood over every stratum, as before it read the reach
 }
 #: Ablations that are training settings (``train.*``, merged into the template's).
 TRAIN_ABLATIONS = {

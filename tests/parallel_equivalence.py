@@ -43,9 +43,10 @@ SETS = {
 }
 NAMES = {f"S{i}": name for i, name in enumerate(BUILT_IN, start=1)}
 CONFIGS = {
-    # D != latent (a u projection), heads of width 8
-    "wide": dict(latent_dim=6, hidden_dim=16, decoder_dim=16, heads=2, window=2),
-    # D == latent: u itself is split over the channels
+    # D != latent (a u projection), heads of width 8; the likelihood scores every feature
+    "wide": dict(latent_dim=6, hidden_dim=16, decoder_dim=16, heads=2, window=2, hic_likelihood="all"),
+    # D == latent: u itself is split over the channels; the likelihood scores the strata
+    # the encoder reads (1 to the last: a range of features within every rank's share)
     "narrow": dict(latent_dim=8, hidden_dim=16, heads=2, window=3),
 }
 #: Batches the decoders are conditioned on, per config ("narrow": the loadings' batch

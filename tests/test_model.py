@@ -50,7 +50,7 @@ def test_graph_conv_is_symmetric_normalised_propagation():
     assert torch.allclose(conv(x), expected, atol=1e-12)
 
 
-def _decoder(chunk, key_first, n_anchors, n_strata, window, D, latent, seed, n_batches=0):
+def _decoder(chunk, key_first, n_anchors, n_strata, window, D, latent, seed, n_batches=0, scored=None):
     g = torch.Generator().manual_seed(seed)
     # every (anchor, stratum) pair that stays inside the anchors, some dropped at random
     feats = [(a, k) for k in range(n_strata) for a in range(n_anchors - k)]
@@ -59,7 +59,8 @@ def _decoder(chunk, key_first, n_anchors, n_strata, window, D, latent, seed, n_b
     anchor = torch.tensor([a for a, _ in feats])
     stratum = torch.tensor([k for _, k in feats])
     torch.manual_seed(seed)
-    dec = StratifiedZINBDecoder(latent, D, 2, window, 2, True, chunk, anchor, stratum, n_strata, key_first=key_first, n_batches=n_batches)
+    dec = StratifiedZINBDecoder(latent, D, 2, window, 2, True, chunk, anchor, stratum, n_strata, key_first=key_first, n_batches=n_batches,
+                                scored=scored)  # fmt: skip
     with torch.no_grad():  # non-trivial values for the zero-initialised parameters
         for p in dec.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g))
@@ -130,6 +131,51 @@ def test_stacked_strata_equal_the_loop_over_strata(n_anchors, n_strata, window, 
     assert g0.keys() == g1.keys()
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=1e-12 * scale, msg=name)
+
+
+@pytest.mark.parametrize("scored", [(1, 3), (0, 0), (2, 4), (1, 4)])
+def test_the_likelihood_scores_the_strata_asked_for(scored):
+    """``scored`` strata (``model.hic_likelihood: reach``): the loss is the mean of the
+    scored strata's log-likelihoods, picked by each feature's own stratum (a mask, not
+    the decoder's range), and no gradient reaches what only other strata decode; every
+    stratum is still decoded. (1, 4) on 5 strata leaves out only the diagonal."""
+    n_anchors, n_strata, latent, B = 17, 5, 6, 4
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(B, latent, generator=g, dtype=F64)
+    v = torch.randn(n_anchors, latent, generator=g, dtype=F64)
+    totals = torch.rand(B, n_strata, generator=g, dtype=F64) * 100 + 10
+    dec = _decoder(0, False, n_anchors, n_strata, 3, 6, latent, seed=4, scored=scored)
+    x = torch.poisson(torch.full((B, dec.scale_lin.numel()), 0.7, dtype=F64), generator=g)
+    mask = (dec.feature_stratum >= scored[0]) & (dec.feature_stratum <= scored[1])
+    expected = -dec(u, v, totals).log_prob(x)[:, mask].sum() / (B * int(mask.sum()))
+    loss = dec.mean_nll(u, v, totals, x)
+    torch.testing.assert_close(loss, expected, rtol=1e-12, atol=0)
+    loss.backward()
+    assert bool(dec.bias.grad[mask].abs().min() > 0) and bool((dec.bias.grad[~mask] == 0).all())
+    for k, block in enumerate(dec.blocks, start=1):  # stratum k's attention block
+        grads = torch.cat([p.grad.flatten() for p in block.parameters() if p.grad is not None] or [torch.zeros(1, dtype=F64)])
+        assert bool((grads.abs().max() > 0) == (scored[0] <= k <= scored[1])), k
+    # every feature scored: the whole mean, as without ``scored``
+    full = _decoder(0, False, n_anchors, n_strata, 3, 6, latent, seed=4, scored=(0, n_strata - 1))
+    assert full.scored_features is None
+    torch.testing.assert_close(full.mean_nll(u, v, totals, x), -full(u, v, totals).log_prob(x).mean(), rtol=0, atol=0)
+
+
+def test_a_reach_without_features_is_an_error_naming_the_key():
+    """The default reach leaves out the diagonal: on data of the diagonal alone the
+    likelihood would score nothing (and the encoder read nothing)."""
+    from synthetic_shapes import synthetic_features, synthetic_graph
+
+    from ampflow.base.errors import InputError
+    from ampflow.contract.config import ModelConfig
+    from ampflow.model.paired import PairedModel
+
+    g = torch.Generator().manual_seed(0)
+    anchor, stratum = synthetic_features(6, 1, 0.5, 0, g)
+    graph = synthetic_graph(0, 6, g)
+    with pytest.raises(InputError, match=r"model\.hic_likelihood.*strata 1-0 of the data's 1.*no feature"):
+        PairedModel(ModelConfig(), 0, anchor, stratum, 1, graph)
+    PairedModel(ModelConfig(hic_likelihood="all"), 0, anchor, stratum, 1, graph)  # every feature: the diagonal's
 
 
 def test_alignment_pulls_only_the_shared_dimensions():

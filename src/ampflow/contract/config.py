@@ -31,6 +31,9 @@ HIC_BAND_WEIGHTS = ("mean", "sqrt", "none")
 #: ``model.hic_transform``: what the Hi-C encoder's input does to the weighed counts
 #: (:class:`ampflow.model.encoders.HiCInput`): ``log1p``, or nothing (``linear``).
 HIC_TRANSFORMS = ("linear", "log1p")
+#: ``model.hic_likelihood``: the Hi-C features the likelihood scores: those of the strata
+#: the encoder reads (``reach``: ``hic_diagonal`` and the farthest stratum), or every one.
+HIC_LIKELIHOODS = ("reach", "all")
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,9 @@ class ModelConfig:
     reach in base pairs instead, the same at every resolution a workflow trains:
     :meth:`at_resolution` turns it into the farthest stratum of a configuration's data
     (training does, so ``model.pt`` keeps the stratum); ``hic_max_stratum``, when set,
-    is the reach and ``hic_max_distance`` is dropped.
+    is the reach and ``hic_max_distance`` is dropped. ``hic_likelihood`` says which
+    features the Hi-C likelihood scores: ``reach``, those of the strata the encoder reads
+    (:meth:`hic_strata_read`), or ``all``; the decoder decodes every stratum either way.
     """
 
     latent_dim: int = 12
@@ -80,6 +85,7 @@ class ModelConfig:
     hic_max_stratum: int | None = None
     hic_max_distance: int | None = 3_000_000
     hic_pcs: int = 20
+    hic_likelihood: str = "reach"
 
     def __post_init__(self):
         if self.hic_transform not in HIC_TRANSFORMS:
@@ -101,6 +107,8 @@ class ModelConfig:
             object.__setattr__(self, "hic_max_distance", None)
         if isinstance(self.hic_pcs, bool) or not isinstance(self.hic_pcs, int) or self.hic_pcs < 0:
             raise InputError("must be an integer >= 0 (0: no projection)", key="model.hic_pcs", value=self.hic_pcs)
+        if self.hic_likelihood not in HIC_LIKELIHOODS:
+            raise InputError(f"must be one of {', '.join(HIC_LIKELIHOODS)}", key="model.hic_likelihood", value=self.hic_likelihood)
         if self.batch_key is not None and (not isinstance(self.batch_key, str) or not self.batch_key):
             raise InputError("must be a column name or null", key="model.batch_key", value=self.batch_key)
         for name in ("latent_dim", "hidden_dim", "heads", "ffn_mult", "graph_batch"):
@@ -119,6 +127,18 @@ class ModelConfig:
     @property
     def D(self) -> int:
         return self.decoder_dim or self.latent_dim
+
+    def hic_strata_read(self, n_strata: int) -> tuple[int, int]:
+        """The first and last stratum (inclusive) of ``n_strata`` the Hi-C encoder reads:
+        from 0 with ``hic_diagonal``, else 1, to ``hic_max_stratum`` (None: the last). A
+        reach still in base pairs (:meth:`at_resolution` not applied) reads them all."""
+        last = n_strata - 1 if self.hic_max_stratum is None else min(self.hic_max_stratum, n_strata - 1)
+        return (0 if self.hic_diagonal else 1), last
+
+    def hic_scored_strata(self, n_strata: int) -> tuple[int, int]:
+        """The first and last stratum (inclusive) the Hi-C likelihood scores
+        (``hic_likelihood``): those the encoder reads, or all ``n_strata``."""
+        return self.hic_strata_read(n_strata) if self.hic_likelihood == "reach" else (0, n_strata - 1)
 
     def at_resolution(self, resolution: int | None, path=None) -> ModelConfig:
         """These settings for data binned at ``resolution`` bp: ``hic_max_distance`` as

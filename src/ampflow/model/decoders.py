@@ -57,6 +57,19 @@ class NBDecoder(nn.Module):
         return NB(mu, self.log_theta.exp())
 
 
+def scored_features(bounds: list[int], scored: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The features ``[lo, hi)`` of the strata ``scored`` (first, last inclusive) among
+    strata laid out at ``bounds``; None when that is every feature (or ``scored`` is
+    None). An error when they hold no feature: the likelihood would score nothing."""
+    if scored is None:
+        return None
+    first, last = scored
+    lo, hi = bounds[first], bounds[max(first, last + 1)]
+    if hi <= lo:
+        raise ValueError(f"the Hi-C likelihood scores strata {first}-{last}, which hold no feature (strata bounds {bounds})")
+    return None if (lo, hi) == (0, bounds[-1]) else (lo, hi)
+
+
 class StratumBlock(nn.Module):
     """Keys of one stratum k >= 1 from the anchor latents V.
 
@@ -176,14 +189,23 @@ class StratifiedZINBDecoder(nn.Module):
         S4: gather keys first, ``u . key[F_k]^T``, instead of ``(u . key^T)[:, F_k]``.
     n_batches : int
         Batches the decoder is conditioned on (0: none).
+    scored : (int, int), optional
+        The first and last stratum (inclusive) whose features :meth:`mean_nll` scores
+        (``model.hic_likelihood``); None: every feature. The decoder decodes every
+        stratum either way (:meth:`forward`).
     """
 
-    def __init__(self, latent, D, heads, window, ffn_mult, attention, chunk, feature_anchor, feature_stratum, n_strata, key_first=False, n_batches=0):
+    def __init__(self, latent, D, heads, window, ffn_mult, attention, chunk, feature_anchor, feature_stratum, n_strata, key_first=False, n_batches=0,
+                 scored: tuple[int, int] | None = None):  # fmt: skip
         super().__init__()
         counts = torch.bincount(feature_stratum, minlength=n_strata)
         self.n_strata = n_strata
         self.key_first = key_first
         self.bounds = [0] + torch.cumsum(counts, 0).tolist()
+        #: the scored strata's features, a range since the features are in stratum-major
+        #: order (None: all of them), and those strata (None: all)
+        self.scored_features = scored_features(self.bounds, scored)
+        self.scored_strata = None if self.scored_features is None else scored
         self.register_buffer("feature_anchor", feature_anchor.long(), persistent=False)
         self.register_buffer("feature_stratum", feature_stratum.long(), persistent=False)
         #: every feature's place in the strata laid side by side, each padded to the
@@ -298,9 +320,16 @@ class StratifiedZINBDecoder(nn.Module):
         on_stratum: Callable[[int], None] | None = None,
         cond: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Negative log-likelihood of counts ``x`` (B, F), averaged over cells and features.
+        """Negative log-likelihood of counts ``x`` (B, F), averaged over cells and the
+        scored features (``scored``: all of them by default).
 
         The one place the model turns the decoder into its loss term, so that a sharded
         decoder (S2, S5) can compute the same number from its share of the features.
         """
-        return -self(u, v_anchors, band_totals, on_stratum, cond).log_prob(x).mean()
+        log_p = self(u, v_anchors, band_totals, on_stratum, cond).log_prob(x)
+        if self.scored_features is None:
+            return -log_p.mean()
+        # the mean over cells first: its gradient is the (B, F) one the whole mean's is,
+        # and the slice's is (F,)
+        lo, hi = self.scored_features
+        return -log_p.mean(0)[lo:hi].mean()

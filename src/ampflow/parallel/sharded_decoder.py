@@ -62,6 +62,14 @@ class ShardedStratifiedZINBDecoder(nn.Module):
         else:
             local, self.local_bounds = torch.arange(n_features), list(plain.bounds)
         fshard = Shard(0, local, n_features) if features else None
+        # the likelihood's scored strata (model.hic_likelihood): this rank's features of
+        # them, a range of its own since they are in stratum-major order too, and how
+        # many features they are in all
+        self.scored_local, self.n_scored = None, n_features
+        if plain.scored_strata is not None:
+            first, last = plain.scored_strata
+            self.scored_local = (self.local_bounds[first], self.local_bounds[last + 1])
+            self.n_scored = plain.scored_features[1] - plain.scored_features[0]
         # own parameters first, in the plain order (named_parameters lists them first)
         for name in ("scale_lin", "bias", "log_theta", "zi_logits"):
             setattr(self, name, sharded_parameter(getattr(plain, name), fshard))
@@ -131,7 +139,8 @@ class ShardedStratifiedZINBDecoder(nn.Module):
 
     # ------------------------------------------------------------------ loss
     def mean_nll(self, u: torch.Tensor, v_anchors: torch.Tensor, band_totals: torch.Tensor, x: torch.Tensor, on_stratum=None, cond=None) -> torch.Tensor:
-        """The plain decoder's ``mean_nll`` from this rank's share; equal on every rank.
+        """The plain decoder's ``mean_nll`` from this rank's share (of the scored
+        features); equal on every rank.
 
         u: (B, latent), v_anchors: (n_anchors, latent), band_totals: (B, L), x: (B, F)
         and cond: (B, n_batches) or None replicated over the group -> 0-d.
@@ -150,5 +159,10 @@ class ShardedStratifiedZINBDecoder(nn.Module):
                 on_stratum(k)
         mu = torch.cat(means, dim=1)
         x_local = x.index_select(1, self.local_features) if self.features else x
-        log_p = ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu)).log_prob(x_local).sum()
-        return -reduce_from_group(log_p, fg) / x.numel()
+        log_p = ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu)).log_prob(x_local)
+        if self.scored_local is None:
+            log_p = log_p.sum()
+        else:
+            lo, hi = self.scored_local
+            log_p = log_p.sum(0)[lo:hi].sum()
+        return -reduce_from_group(log_p, fg) / (x.shape[0] * self.n_scored)

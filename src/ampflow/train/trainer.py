@@ -191,6 +191,9 @@ class Trainer:
             resolution = data.meta.get("hic", {}).get("resolution")
             model_cfg = model_cfg.at_resolution(resolution)
             log.info("Hi-C encoder reach: strata 0-%d (model.hic_max_distance over the data's %s bp bins)", model_cfg.hic_max_stratum, resolution)
+        first, last = model_cfg.hic_scored_strata(data.n_strata)
+        log.info("Hi-C likelihood: the features of strata %d-%d of the data's 0-%d (model.hic_likelihood %s); every stratum is decoded",
+                 first, last, data.n_strata - 1, model_cfg.hic_likelihood)  # fmt: skip
         self.data, self.model_cfg, self.cfg = data, model_cfg, train_cfg
         self.plan = plan or Plan()
         self.mesh = plan_mesh(plan)
