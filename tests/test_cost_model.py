@@ -301,7 +301,7 @@ MODEL_CHANGES = {
     "latent_dim": [24], "private_dim": [2], "hidden_dim": [32], "decoder_dim": [8], "heads": [2], "window": [5],
     "attention": [False], "chunk": [4], "key_first": [True], "ffn_mult": [3], "dropout": [0.2], "neg_samples": [3],
     "graph_batch": [128], "batch_key": [None], "hic_band_weight": ["sqrt"], "hic_diagonal": [False], "hic_transform": ["linear"],
-    "hic_max_stratum": [3], "hic_max_distance": [3_000_000], "hic_pcs": [4],
+    "hic_max_stratum": [3], "hic_max_distance": [3_000_000], "hic_pcs": [4], "hic_likelihood": ["all"],
 }  # fmt: skip
 STAGE = StageConfig(5, 0.01, LossWeights())
 TRAIN_CHANGES = {
