@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..base.errors import InputError
 from ..contract.model_shapes import hic_decoder_shared_params, nb_decoder_params, stratum_block_params
 from .attention import local_attention
 from .layers import layer_norm_from, linear_from, parameter_from
@@ -60,13 +61,15 @@ class NBDecoder(nn.Module):
 def scored_features(bounds: list[int], scored: tuple[int, int] | None) -> tuple[int, int] | None:
     """The features ``[lo, hi)`` of the strata ``scored`` (first, last inclusive) among
     strata laid out at ``bounds``; None when that is every feature (or ``scored`` is
-    None). An error when they hold no feature: the likelihood would score nothing."""
+    None). An error naming ``model.hic_likelihood`` when they hold no feature."""
     if scored is None:
         return None
     first, last = scored
     lo, hi = bounds[first], bounds[max(first, last + 1)]
     if hi <= lo:
-        raise ValueError(f"the Hi-C likelihood scores strata {first}-{last}, which hold no feature (strata bounds {bounds})")
+        raise InputError(f"would score strata {first}-{last} of the data's {len(bounds) - 1}, which hold no feature: widen the reach "
+                         "(model.hic_max_distance or hic_max_stratum, hic_diagonal) or score every stratum (all)",
+                         key="model.hic_likelihood", value=scored)  # fmt: skip
     return None if (lo, hi) == (0, bounds[-1]) else (lo, hi)
 
 

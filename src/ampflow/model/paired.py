@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..base.errors import InputError
 from ..contract.config import LossWeights, ModelConfig
 from .decoders import NBDecoder, StratifiedZINBDecoder
 from .encoders import Encoder, HiCInput, rna_input, stratum_totals
@@ -82,14 +81,9 @@ class PairedModel(nn.Module):
         self.hic_encoder = Encoder(len(feature_anchor), cfg.hidden_dim, d, cfg.dropout)
         if self.has_rna:
             self.rna_decoder = NBDecoder(n_genes, n_batches)
-        scored = cfg.hic_scored_strata(n_strata)
-        if int(((self.feature_stratum >= scored[0]) & (self.feature_stratum <= scored[1])).sum()) == 0:
-            raise InputError(f"would score strata {scored[0]}-{scored[1]} of the data's {n_strata}, which hold no feature: widen the reach "
-                             "(model.hic_max_distance or hic_max_stratum, hic_diagonal) or score every stratum (all)",
-                             key="model.hic_likelihood", value=cfg.hic_likelihood)  # fmt: skip
         self.hic_decoder = StratifiedZINBDecoder(
             d, cfg.D, cfg.heads, cfg.window, cfg.ffn_mult, cfg.attention, cfg.chunk,
-            feature_anchor, feature_stratum, n_strata, key_first=cfg.key_first, n_batches=n_batches, scored=scored,
+            feature_anchor, feature_stratum, n_strata, key_first=cfg.key_first, n_batches=n_batches, scored=cfg.hic_scored_strata(n_strata),
         )  # fmt: skip
 
     def encode(self, rna: torch.Tensor, hic: torch.Tensor):
