@@ -54,7 +54,14 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``unthinned``: no thinning (``train.hic_keep_min: 1``);
 * ``log1p_all_unthinned``: both, the template's Hi-C settings before ``near_thin``;
 * ``likelihood_all``: the Hi-C likelihood scores every stratum's features, not only those
-  of the strata the encoder reads (``model.hic_likelihood: all``, the model before).
+  of the strata the encoder reads (``model.hic_likelihood: all``, the model before);
+* ``latent8``: ``model.latent_dim`` 8, not the template's 12 (k-means weighs every
+  dimension, and the latent spreads its variance evenly over all of them);
+* ``pcs10``: the encoder's input projected on 10 principal axes, not the template's 20
+  (``model.hic_pcs``);
+* ``thin15``: each training step's cells keep each contact with a probability drawn per
+  cell from [0.15, 1], not the template's [0.3, 1] (``train.hic_keep_min``): training
+  cells as shallow as the shallowest batch's.
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -139,7 +146,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "pcs20", "near_pcs", "patience10", "pretrain300", "hic_kl1", "hic_kl20",
              "thin30", "near_thin", "log1p_all", "unthinned", "log1p_all_unthinned", "sampled_keys", "decay_head", "no_loadings", "full_key_scale",
-             "latent32", "old", "likelihood_all")  # fmt: skip
+             "latent32", "old", "likelihood_all", "latent8", "pcs10", "thin15")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
@@ -152,6 +159,8 @@ CONFIG_ABLATIONS = {
     "near_pcs": {"hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20},
     "log1p_all": dict(HIC_INPUT_BEFORE),  # what a model.pt from before these settings read
     "likelihood_all": {"hic_likelihood": "all"},  # the likelihood over every stratum, as before it read the reach
+    "latent8": {"latent_dim": 8},
+    "pcs10": {"hic_pcs": 10},
 }
 #: Ablations that are training settings (``train.*``, merged into the template's).
 TRAIN_ABLATIONS = {
@@ -159,6 +168,7 @@ TRAIN_ABLATIONS = {
     "pretrain300": {"pretrain": {"epochs": 300}},
     "thin30": {"hic_keep_min": 0.3},
     "unthinned": {"hic_keep_min": 1.0},
+    "thin15": {"hic_keep_min": 0.15},
 }
 #: Ablations that are loss weights of both training stages (``train.*.weights``).
 WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}, "hic_kl20": {"hic_kl": 20.0}}
