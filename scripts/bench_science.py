@@ -63,11 +63,10 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
   cell from [0.15, 1], not the template's [0.3, 1] (``train.hic_keep_min``): training
   cells as shallow as the shallowest batch's.
 * ``denoise15``: the encoder reads a thinned copy of each training cell's Hi-C counts
-  (each cell's keep probability drawn from [0.15, 1], then each contact; ``denoise_input``,
-  a rebound ``PairedModel.encode``, from torch's generator) while the likelihood scores
-  the counts as they are (``unthinned``): a denoising autoencoder, where
-  ``train.hic_keep_min`` thins what both read. Validation and the embeddings read every
-  contact.
+  (each cell's keep probability drawn from [0.15, 1], then each contact) while the
+  likelihood scores the counts as they are: a denoising autoencoder
+  (``train.hic_thinned: encoder``, ``train.hic_keep_min: 0.15``), where the template's
+  thinning is read by both. Validation and the embeddings read every contact.
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -152,7 +151,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 ABLATIONS = ("model", "band_none", "band_sqrt", "no_diagonal", "log1p", "linear", "pcs20", "near_pcs", "patience10", "pretrain300", "hic_kl1", "hic_kl20",
              "thin30", "near_thin", "log1p_all", "unthinned", "log1p_all_unthinned", "sampled_keys", "decay_head", "no_loadings", "full_key_scale",
-             "latent32", "old", "likelihood_all", "latent8", "pcs10", "thin15", "denoise_input", "denoise15")  # fmt: skip
+             "latent32", "old", "likelihood_all", "latent8", "pcs10", "thin15", "denoise15")  # fmt: skip
 #: Ablations that are model settings (``model.*``), not rebound methods.
 CONFIG_ABLATIONS = {
     "band_none": {"hic_band_weight": "none"},
@@ -175,15 +174,13 @@ TRAIN_ABLATIONS = {
     "thin30": {"hic_keep_min": 0.3},
     "unthinned": {"hic_keep_min": 1.0},
     "thin15": {"hic_keep_min": 0.15},
+    "denoise15": {"hic_keep_min": 0.15, "hic_thinned": "encoder"},
 }
 #: Ablations that are loss weights of both training stages (``train.*.weights``).
 WEIGHT_ABLATIONS = {"hic_kl1": {"hic_kl": 1.0}, "hic_kl20": {"hic_kl": 20.0}}
 OLD = ("sampled_keys", "decay_head", "no_loadings", "full_key_scale", "latent32")
 #: Variants that are several ablations at once.
-COMBINED = {"old": OLD, "near_thin": ("near_pcs", "thin30"), "log1p_all_unthinned": ("log1p_all", "unthinned"),
-            "denoise15": ("unthinned", "denoise_input")}  # fmt: skip
-#: ``denoise_input``: the lowest keep probability of the encoder's own thinned copy.
-DENOISE_KEEP_MIN = 0.15
+COMBINED = {"old": OLD, "near_thin": ("near_pcs", "thin30"), "log1p_all_unthinned": ("log1p_all", "unthinned")}
 PERMUTATIONS = 200
 #: Training cells whose types a new cell's type is voted from (label transfer).
 TRANSFER_NEIGHBOURS = 15
@@ -367,18 +364,6 @@ def ablated(names: set[str]):
             return ZINB(mu, self.log_theta.exp(), self.zi_logits.expand_as(mu))
 
         patch(dec, "forward", forward)
-    if "denoise_input" in names:
-        encode = paired.PairedModel.encode
-
-        def denoising(self, rna, hic):
-            # in training only, and from torch's generator (seeded by the trainer): each
-            # cell's keep probability, then its contacts, as train.hic_keep_min draws them
-            if self.training:
-                p = DENOISE_KEEP_MIN + (1 - DENOISE_KEEP_MIN) * torch.rand(hic.shape[0], 1, dtype=hic.dtype, device=hic.device)
-                hic = torch.binomial(hic, p.expand_as(hic))
-            return encode(self, rna, hic)
-
-        patch(paired.PairedModel, "encode", denoising)
     if "sampled_keys" in names:
         node_latents = paired.PairedModel.node_latents
 

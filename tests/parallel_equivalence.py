@@ -1,6 +1,7 @@
 """The problem every parallel-strategy test compares with one process, and the comparison.
 
-A small paired model, its batch and the single-process reference (``_problem``,
+A small paired model, its batch (and, for one config, the thinned copy its Hi-C
+encoder reads: ``encoder_input``) and the single-process reference (``_problem``,
 ``_reference``, ``_truth`` computed in fp64), each strategy set's worker (``_tp_worker``)
 and the check of a rank against the reference (``assert_rank_matches``, ``_check``) with
 Adam's tolerance (``_adam_tolerance``). Used by tests/test_tensor_parallel.py,
@@ -53,6 +54,9 @@ CONFIGS = {
 #: Batches the decoders are conditioned on, per config ("narrow": the loadings' batch
 #: columns, sharded with the features under S2, and the RNA bias per batch)
 BATCHES = {"wide": 0, "narrow": 3}
+#: Whether the Hi-C encoder reads its own thinned copy of the batch, per config
+#: (``train.hic_thinned: encoder``; "narrow": every strategy set runs with it)
+ENCODER_COPY = {"wide": False, "narrow": True}
 
 
 def _rel(a, b) -> float:
@@ -93,6 +97,18 @@ def fit_hic_input(model, hic: torch.Tensor, stratum: torch.Tensor) -> None:
         model.hic_input.fit(stratum_totals(counts, stratum, model.hic_input.n_strata), counts.numpy())
 
 
+def encoder_input(config, hic: torch.Tensor) -> torch.Tensor | None:
+    """What the Hi-C encoder of ``config`` reads apart from ``hic`` (None: ``hic``
+    itself): each contact kept with probability 1/2, one fixed draw in fp64 on the
+    host, so the fp32 and fp64 problems and every device read the same whole numbers."""
+    if not ENCODER_COPY[config]:
+        return None
+    counts = hic.detach().to("cpu", F64)
+    kept = torch.binomial(counts, torch.full_like(counts, 0.5), generator=torch.Generator().manual_seed(11))
+    assert 0 < kept.sum() < counts.sum()  # a copy that differs from the counts
+    return kept.to(hic.device, hic.dtype)
+
+
 def _problem(dtype, config, n_anchors=9, L=4, G=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     anchor, stratum = synthetic_features(n_anchors, L, 0.7, 0, g)
@@ -125,7 +141,7 @@ def _reference(dtype, config, dp):
     gen = torch.Generator().manual_seed(NOISE_SEED)
     torch.manual_seed(GLOBAL_SEED)
     noise = draw_noise(model, B, gen) if dp > 1 else None
-    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond)
+    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond, hic_in=encoder_input(config, hic))
     terms["total"].backward()
     _clip(model)
     opt.step()
@@ -156,7 +172,7 @@ def _truth(config, dp):
         return torch.randn(n, d, generator=src, dtype=torch.float32, device=where).to(device, F64)
 
     noise = (draw(B), draw(B), draw(n_nodes))
-    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond)
+    terms = model(rna, hic, WEIGHTS, generator=gen, noise=noise, cond=cond, hic_in=encoder_input(config, hic))
     terms["total"].backward()
     _clip(model)
     opt.step()
@@ -176,7 +192,10 @@ def _tp_worker(rank, world, cases):
         torch.manual_seed(GLOBAL_SEED)
         rows = balanced_split(hic.sum(1), dp)[mesh.dp_rank]
         cond = None if cond is None else cond[rows]
-        terms = DataParallelStep(mesh, clip=CLIP).step(model, opt, rna[rows], hic[rows], WEIGHTS, rows, batch_size=B, generator=gen, cond=cond)
+        hic_in = encoder_input(config, hic)
+        hic_in = None if hic_in is None else hic_in[rows.to(hic_in.device)]
+        terms = DataParallelStep(mesh, clip=CLIP).step(model, opt, rna[rows], hic[rows], WEIGHTS, rows, batch_size=B, generator=gen, cond=cond,
+                                                       hic_in=hic_in)  # fmt: skip
         snap = _snapshot(model, terms)
         snap["shards"] = dict(model.shards)
         # the consolidated state is the single-process one, and loads back

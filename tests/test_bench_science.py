@@ -308,38 +308,3 @@ def test_tuned_transfer_keeps_the_axes_the_training_batches_vote_best_on():
     assert len(set(within.values())) > 1  # the counts differ here: the choice is a real one
     _, again = bench.tuned_transfer(z_train, y_train, batch, z_new, rng.permutation(y_new))
     assert again == axes
-
-
-def test_denoising_ablation_thins_only_what_the_encoder_reads_in_training():
-    """``denoise15``: the likelihood reads the counts as they are (``hic_keep_min`` 1)
-    and, in training mode only, the encoder a binomially thinned copy, each cell's keep
-    probability in [0.15, 1]. Referee: the counts themselves. With 20,000 contacts a cell
-    its kept share stays within 0.01 of that range; over 200 cells the shares span it;
-    out of training the encoder reads the counts untouched; on exit the model's own
-    ``encode`` is back."""
-    import types
-
-    import numpy as np
-    import torch
-
-    from ampflow.model import paired
-
-    bench = load_script("bench_science")
-    names = bench.ablation_names("denoise15")
-    assert names == {"unthinned", "denoise_input"} and bench.ablated_train({"hic_keep_min": 0.3}, names)["hic_keep_min"] == 1.0
-    seen = []
-    model = types.SimpleNamespace(has_rna=False, training=True, hic_input=lambda x: seen.append(x) or x, hic_encoder=lambda x: x)
-    counts = torch.full((200, 40), 500.0)
-    original = paired.PairedModel.encode
-    torch.manual_seed(0)
-    with bench.ablated(names - set(bench.TRAIN_ABLATIONS)):
-        paired.PairedModel.encode(model, None, counts)
-        model.training = False
-        paired.PairedModel.encode(model, None, counts)
-    assert paired.PairedModel.encode is original
-    thinned, untouched = seen
-    assert torch.equal(untouched, counts)
-    assert torch.equal(thinned, thinned.round()) and bool((thinned <= counts).all())
-    share = (thinned.sum(1) / counts.sum(1)).numpy()
-    assert share.min() > bench.DENOISE_KEEP_MIN - 0.01 and share.max() <= 1.0
-    assert share.min() < 0.3 and share.max() > 0.85 and np.std(share) > 0.15

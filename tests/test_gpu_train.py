@@ -152,19 +152,21 @@ def test_trainer_trains_is_killed_and_resumes(device, graphs, tmp_path):
                 torch.testing.assert_close(mb[k], ma[k], rtol=RESUME_RTOL, atol=RESUME_RTOL * float(ma[k].abs().max()))
 
 
+@pytest.mark.parametrize("thinned", ["both", "encoder"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_thinned_counts_train_alike_on_the_device_and_from_the_host(device, tmp_path, monkeypatch):
+def test_thinned_counts_train_alike_on_the_device_and_from_the_host(device, thinned, tmp_path, monkeypatch):
     """``train.hic_keep_min``: on a GPU the counts stay on the device and are thinned
     there; referee: the same run with the counts thinned on the host and copied (the
     device's room for them taken away), whose draws are the same: every metrics row's loss
-    within float32 rounding, the same parameters. On CPU both runs take the host path
-    (the test's own code, proven on every machine)."""
+    within float32 rounding, the same parameters. ``hic_thinned: encoder``: the counts
+    whole and the encoder's thinned copy, each densified there. On CPU both runs take the
+    host path (the test's own code, proven on every machine)."""
     from ampflow.contract.config import EarlyStoppingConfig, LossWeights, ModelConfig, StageConfig, TrainConfig
     from ampflow.train import trainer as trainer_module
 
     data = _paired_data(tmp_path, 32)
     w = LossWeights()
-    cfg = TrainConfig(device=device, batch_size=8, hic_keep_min=0.3, checkpoint_every=10**6, threads=1, pretrain=StageConfig(2, 2e-3, w),
+    cfg = TrainConfig(device=device, batch_size=8, hic_keep_min=0.3, hic_thinned=thinned, checkpoint_every=10**6, threads=1, pretrain=StageConfig(2, 2e-3, w),
                       finetune=StageConfig(0, 5e-4, w), early_stopping=EarlyStoppingConfig(patience=0))  # fmt: skip
     try:
         on_device = trainer_module.Trainer(data, ModelConfig(), cfg, tmp_path / "device")

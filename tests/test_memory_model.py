@@ -56,13 +56,13 @@ def _model(n, L, B, cfg: ModelConfig, G=12, dtype=torch.float32, seed=0, n_batch
     return model, rna, hic, replace(spec, optimizer_foreach=False)
 
 
-def _measure(model, rna, hic, weights=None, cond=None):
+def _measure(model, rna, hic, weights=None, cond=None, hic_in=None):
     """Two steps as the trainer runs them on CPU; the allocator's peak of the second
     (steady state: Adam's moments exist) and its bytes after each stratum."""
     opt = make_optimizer(model.parameters(), 1e-3, 0.0, capturable=False)
     first = None
     for seed in (1, 2):
-        _, memory = measured_step(model, opt, rna, hic, weights or LossWeights(), torch.Generator().manual_seed(seed), cond)
+        _, memory = measured_step(model, opt, rna, hic, weights or LossWeights(), torch.Generator().manual_seed(seed), cond, hic_in)
         first = first or memory
     assert memory.source == "allocator" and first.peak < memory.peak  # no Adam state in the first step
     return memory.peak, memory.marks
@@ -203,6 +203,25 @@ def test_batch_conditioned_model_matches_a_measured_training_step(L, key_first, 
     assert est.components["parameters"] == 4 * sum(p.numel() for p in model.parameters())
     _assert_matches(est, measured, marks)
     assert predict(replace(spec, n_batches=50), key_first=key_first).total > est.total
+
+
+def test_the_encoders_copy_of_the_batch_is_counted_as_the_allocator_holds_it():
+    """``train.hic_thinned: encoder``: the encoder reads a thinned copy of the Hi-C batch,
+    held through the step beside the counts. The prediction with it matches the
+    allocator's peak of that step, and what it adds to the prediction (``B x F``
+    values) is what it adds to the allocator's peak (referee: the same step measured
+    without it)."""
+    cfg = ModelConfig(latent_dim=16, hidden_dim=32, heads=4, window=3)
+    peaks = {}
+    for name in ("plain", "copy"):
+        model, rna, hic, spec = _model(200, 3, 64, cfg)
+        copy = torch.binomial(hic, torch.full_like(hic, 0.5), generator=torch.Generator().manual_seed(3)) if name == "copy" else None
+        peaks[name], marks = _measure(model, rna, hic, hic_in=copy)
+    est, plain = predict(replace(spec, hic_input_copy=True)), predict(spec)
+    _assert_matches(est, peaks["copy"], marks)
+    added = est.total - plain.total
+    assert added == hic.numel() * hic.element_size()
+    assert abs((peaks["copy"] - peaks["plain"]) - added) <= 0.01 * added, (peaks, added)
 
 
 def test_the_input_projection_is_counted_as_the_allocator_holds_it():

@@ -206,3 +206,38 @@ def test_alignment_pulls_only_the_shared_dimensions():
         assert model(rna, hic, weights)["align"] == align.detach()
         model.hic_encoder.loc.weight[:s] += 1.0
         assert model(rna, hic, weights)["align"] != align.detach()
+
+
+def test_the_encoder_reads_its_copy_and_the_likelihood_the_counts():
+    """``hic_in`` (``train.hic_thinned: encoder``): the encoder's terms (its KL, the
+    alignment) are those of a forward on the copy, and with an encoder blind to its input
+    (first layer's weights zero) the Hi-C likelihood is that of a forward on the counts,
+    not on the copy: the likelihood and its per-stratum totals read ``hic``. A copy equal
+    to the counts is the forward without one, bit for bit."""
+    from synthetic_shapes import synthetic_features, synthetic_graph
+
+    from ampflow.contract.config import LossWeights, ModelConfig
+    from ampflow.model.paired import PairedModel
+
+    g = torch.Generator().manual_seed(0)
+    cfg = ModelConfig(latent_dim=8, hidden_dim=16, heads=2, window=2, attention=False, dropout=0.0, hic_likelihood="all", hic_pcs=0)
+    anchor, stratum = synthetic_features(12, 3, 0.8, 0, g)
+    model = PairedModel(cfg, 10, anchor, stratum, 3, synthetic_graph(10, 12, g)).double().eval()
+    rna = torch.poisson(torch.full((6, 10), 3.0, dtype=F64), generator=g)
+    hic = torch.poisson(torch.full((6, len(anchor)), 2.0, dtype=F64), generator=g)
+    copy = torch.binomial(hic, torch.full_like(hic, 0.4), generator=g)
+    assert copy.sum() < hic.sum()
+    weights = LossWeights()
+    on_copy, on_counts, both = model(rna, copy, weights), model(rna, hic, weights), model(rna, hic, weights, hic_in=copy)
+    for term in ("hic_kl", "align"):
+        assert both[term] == on_copy[term] and both[term] != on_counts[term], term
+    assert both["hic_nll"] != on_copy["hic_nll"]
+    torch.manual_seed(1)  # the graph loss's edge sampling
+    same = model(rna, hic, weights, hic_in=hic.clone())
+    torch.manual_seed(1)
+    plain = model(rna, hic, weights)
+    assert same.keys() == plain.keys() and all(torch.equal(same[k], plain[k]) for k in plain)
+    with torch.no_grad():
+        model.hic_encoder.body[0].weight.zero_()
+    blind_copy, blind_counts, blind_both = model(rna, copy, weights), model(rna, hic, weights), model(rna, hic, weights, hic_in=copy)
+    assert blind_both["hic_nll"] == blind_counts["hic_nll"] != blind_copy["hic_nll"]

@@ -30,7 +30,7 @@ import pytest
 import torch
 import yaml
 from helpers import SyncCount
-from parallel_equivalence import CLIP, LR, WEIGHTS, _adam_tolerance, _clip, _problem, _rel
+from parallel_equivalence import CLIP, LR, WEIGHTS, _adam_tolerance, _clip, _problem, _rel, encoder_input
 
 from ampflow.base.errors import InputError
 from ampflow.train.static_step import StaticStep, StepMode, choose_mode, draw_step, forward_terms
@@ -69,24 +69,26 @@ def _demo_problem(tmp: Path):
 
 
 def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: int = 11, fp64: bool = False,
-              stack: bool | None = None) -> dict:  # fmt: skip
+              stack: bool | None = None, hic_in=None) -> dict:  # fmt: skip
     """One step of ``model`` on the batch, with the draws of a generator seeded ``seed``:
     through :class:`StaticStep` in ``mode`` (``stack``: its strata stacked or not, None
     its own choice), or (None) the plain eager forward and autograd, the Hi-C decoder's
     strata one at a time; ``fp64``: the eager step in float64 from the same (float32)
     draws, widened. Every step clips the gradient's norm to ``CLIP`` (checked to bite).
-    Loss terms, gradients (clipped) and parameters after Adam."""
+    Loss terms, gradients (clipped) and parameters after Adam. ``hic_in``: what the
+    Hi-C encoder reads apart from ``hic`` (a second static buffer)."""
     if fp64:
         model, rna, hic = model.double(), rna.double(), hic.double()
         cond = None if cond is None else cond.double()
+        hic_in = None if hic_in is None else hic_in.double()
     model = model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=LR, capturable=mode is not None and mode.graphs)
     gen = torch.Generator(device).manual_seed(seed)
     names = None
     if mode is None:
         holder = StaticStep(model, opt, StepMode(), gen, stack=False)
-        bufs = holder.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])
-        _fill(bufs, rna, hic, cond, device)
+        bufs = holder.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1], hic_in is not None)
+        _fill(bufs, rna, hic, cond, device, hic_in)
         if fp64:  # the float32 draws, widened: the generator draws other numbers in float64
             narrow = dataclasses.replace(bufs, **{k: getattr(bufs, k).float() for k in ("eps_rna", "eps_hic", "eps_nodes")})
             draw_step(model, narrow, gen)
@@ -95,7 +97,8 @@ def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: i
         else:
             draw_step(model, bufs, gen)
         opt.zero_grad(set_to_none=True)
-        terms = forward_terms(model, WEIGHTS, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
+        terms = forward_terms(model, WEIGHTS, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx,
+                              bufs.hic_in)  # fmt: skip
         terms["total"].backward()
         _clip(model)
         opt.step()
@@ -105,8 +108,8 @@ def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: i
         step = StaticStep(model, opt, mode, gen, stack=stack, clip=CLIP)
         chunked = bool(model.hic_decoder.blocks[0].chunk)
         assert step.stacked == ((device == "cuda" if stack is None else stack) and not chunked)
-        bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1])
-        _fill(bufs, rna, hic, cond, device)
+        bufs = step.buffers(rna.shape[0], rna.shape[1], hic.shape[1], 0 if cond is None else cond.shape[1], hic_in is not None)
+        _fill(bufs, rna, hic, cond, device, hic_in)
         values = step.step(bufs, WEIGHTS, full_batch=rna.shape[0])
         names = step.term_names()
     return {
@@ -116,20 +119,24 @@ def _one_step(model, rna, hic, cond, mode: StepMode | None, device: str, seed: i
     }
 
 
-def _fill(bufs, rna, hic, cond, device):
+def _fill(bufs, rna, hic, cond, device, hic_in=None):
     bufs.rna.copy_(rna.to(device))
     bufs.hic.copy_(hic.to(device))
     if cond is not None:
         bufs.cond.copy_(cond.to(device))
+    if hic_in is not None:
+        bufs.hic_in.copy_(hic_in.to(device))
 
 
 @pytest.mark.parametrize("problem", ["equivalence", "demo"])
 @pytest.mark.parametrize("device, mode, stack", MODES)
 def test_static_step_equals_the_eager_step(device, mode, stack, problem, tmp_path):
     make = (lambda: _problem(torch.float32, "narrow")) if problem == "equivalence" else (lambda: _demo_problem(tmp_path))
-    ref = _one_step(*make(), None, device)
-    got = _one_step(*make(), mode, device, stack=stack)
-    truth = _one_step(*make(), None, device, fp64=True)
+    # the equivalence problem's encoder reads its own thinned copy (a second buffer)
+    hic_in = encoder_input("narrow", make()[2]) if problem == "equivalence" else None
+    ref = _one_step(*make(), None, device, hic_in=hic_in)
+    got = _one_step(*make(), mode, device, stack=stack, hic_in=hic_in)
+    truth = _one_step(*make(), None, device, fp64=True, hic_in=hic_in)
     assert got["terms"].keys() == ref["terms"].keys() == truth["terms"].keys()
     assert got["grads"].keys() == ref["grads"].keys() and len(ref["grads"]) == len(ref["params"])
     # as the parallel strategies are held (tests/parallel_equivalence.py): against the
@@ -453,3 +460,35 @@ def test_validation_loss_does_not_depend_on_its_batches():
     for batch in (8, 64):
         got = validation_loss(model, data, rows, w, batch, "cpu", torch.float32)
         assert abs(got - single) <= 1e-6 * abs(single), (batch, got, single)
+
+
+@pytest.mark.parametrize("thinned", ["both", "encoder"])
+def test_resident_counts_fill_the_static_buffers_as_the_host_batch(thinned, tmp_path):
+    """The trainer's loading of a static step from counts held as padded rows (the GPU's
+    path), run on the CPU: the Hi-C buffer (and with ``hic_thinned: encoder`` the
+    encoder's copy) equal the host's batch of the same step, thinned by the same keys.
+    Referee: :meth:`PairedData.hic_batch` (scipy rows thinned by the compiled loop or
+    the tensor kernels), and the copy differs from the counts."""
+    import numpy as np
+
+    from ampflow.contract.config import ModelConfig
+    from ampflow.train.device_cells import DeviceCells
+    from ampflow.train.trainer import Trainer
+
+    data = _hic_only_data()
+    trainer = Trainer(data, ModelConfig(**MODEL_KW), _cfg("cpu", hic_keep_min=0.3, hic_thinned=thinned), tmp_path / "run")
+    trainer.step = 7
+    trainer.resident = {"hic": DeviceCells(data.hic, "cpu", thinned=True), **({"rna": DeviceCells(data.rna, "cpu")} if data.has_rna else {})}
+    if data.batch_names:
+        trainer.resident["codes"] = torch.as_tensor(data.batch_codes, dtype=torch.long)
+    step = StaticStep(trainer.model, trainer.optimizer, StepMode(reason="test"), torch.Generator())
+    cells = np.asarray(trainer.train_rows[:8])
+    bufs = step.buffers(len(cells), data.rna.shape[1], data.hic.shape[1], data.n_batches, trainer.cfg.encoder_copy)
+    trainer._load_static(cells, bufs)
+    thinned_host = data.hic_batch(cells, thinning=(0.3, trainer.cfg.seed, 7))
+    if thinned == "both":
+        assert bufs.hic_in is None
+        assert torch.equal(bufs.hic, thinned_host)
+    else:
+        assert torch.equal(bufs.hic, data.hic_batch(cells)) and torch.equal(bufs.hic_in, thinned_host)
+        assert bufs.hic_in.sum() < bufs.hic.sum()

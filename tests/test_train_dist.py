@@ -91,7 +91,9 @@ def dp_run(data_dir, plan_file, tmp_path_factory) -> Path:
 
 def single_process_losses(data_dir: Path, n_steps: int, settings: dict = DP_SETTINGS) -> list[float]:
     """The same training in one process, noise drawn from the trainer's generator (and
-    with ``hic_keep_min`` the whole batch's Hi-C thinned as the trainer keys it)."""
+    with ``hic_keep_min`` the whole batch's Hi-C thinned as the trainer keys it: what
+    both the encoder and the likelihood read, or with ``hic_thinned: encoder`` what the
+    encoder alone reads)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -104,10 +106,12 @@ def single_process_losses(data_dir: Path, n_steps: int, settings: dict = DP_SETT
         model.train()
         losses = []
         for step, idx in enumerate(epoch_batches(paired.n_cells, cfg.batch_size, cfg.seed, 0, 0)[:n_steps]):
-            rna, hic = paired.batch(idx, thinning=(cfg.hic_keep_min, cfg.seed, step) if cfg.hic_keep_min < 1 else None)
+            thinning = (cfg.hic_keep_min, cfg.seed, step) if cfg.hic_keep_min < 1 else None
+            rna, hic = paired.batch(idx, thinning=None if cfg.encoder_copy else thinning)
+            hic_in = paired.batch(idx, thinning=thinning)[1] if cfg.encoder_copy else None
             optimizer.zero_grad(set_to_none=True)
             noise = draw_noise(model, len(idx), generator)
-            terms = model(rna, hic, stage.weights, generator=generator, noise=noise)
+            terms = model(rna, hic, stage.weights, generator=generator, noise=noise, hic_in=hic_in)
             loss = model.weighted_total(terms, stage.weights, 1.0, 1.0)
             loss.backward()
             optimizer.step()
@@ -137,11 +141,14 @@ def test_dp_losses_equal_one_process(dp_run, data_dir):
         assert abs(a - b) <= rtol * abs(b), f"step {step}: {a} vs one process {b}"
 
 
-def test_dp_thinning_equals_one_process(data_dir, plan_file, tmp_path):
+@pytest.mark.parametrize("thinned", ["both", "encoder"])
+def test_dp_thinning_equals_one_process(data_dir, plan_file, tmp_path, thinned):
     """With ``train.hic_keep_min`` each rank thins its own cells: the first step's loss
     equals that of one process thinning the whole batch (1e-5 relative), and differs
-    from the unthinned run's by far more."""
-    settings = {**DP_SETTINGS, "hic_keep_min": 0.3, "pretrain": {"epochs": 1}, "finetune": {"epochs": 0}}
+    from the unthinned run's by far more; with ``hic_thinned: encoder`` (the encoder
+    reads the thinned copy, the likelihood the counts) also from the run where both read
+    the thinned counts."""
+    settings = {**DP_SETTINGS, "hic_keep_min": 0.3, "hic_thinned": thinned, "pretrain": {"epochs": 1}, "finetune": {"epochs": 0}}
     out = tmp_path / "thinned"
     res = train(data_dir, out, plan_file, settings=settings)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -149,6 +156,9 @@ def test_dp_thinning_equals_one_process(data_dir, plan_file, tmp_path):
     want, plain = single_process_losses(data_dir, 1, settings)[0], single_process_losses(data_dir, 1, {**settings, "hic_keep_min": 1.0})[0]
     assert abs(got - want) <= 1e-5 * abs(want), f"{got} vs one process {want}"
     assert abs(got - plain) > 1e-3 * abs(plain)
+    if thinned == "encoder":
+        other = single_process_losses(data_dir, 1, {**settings, "hic_thinned": "both"})[0]
+        assert abs(got - other) > 1e-3 * abs(other)
 
 
 def test_only_rank0_writes(dp_run):

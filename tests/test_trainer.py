@@ -845,6 +845,18 @@ def test_hic_thinning_resumes_as_the_uninterrupted_run(paired, reference, tmp_pa
     assert first["hic_nll"] < plain["hic_nll"] and first["rna_nll"] == plain["rna_nll"]  # the RNA read as it is
 
 
+def test_a_denoising_encoder_resumes_as_the_uninterrupted_run(paired, reference, tmp_path):
+    """``train.hic_thinned: encoder``: killed and resumed (the encoder's thinned copy
+    drawn with the same keys) as the uninterrupted run; another model than the run whose
+    likelihood reads the thinned counts too, though both draw the same copies."""
+    whole = resumed_as_uninterrupted(paired, reference, tmp_path / "encoder", {"hic_keep_min": 0.2, "hic_thinned": "encoder"})
+    both = tmp_path / "both"
+    assert Trainer(paired, MODEL, TrainConfig.from_dict({**SETTINGS, "hic_keep_min": 0.2}), both).fit() is True
+    a, b = load_model(both)["state_dict"], load_model(whole)["state_dict"]
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert metrics(whole)[0]["loss"]["hic_nll"] != metrics(both)[0]["loss"]["hic_nll"]
+
+
 def test_weight_decay_resumes_as_the_uninterrupted_run(paired, reference, tmp_path):
     """``train.weight_decay``: killed and resumed (AdamW's state and its decay read back
     from the checkpoint) as the uninterrupted run, another model than without decay."""

@@ -14,6 +14,9 @@ from ..base.errors import InputError, reject_unknown_keys
 #: ``train.clip_grad_norm``'s value for a bound that follows the run's own norms
 #: (:class:`~ampflow.parallel.clip.ZScoreBound`)
 CLIP_ZSCORE = "zscore"
+#: ``train.hic_thinned``: what reads the thinned Hi-C counts (the encoder and the
+#: likelihood, or the encoder alone).
+HIC_THINNED = ("both", "encoder")
 
 
 def batch_names(values) -> list[str]:
@@ -375,6 +378,11 @@ class TrainConfig:
     each cell keeps each contact with a probability drawn per cell and step uniformly
     from ``[hic_keep_min, 1]`` (:mod:`ampflow.train.thinning`), so the encoder never sees
     a training cell twice with the same counts.
+
+    ``hic_thinned`` (default ``both``) says what reads the thinned counts: ``both`` the
+    encoder and the likelihood (the decoder reconstructs the shallower cell), or
+    ``encoder`` alone: a denoising encoder, which reads the thinned copy and is scored by
+    the likelihood on the counts whole (one more ``(B, F)`` batch is held in the step).
     """
 
     seed: int = 0
@@ -392,6 +400,7 @@ class TrainConfig:
     clip_grad_norm: float | str | None = CLIP_ZSCORE
     weight_decay: float = 0.0
     hic_keep_min: float = 0.3
+    hic_thinned: str = "both"
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(600, 5e-3, LossWeights()))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(60, 1e-3, LossWeights()))
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
@@ -423,6 +432,9 @@ class TrainConfig:
         k = self.hic_keep_min
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= 1:
             raise InputError("must be a number > 0 and <= 1 (1: the counts as they are)", key="train.hic_keep_min", value=k)
+        if self.hic_thinned not in HIC_THINNED:
+            raise InputError(f"must be one of {', '.join(HIC_THINNED)} (what reads the thinned Hi-C counts)", key="train.hic_thinned",
+                             value=self.hic_thinned)  # fmt: skip
         if isinstance(self.log_every, bool) or not isinstance(self.log_every, int) or self.log_every < 1:
             raise InputError("must be an integer >= 1", key="train.log_every", value=self.log_every)
         for key in ("compile", "cuda_graphs"):
@@ -448,6 +460,12 @@ class TrainConfig:
     @property
     def stages(self) -> list[tuple[str, StageConfig]]:
         return [("pretrain", self.pretrain), ("finetune", self.finetune)]
+
+    @property
+    def encoder_copy(self) -> bool:
+        """Whether the Hi-C encoder reads a thinned copy apart from the counts the
+        likelihood scores (``hic_thinned: encoder`` with thinning on)."""
+        return self.hic_keep_min < 1 and self.hic_thinned == "encoder"
 
     @property
     def cross_reconstruction(self) -> bool:

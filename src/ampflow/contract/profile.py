@@ -28,10 +28,12 @@ class ProfileTrain:
     dtype: str = TrainConfig.dtype
     optimizer: str = "adam"
     cross_reconstruction: bool = False
+    #: the Hi-C encoder reads a thinned copy of the batch (``train.hic_thinned: encoder``)
+    hic_encoder_copy: bool = False
 
     @classmethod
     def from_config(cls, train: TrainConfig) -> ProfileTrain:
-        return cls(train.batch_size, train.dtype, "adam", train.cross_reconstruction)
+        return cls(train.batch_size, train.dtype, "adam", train.cross_reconstruction, train.encoder_copy)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> ProfileTrain:

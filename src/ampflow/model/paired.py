@@ -103,7 +103,7 @@ class PairedModel(nn.Module):
         return loc + std * (torch.randn_like(std) if eps is None else eps), loc, std
 
     def forward(self, rna: torch.Tensor, hic: torch.Tensor, weights: LossWeights, generator=None, on_stratum=None, noise=None, cond=None,
-                graph_sample=None) -> dict:  # fmt: skip
+                graph_sample=None, hic_in: torch.Tensor | None = None) -> dict:  # fmt: skip
         """Loss terms and their weighted total for one batch of paired cells.
 
         Every term is normalised per element (as GLUE does) so that their sizes are
@@ -130,6 +130,10 @@ class PairedModel(nn.Module):
             The graph loss's edge indices and negative targets
             (:func:`~ampflow.model.graph.graph_sample_sizes`) instead of drawing them from
             ``generator``.
+        hic_in : (B, F), optional
+            What the Hi-C encoder reads instead of ``hic`` (``train.hic_thinned:
+            encoder``: a thinned copy, so that the encoder learns to denoise); the
+            likelihood and its per-stratum totals still read ``hic``.
 
         Returns
         -------
@@ -138,7 +142,7 @@ class PairedModel(nn.Module):
         the Hi-C-only model has no ``rna_nll``, ``rna_kl``, ``align`` or ``cross``
         (``eps_rna`` of ``noise`` is then not used).
         """
-        r, (h_loc, h_std) = self.encode(rna, hic)
+        r, (h_loc, h_std) = self.encode(rna, hic if hic_in is None else hic_in)
         sample = self.training
         eps_rna, eps_hic, eps_nodes = noise if noise is not None else (None, None, None)
         if self.has_rna:  # drawn first: the global RNG's order is RNA, Hi-C, nodes

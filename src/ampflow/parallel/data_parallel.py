@@ -185,7 +185,7 @@ class DataParallelStep:
 
     def step(self, model: PairedModel, optimizer: torch.optim.Optimizer, rna: torch.Tensor, hic: torch.Tensor,
              weights: LossWeights, rows: torch.Tensor, batch_size: int | None = None,
-             generator: torch.Generator | None = None, on_stratum=None, on_phase=None, cond=None) -> dict:  # fmt: skip
+             generator: torch.Generator | None = None, on_stratum=None, on_phase=None, cond=None, hic_in=None) -> dict:  # fmt: skip
         """Forward on this rank's rows, backward, gradient all-reduce, clipping (if
         ``clip``), ``optimizer.step()``.
 
@@ -218,6 +218,9 @@ class DataParallelStep:
         cond : (B, n_batches) or (B_r, n_batches), optional
             Batch indicators of the rows of ``rna`` / ``hic`` (a model conditioned on
             batches); taken by ``rows`` alike.
+        hic_in : (B, F) or (B_r, F), optional
+            What the Hi-C encoder reads instead of ``hic`` (a thinned copy; the model's
+            ``hic_in``); taken by ``rows`` alike.
 
         Returns
         -------
@@ -230,6 +233,7 @@ class DataParallelStep:
             batch_size = rna.shape[0]
             rna, hic = rna[rows.to(rna.device)], hic[rows.to(hic.device)]
             cond = None if cond is None else cond[rows.to(cond.device)]
+            hic_in = None if hic_in is None else hic_in[rows.to(hic_in.device)]
         n_local, dp = rows.numel(), self.mesh.dp
         if self.group is None:
             noise = None
@@ -244,7 +248,7 @@ class DataParallelStep:
         phase = on_phase or (lambda name: None)
         optimizer.zero_grad(set_to_none=True)
         phase("forward")
-        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, noise=noise, cond=cond)
+        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, noise=noise, cond=cond, hic_in=hic_in)
         cell_scale, shared_scale = n_local / batch_size, 1.0 / dp
         loss = model.weighted_total(terms, weights, cell_scale, shared_scale)
         phase("backward")

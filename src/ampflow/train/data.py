@@ -101,10 +101,14 @@ class PairedData:
     def batch(self, idx: np.ndarray, dtype=torch.float32, thinning: tuple[float, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense (B, G) and (B, F) count tensors for rows ``idx``; with ``thinning``
         (keep_min, seed, step) the Hi-C rows thinned by :func:`~.thinning.thin_rows`."""
+        return torch.as_tensor(self.rna[idx].toarray(), dtype=dtype), self.hic_batch(idx, dtype, thinning)
+
+    def hic_batch(self, idx: np.ndarray, dtype=torch.float32, thinning: tuple[float, int, int] | None = None) -> torch.Tensor:
+        """The dense (B, F) Hi-C counts of :meth:`batch` alone."""
         hic = self.hic[idx]
         if thinning is not None:
             hic = thin_rows(hic, np.asarray(idx), *thinning)
-        return torch.as_tensor(self.rna[idx].toarray(), dtype=dtype), torch.as_tensor(hic.toarray(), dtype=dtype)
+        return torch.as_tensor(hic.toarray(), dtype=dtype)
 
 
 def counts_matrix(adata: ad.AnnData) -> sp.csr_matrix:

@@ -451,11 +451,13 @@ def _measure_cuda(run, held: int | None = None) -> tuple[Any, StepMemory]:
     return result, memory
 
 
-def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None, cond: Tensor | None = None) -> tuple[dict, StepMemory]:
+def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator=None, cond: Tensor | None = None,
+                  hic_in: Tensor | None = None) -> tuple[dict, StepMemory]:  # fmt: skip
     """One optimisation step in train mode, as the trainer runs it in one process
     (``zero_grad``, forward, backward, ``optimizer.step()``), with its
     :class:`StepMemory` (:func:`measure_step`). The trainer, the memory-model benchmark
-    and its tests all measure through :func:`measure_step`.
+    and its tests all measure through :func:`measure_step`. ``hic_in``: the encoder's
+    own Hi-C input (the model's), held through the step as the batch is.
 
     Returns
     -------
@@ -468,29 +470,35 @@ def measured_step(model, optimizer, rna: Tensor, hic: Tensor, weights, generator
     def run(on_stratum, on_phase):
         optimizer.zero_grad(set_to_none=True)
         on_phase("forward")
-        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, cond=cond)
+        terms = model(rna, hic, weights, generator=generator, on_stratum=on_stratum, cond=cond, hic_in=hic_in)
         on_phase("backward")
         terms["total"].backward()
         on_phase("optimizer_step")
         optimizer.step()
         return terms
 
-    return measure_step(run, model, optimizer, rna, hic)
+    return measure_step(run, model, optimizer, *batch_tensors(rna, hic, hic_in))
+
+
+def batch_tensors(*tensors: Tensor | None) -> tuple[Tensor, ...]:
+    """The step's input tensors that exist (a copy the encoder reads may not)."""
+    return tuple(t for t in tensors if t is not None)
 
 
 def measured_dp_step(dp_step, model, optimizer, rna: Tensor, hic: Tensor, weights, rows: Tensor, batch_size: int,
-                     generator, measure: bool = True, cond: Tensor | None = None) -> tuple[dict, StepMemory | None]:  # fmt: skip
+                     generator, measure: bool = True, cond: Tensor | None = None, hic_in: Tensor | None = None,
+                     ) -> tuple[dict, StepMemory | None]:  # fmt: skip
     """One rank's S1 data-parallel step
     (:meth:`~ampflow.parallel.data_parallel.DataParallelStep.step` on this rank's rows
-    ``rna`` / ``hic``, batch indicators ``cond``, of a batch of ``batch_size`` cells) with this rank's
+    ``rna`` / ``hic``, batch indicators ``cond``, the encoder's own input ``hic_in``, of a batch of ``batch_size`` cells) with this rank's
     :class:`StepMemory`. ``measure=False`` runs the step unmeasured and returns None
     for the memory (on CUDA reading the allocator's peaks waits for the GPU)."""
     model.train()
 
     def run(on_stratum=None, on_phase=None):
         return dp_step.step(model, optimizer, rna, hic, weights, rows, batch_size=batch_size, generator=generator,
-                            on_stratum=on_stratum, on_phase=on_phase, cond=cond)  # fmt: skip
+                            on_stratum=on_stratum, on_phase=on_phase, cond=cond, hic_in=hic_in)  # fmt: skip
 
     if measure:
-        return measure_step(run, model, optimizer, rna, hic)
+        return measure_step(run, model, optimizer, *batch_tensors(rna, hic, hic_in))
     return run(), None

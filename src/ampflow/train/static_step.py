@@ -112,6 +112,7 @@ class StepBuffers:
     eps_nodes: torch.Tensor  # (n_nodes, d)
     edge_idx: torch.Tensor  # (m,) long
     neg_idx: torch.Tensor  # (m * neg_samples,) long
+    hic_in: torch.Tensor | None = None  # (B, F) what the Hi-C encoder reads, when not hic
     out: torch.Tensor | None = None  # (n_terms,) the step's terms (a graph's static output)
     extra: dict = field(default_factory=dict)
 
@@ -126,9 +127,9 @@ def draw_step(model: PairedModel, bufs: StepBuffers, generator: torch.Generator)
     bufs.neg_idx.random_(0, n_nodes, generator=generator)
 
 
-def forward_terms(model: PairedModel, weights: LossWeights, rna, hic, cond, eps_rna, eps_hic, eps_nodes, edge_idx, neg_idx) -> dict:
+def forward_terms(model: PairedModel, weights: LossWeights, rna, hic, cond, eps_rna, eps_hic, eps_nodes, edge_idx, neg_idx, hic_in=None) -> dict:
     """The model's loss terms for one batch from explicit draws (what is compiled)."""
-    return model(rna, hic, weights, noise=(eps_rna, eps_hic, eps_nodes), cond=cond, graph_sample=(edge_idx, neg_idx))
+    return model(rna, hic, weights, noise=(eps_rna, eps_hic, eps_nodes), cond=cond, graph_sample=(edge_idx, neg_idx), hic_in=hic_in)
 
 
 def stack_strata(model: PairedModel, on: bool | None = None) -> bool:
@@ -217,8 +218,9 @@ class StaticStep:
         names = [t for t in TERM_ORDER if (has_rna or t not in ("rna_nll", "rna_kl", "align", "cross")) and (t != "cross" or cross)]
         return names
 
-    def buffers(self, batch: int, n_genes: int, n_features: int, n_batches: int) -> StepBuffers:
-        """The static buffers of a batch of ``batch`` cells (made once per shape)."""
+    def buffers(self, batch: int, n_genes: int, n_features: int, n_batches: int, encoder_copy: bool = False) -> StepBuffers:
+        """The static buffers of a batch of ``batch`` cells (made once per shape);
+        ``encoder_copy``: with a second Hi-C buffer the encoder reads (``hic_in``)."""
         b = self._buffers.get(batch)
         if b is None:
             n_nodes, d = self.model.graph_encoder.embedding.shape
@@ -230,6 +232,7 @@ class StaticStep:
                 eps_rna=torch.zeros(batch, d, **kw), eps_hic=torch.zeros(batch, d, **kw), eps_nodes=torch.zeros(n_nodes, d, **kw),
                 edge_idx=torch.zeros(m, dtype=torch.long, device=self.device),
                 neg_idx=torch.zeros(n_neg, dtype=torch.long, device=self.device),
+                hic_in=torch.zeros(batch, n_features, **kw) if encoder_copy else None,
             )  # fmt: skip
             self._buffers[batch] = b
         return b
@@ -239,7 +242,8 @@ class StaticStep:
         """Forward (``fn``, default the step's own), backward and update on ``bufs``; the
         terms as one (n_terms,) tensor."""
         self.optimizer.zero_grad(set_to_none=True)
-        terms = (fn or self.fn)(self.model, weights, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx)
+        terms = (fn or self.fn)(self.model, weights, bufs.rna, bufs.hic, bufs.cond, bufs.eps_rna, bufs.eps_hic, bufs.eps_nodes, bufs.edge_idx, bufs.neg_idx,
+                                     bufs.hic_in)  # fmt: skip
         terms["total"].backward()
         if self.clip is not None:
             self.norm.copy_(clip_gradients(self.model, self.clip))

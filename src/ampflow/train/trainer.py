@@ -57,7 +57,7 @@ from .device import run_device, use_deterministic
 from .device_cells import DeviceCells, PinnedCopy, padded_bytes, thinning_bytes
 from .early_stopping import EarlyStopping, validation_loss, validation_split
 from .embeddings import EMBED_ROWS, embeddings_anndata, latent_means
-from .measured_memory import measure_step, measured_dp_step
+from .measured_memory import batch_tensors, measure_step, measured_dp_step
 from .static_step import StaticStep, choose_mode
 from .thinning import check_integer_counts
 
@@ -235,7 +235,9 @@ class Trainer:
         if train_cfg.hic_keep_min < 1:
             check_integer_counts(data.hic, data.obs.index)
             log.info("Hi-C thinning: each training step's cells keep each contact with a probability drawn per cell from [%g, 1] "
-                     "(train.hic_keep_min); validation and the embeddings read every contact", train_cfg.hic_keep_min)  # fmt: skip
+                     "(train.hic_keep_min), read by %s; validation and the embeddings read every contact", train_cfg.hic_keep_min,
+                     "the encoder alone, the likelihood scoring the counts whole (train.hic_thinned: encoder)"
+                     if train_cfg.encoder_copy else "the encoder and the likelihood")  # fmt: skip
         # early stopping sets a fixed subset of them aside to validate on
         self.train_rows, self.val_rows = validation_split(self.train_rows, train_cfg.early_stopping, train_cfg.seed)
         self.early = EarlyStopping(train_cfg.early_stopping)
@@ -481,19 +483,35 @@ class Trainer:
         its rows as one process thins the whole batch, and a resumed run as the whole."""
         return None if self.cfg.hic_keep_min >= 1 else (self.cfg.hic_keep_min, self.cfg.seed, self.step)
 
+    def _batch(self, cells: np.ndarray, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Dense (rna, hic, hic_in) of ``cells`` on the host: ``hic`` thinned where
+        both the encoder and the likelihood read the thinned counts; with
+        ``train.hic_thinned: encoder`` ``hic`` whole and ``hic_in`` its thinned copy
+        (the same draws), else None."""
+        if not self.cfg.encoder_copy:
+            return (*self.data.batch(cells, dtype, self._thinning()), None)
+        rna, hic = self.data.batch(cells, dtype)
+        return rna, hic, self.data.hic_batch(cells, dtype, self._thinning())
+
     def _load_static(self, cells: np.ndarray, bufs) -> None:
         """The batch's counts and batch indicators into the static step's buffers."""
         if self.resident is not None:
             idx = torch.as_tensor(cells, dtype=torch.long).to(self.device, non_blocking=True)
-            self.resident["hic"].densify(idx, bufs.hic, self._thinning(), cells)
+            if bufs.hic_in is None:
+                self.resident["hic"].densify(idx, bufs.hic, self._thinning(), cells)
+            else:  # the counts whole for the likelihood, the thinned copy for the encoder
+                self.resident["hic"].densify(idx, bufs.hic)
+                self.resident["hic"].densify(idx, bufs.hic_in, self._thinning(), cells)
             if "rna" in self.resident:
                 self.resident["rna"].densify(idx, bufs.rna)
             if bufs.cond is not None:  # one-hot by scatter: one_hot() checks its values on the host
                 bufs.cond.zero_().scatter_(1, self.resident["codes"].index_select(0, idx).unsqueeze(1), 1.0)
             return
-        rna, hic = self.data.batch(cells, self.dtype, self._thinning())
+        rna, hic, hic_in = self._batch(cells, self.dtype)
         self.pinned.copy(rna, bufs.rna)
         self.pinned.copy(hic, bufs.hic)
+        if hic_in is not None:
+            self.pinned.copy(hic_in, bufs.hic_in)
         if bufs.cond is not None:
             self.pinned.copy(self.data.conditions(cells, self.dtype), bufs.cond)
 
@@ -517,7 +535,7 @@ class Trainer:
     def _static_step(self, idx: np.ndarray, stage_name: str, stage_cfg, epoch: int) -> dict:
         """One step through :class:`StaticStep` (one process): no host round-trip; the
         memory measured on the first steps and at each checkpoint's step."""
-        bufs = self.static.buffers(len(idx), self.data.rna.shape[1], self.data.hic.shape[1], self.data.n_batches)
+        bufs = self.static.buffers(len(idx), self.data.rna.shape[1], self.data.hic.shape[1], self.data.n_batches, self.cfg.encoder_copy)
         self._load_static(idx, bufs)
         measure = self._measure_now()
 
@@ -529,7 +547,7 @@ class Trainer:
         self.model.train()
         t0 = time.perf_counter()
         if measure:
-            out, memory = measure_step(run, self.model, self.optimizer, bufs.rna, bufs.hic)
+            out, memory = measure_step(run, self.model, self.optimizer, *batch_tensors(bufs.rna, bufs.hic, bufs.hic_in))
         else:
             out, memory = run(), None
         self.measured_steps += memory is not None
@@ -592,15 +610,16 @@ class Trainer:
         split = balanced_split(contacts, self.mesh.dp)
         rows = split[self.mesh.dp_rank]
         cells = idx[rows.numpy()]
-        rna, hic = self.data.batch(cells, thinning=self._thinning())
+        rna, hic, hic_in = self._batch(cells)
         rna, hic = rna.to(self.device, self.dtype), hic.to(self.device, self.dtype)
+        hic_in = None if hic_in is None else hic_in.to(self.device, self.dtype)
         cond = self.data.conditions(cells, self.dtype)
         cond = None if cond is None else cond.to(self.device)
         # the same decision on every rank: the step count is
         measure = self._measure_now()
         t0 = time.perf_counter()
         terms, memory = measured_dp_step(self.dp_step, self.model, self.optimizer, rna, hic, stage_cfg.weights, rows, len(idx),
-                                         self.generator, measure=measure, cond=cond)  # fmt: skip
+                                         self.generator, measure=measure, cond=cond, hic_in=hic_in)  # fmt: skip
         seconds = time.perf_counter() - t0
         self.measured_steps += memory is not None
         if self.mesh.world == 1:

@@ -251,10 +251,12 @@ def _decide(profile, signals, devices, budget, planner: _Planner) -> _Decision:
 
 def data_batch_bytes(profile: Profile | dict, dp: int) -> int:
     """Bytes of one device's input batch: ``ceil(B / dp) x (G + F)`` counts in the run's
-    dtype, dense (as the trainer builds it; every tp rank holds all features of it)."""
+    dtype, dense (as the trainer builds it; every tp rank holds all features of it), and
+    ``F`` more where the Hi-C encoder reads its own thinned copy."""
     profile = as_profile(profile)
     train = train_settings(profile)
-    width = sum(int(m.n_features or 0) for m in (profile.rna, profile.hic) if m is not None)
+    copies = {"rna": 1, "hic": 2 if train.hic_encoder_copy else 1}
+    width = sum(copies[k] * int(m.n_features or 0) for k, m in (("rna", profile.rna), ("hic", profile.hic)) if m is not None)
     return -(-int(train.batch_size) // int(dp)) * width * DTYPE_BYTES.get(train.dtype, 4)
 
 

@@ -355,6 +355,7 @@ def spec_from_profile(profile: Profile | dict) -> ShapeSpec:
         dtype_bytes=DTYPE_BYTES[train.dtype],
         cross=train.cross_reconstruction,
         n_batches=profile.n_batches,
+        hic_input_copy=train.hic_encoder_copy,
     )
     optimizer = train.optimizer.lower()
     if optimizer != spec.optimizer:

@@ -77,6 +77,10 @@ class ShapeSpec:
     hic_pcs : int
         Principal axes the Hi-C encoder's input is projected on (``model.hic_pcs``; 0:
         none): buffers of the axes and their centre, ``(hic_pcs + 1) x n_features``.
+    hic_input_copy : bool
+        Whether the Hi-C encoder reads a copy of the batch's Hi-C counts apart from
+        those the likelihood scores (``train.hic_thinned: encoder``): one more
+        ``B x n_features`` batch held through the step.
     optimizer_foreach : bool
         Whether the optimizer updates all parameters in one pass of foreach kernels,
         as ``torch.optim.Adam`` does on CUDA (its temporary, ``sqrt`` of the second
@@ -109,10 +113,12 @@ class ShapeSpec:
     optimizer_foreach: bool = True
     n_batches: int = 0
     hic_pcs: int = 0
+    hic_input_copy: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "features_per_stratum", tuple(int(x) for x in self.features_per_stratum))
         object.__setattr__(self, "cross", bool(self.cross))
+        object.__setattr__(self, "hic_input_copy", bool(self.hic_input_copy))
         for name in ("n_cells_batch", "latent", "hidden", "D", "heads", "ffn_mult", "graph_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -152,6 +158,7 @@ class ShapeSpec:
         dtype_bytes: int = 4,
         cross: bool = False,
         n_batches: int = 0,
+        hic_input_copy: bool = False,
     ) -> ShapeSpec:
         """The spec of a :class:`~ampflow.model.paired.PairedModel` built with
         ``model_config`` on data of these shapes.
@@ -159,7 +166,8 @@ class ShapeSpec:
         ``chunk`` and ``key_first`` of the config are not part of the spec: pass them
         to :func:`~ampflow.amp.memory.predict.predict` (they are strategies S3 and S4).
         ``cross``: whether the step trains the cross-reconstruction term;
-        ``n_batches``: the batches the decoders are conditioned on (0: none).
+        ``n_batches``: the batches the decoders are conditioned on (0: none);
+        ``hic_input_copy``: the encoder reads its own copy of the Hi-C batch.
         """
         fps = tuple(int(x) for x in features_per_stratum)
         c = model_config
@@ -170,6 +178,7 @@ class ShapeSpec:
             heads=c.heads, window=c.window, ffn_mult=c.ffn_mult, attention=c.attention,
             neg_samples=c.neg_samples, graph_batch=c.graph_batch, dtype_bytes=int(dtype_bytes),
             dropout=c.dropout, cross=cross, shared=c.shared_dim, n_batches=int(n_batches), hic_pcs=c.hic_pcs,
+            hic_input_copy=hic_input_copy,
         )  # fmt: skip
 
 
@@ -209,7 +218,8 @@ class Estimate:
             gene nodes, edge lists), edge weights, signs and coefficients, BatchNorm
             running statistics.
         ``data_batch``
-            The dense input batch, ``B x (G + F)`` in the run's dtype.
+            The dense input batch, ``B x (G + F)`` in the run's dtype (``F`` twice
+            with :attr:`ShapeSpec.hic_input_copy`).
         ``gradients``
             Gradients held at the peak: of the parameters, and of activations still to
             be consumed (the mean of the ZINB, the node latents).

@@ -233,8 +233,9 @@ def buffer_terms(led: Ledger, dev: Device) -> None:
             # the indices; the input's axes and centre (whole on every rank)
             projection = (s.hic_pcs + 1) * fk * b if s.hic_pcs else 0
             led.add("buffers", indices * fk * INDEX_BYTES + projection, k or None, STATE)
-            # every tp rank holds the dense batch with all features
-            led.add("data_batch", B * fk * b, k or None, STATE)
+            # every tp rank holds the dense batch with all features (twice when the
+            # encoder reads a thinned copy of it)
+            led.add("data_batch", (2 if s.hic_input_copy else 1) * B * fk * b, k or None, STATE)
     else:
         led.add("buffers", n, None, STATE)
     led.add("data_batch", B * s.n_genes * b, None, STATE)
