@@ -101,8 +101,9 @@ cell trained on (no ``split`` column, no batches). Per shape and mode (``--modes
 ``eager`` = ``train.compile`` and ``train.cuda_graphs`` false, today's step;
 ``compiled`` = compile only; ``graphed`` = CUDA graphs only (a GPU only);
 ``compiled+graphed``, each reading the counts as they are (``train.hic_keep_min: 1``);
-``eager-thinned`` and ``graphed-thinned``: the same with ``train.hic_keep_min: 0.3``,
-thinned on the host eagerly and on the device when graphed, what thinning costs beside
+``eager-thinned`` and ``graphed-thinned``: the same with the default thinning
+(``train.hic_keep_min: 0.15``, ``train.hic_thinned: encoder``: the counts whole and the
+encoder's thinned copy), thinned on the host eagerly and on the device when graphed, what thinning costs beside
 the plain mode) one epoch of full batches, cut to the steps needed, without early
 stopping, checkpoints or output files (a subclass of the trainer adds the probes):
 
@@ -707,13 +708,14 @@ HIRES_MODES = {  # mode -> (train.compile, train.cuda_graphs)
     "graphed": (False, True),
     "graphed-loop": (False, True),  # graphed, the Hi-C decoder's strata one at a time (as before stacking)
     "compiled+graphed": (True, True),
-    "eager-thinned": (False, False),  # with Hi-C thinning (train.hic_keep_min 0.3): on the host
+    "eager-thinned": (False, False),  # with Hi-C thinning (THINNING): on the host
     "graphed-thinned": (False, True),  # the same on a GPU: thinned on the device, beside the resident counts
 }
 #: modes whose step runs the strata one at a time where the step would stack them
 LOOP_MODES = {"graphed-loop"}
-#: modes whose trainer thins the Hi-C counts each step reads, with this keep_min
-THINNED_MODES, THINNED_KEEP_MIN = {"eager-thinned", "graphed-thinned"}, 0.3
+#: modes whose trainer thins the Hi-C counts each step reads, with these settings (the
+#: defaults: the encoder's own copy thinned from 0.15)
+THINNED_MODES, THINNING = {"eager-thinned", "graphed-thinned"}, {"hic_keep_min": 0.15, "hic_thinned": "encoder"}
 TEMPLATE_CONFIG = REPO / "config" / "config.yaml"
 
 
@@ -1026,7 +1028,7 @@ def hires_train_config(args, mode: str, device: str, epochs: int, early: bool) -
     cfg = replace(base, batch_size=args.batch, device=device, compile=compile_, cuda_graphs=graphs, seed=args.seed)
     # the other modes read the counts as they are, whatever the template thins: the
     # thinned modes' cost is measured beside them
-    cfg = replace(cfg, hic_keep_min=THINNED_KEEP_MIN if mode in THINNED_MODES else 1.0)
+    cfg = replace(cfg, **THINNING) if mode in THINNED_MODES else replace(cfg, hic_keep_min=1.0)
     if args.threads:  # the threads the floor's matrix-product rate was measured with
         cfg = replace(cfg, threads=args.threads)
     if early:

@@ -282,7 +282,8 @@ def test_time_between_steps_times_each_part_and_puts_the_trainer_back(monkeypatc
 def test_the_plain_hires_modes_read_every_contact_and_the_thinned_ones_thin():
     """Referee: the mode table written out by hand. ``eager``, ``graphed`` and the rest
     keep every contact whatever the template thins (``train.hic_keep_min``), the
-    ``-thinned`` modes draw from 0.3; the template's other training settings are kept."""
+    ``-thinned`` modes thin the encoder's copy from 0.15; the template's other training
+    settings are kept."""
     import argparse
 
     args = argparse.Namespace(template=bt.TEMPLATE_CONFIG, batch=16, seed=0, threads=0)
@@ -291,5 +292,6 @@ def test_the_plain_hires_modes_read_every_contact_and_the_thinned_ones_thin():
     assert thinned < set(bt.HIRES_MODES)
     for mode in bt.HIRES_MODES:
         cfg = bt.hires_train_config(args, mode, "cpu", 1, True)
-        assert cfg.hic_keep_min == (0.3 if mode in thinned else 1.0), mode
+        assert cfg.hic_keep_min == (0.15 if mode in thinned else 1.0), mode
+        assert cfg.encoder_copy == (mode in thinned), mode
         assert (cfg.early_stopping, cfg.clip_grad_norm, cfg.pretrain) == (template.early_stopping, template.clip_grad_norm, template.pretrain), mode

@@ -138,7 +138,7 @@ def test_profile_numbers_equal_truth(data_dir):
     assert rna["n_features"] == N_GENES and rna["nnz"] == truth["rna"]["nnz"] and rna["prob_model"] == "NB"
     assert p["graph"] == truth["graph"]
     assert p["model"]["latent_dim"] == 16 and p["model"]["decoder_dim"] is None
-    assert p["train"] == {"batch_size": 8, "dtype": "float32", "optimizer": "adam", "cross_reconstruction": False, "hic_encoder_copy": False}
+    assert p["train"] == {"batch_size": 8, "dtype": "float32", "optimizer": "adam", "cross_reconstruction": False, "hic_encoder_copy": True}
     assert set(p["inputs"]) == {"hic.h5ad", "rna.h5ad", "graph/nodes.parquet", "graph/edges.parquet", "graph/graph.json"}
     assert p["inputs"]["hic.h5ad"]["bytes"] == (d / "hic.h5ad").stat().st_size
     assert "signals" not in p and "memory" not in p
@@ -435,10 +435,10 @@ def test_profile_keeps_the_runs_dtype_and_cross_reconstruction(data_dir):
     reads its own thinned copy of the Hi-C batch (only where thinning is on)."""
     d, _ = data_dir
     assert profile_data(d, None, None)["train"] == {"batch_size": 32, "dtype": "float32", "optimizer": "adam", "cross_reconstruction": False,
-                                                    "hic_encoder_copy": False}  # fmt: skip
+                                                    "hic_encoder_copy": True}  # fmt: skip
     train = profile_data(d, None, {"dtype": "float64", "finetune": {"epochs": 1, "weights": {"cross": 0.5}}})["train"]
     assert train["dtype"] == "float64" and train["cross_reconstruction"] is True
-    assert profile_data(d, None, {"hic_thinned": "encoder"})["train"]["hic_encoder_copy"] is True
+    assert profile_data(d, None, {"hic_thinned": "both"})["train"]["hic_encoder_copy"] is False
     assert profile_data(d, None, {"hic_thinned": "encoder", "hic_keep_min": 1})["train"]["hic_encoder_copy"] is False
     with pytest.raises(InputError) as e:
         profile_data(d, None, {"dtype": "float16"})

@@ -840,7 +840,7 @@ def test_hic_thinning_resumes_as_the_uninterrupted_run(paired, reference, tmp_pa
     (fewer contacts to explain: a lower per-element negative log-likelihood than the
     reference's first step, from the same start, where the RNA's term is the reference's
     exactly)."""
-    whole = resumed_as_uninterrupted(paired, reference, tmp_path, {"hic_keep_min": 0.2})
+    whole = resumed_as_uninterrupted(paired, reference, tmp_path, {"hic_keep_min": 0.2, "hic_thinned": "both"})
     first, plain = metrics(whole)[0]["loss"], metrics(reference)[0]["loss"]
     assert first["hic_nll"] < plain["hic_nll"] and first["rna_nll"] == plain["rna_nll"]  # the RNA read as it is
 
@@ -851,7 +851,7 @@ def test_a_denoising_encoder_resumes_as_the_uninterrupted_run(paired, reference,
     likelihood reads the thinned counts too, though both draw the same copies."""
     whole = resumed_as_uninterrupted(paired, reference, tmp_path / "encoder", {"hic_keep_min": 0.2, "hic_thinned": "encoder"})
     both = tmp_path / "both"
-    assert Trainer(paired, MODEL, TrainConfig.from_dict({**SETTINGS, "hic_keep_min": 0.2}), both).fit() is True
+    assert Trainer(paired, MODEL, TrainConfig.from_dict({**SETTINGS, "hic_keep_min": 0.2, "hic_thinned": "both"}), both).fit() is True
     a, b = load_model(both)["state_dict"], load_model(whole)["state_dict"]
     assert any(not torch.equal(a[k], b[k]) for k in a)
     assert metrics(whole)[0]["loss"]["hic_nll"] != metrics(both)[0]["loss"]["hic_nll"]
