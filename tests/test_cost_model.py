@@ -307,7 +307,7 @@ STAGE = StageConfig(5, 0.01, LossWeights())
 TRAIN_CHANGES = {
     "seed": [7], "batch_size": [16], "checkpoint_every": [9], "checkpoint_seconds": [5], "keep_checkpoints": [2], "threads": [2], "device": ["auto"],
     "dtype": ["float64"], "deterministic": [False], "log_every": [5], "compile": [True], "cuda_graphs": [False], "clip_grad_norm": [None, 1e-3, "zscore"],
-    "weight_decay": [0.1], "hic_keep_min": [0.5], "early_stopping": [EarlyStoppingConfig(patience=0)],
+    "weight_decay": [0.1], "hic_keep_min": [0.5], "hic_thinned": ["both"], "early_stopping": [EarlyStoppingConfig(patience=0)],
     "pretrain": [replace(STAGE, epochs=50), replace(STAGE, lr=0.5), replace(STAGE, weights=LossWeights(align=3.0, hic_kl=1.0))],
     "finetune": [replace(STAGE, epochs=50), replace(STAGE, lr=0.5), replace(STAGE, weights=LossWeights(kl=2.0, cross=1.0))],
 }  # fmt: skip
