@@ -46,7 +46,8 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``hic_kl20``: that term at 20, the default before (on a few hundred training cells it
   left the latent about two effective dimensions);
 * ``thin30``: each training step's cells keep each Hi-C contact with a probability drawn
-  per cell from [0.3, 1] (``train.hic_keep_min``, the template's value);
+  per cell from [0.3, 1], read by the encoder and the likelihood (``train.hic_keep_min:
+  0.3``, ``hic_thinned: both``: the template's thinning before the denoising encoder);
 * ``near_thin``: ``near_pcs`` and ``thin30`` together (the template's Hi-C input and
   thinning at 1 Mb, where its 3 Mb reach is strata 1-3);
 * ``log1p_all``: the encoder reads every stratum, the diagonal included, through
@@ -60,13 +61,14 @@ Variants (``--ablations``): ``model`` is the template's model. The Hi-C encoder'
 * ``pcs10``: the encoder's input projected on 10 principal axes, not the template's 20
   (``model.hic_pcs``);
 * ``thin15``: each training step's cells keep each contact with a probability drawn per
-  cell from [0.15, 1], not the template's [0.3, 1] (``train.hic_keep_min``): training
-  cells as shallow as the shallowest batch's.
+  cell from [0.15, 1], read by both (``train.hic_keep_min: 0.15``, ``hic_thinned:
+  both``): training cells as shallow as the shallowest batch's.
 * ``denoise15``: the encoder reads a thinned copy of each training cell's Hi-C counts
   (each cell's keep probability drawn from [0.15, 1], then each contact) while the
   likelihood scores the counts as they are: a denoising autoencoder
-  (``train.hic_thinned: encoder``, ``train.hic_keep_min: 0.15``), where the template's
-  thinning is read by both. Validation and the embeddings read every contact.
+  (``train.hic_thinned: encoder``, ``train.hic_keep_min: 0.15``; the template's own
+  settings since it was measured, so ``model`` whatever the template). Validation and
+  the embeddings read every contact.
 
 Each other ablation puts back one thing the decoder used to do, to show what it cost:
 
@@ -171,9 +173,9 @@ CONFIG_ABLATIONS = {
 TRAIN_ABLATIONS = {
     "patience10": {"early_stopping": {"patience": 10}},
     "pretrain300": {"pretrain": {"epochs": 300}},
-    "thin30": {"hic_keep_min": 0.3},
+    "thin30": {"hic_keep_min": 0.3, "hic_thinned": "both"},
     "unthinned": {"hic_keep_min": 1.0},
-    "thin15": {"hic_keep_min": 0.15},
+    "thin15": {"hic_keep_min": 0.15, "hic_thinned": "both"},
     "denoise15": {"hic_keep_min": 0.15, "hic_thinned": "encoder"},
 }
 #: Ablations that are loss weights of both training stages (``train.*.weights``).

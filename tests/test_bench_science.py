@@ -137,12 +137,13 @@ def test_training_ablations_merge_into_the_templates_train_section():
         "seed": 1,
         "early_stopping": {"patience": 10, "validation": 0.1},
         "hic_keep_min": 0.3,
+        "hic_thinned": "both",
         "pretrain": {"epochs": 600, "lr": 0.005, "weights": {"hic_kl": 20.0}},
         "finetune": {"weights": {"hic_kl": 20.0}},
     }
     assert template["early_stopping"]["patience"] == 30  # the template itself untouched
     cfg = TrainConfig.from_dict(got)
-    assert cfg.hic_keep_min == 0.3 and cfg.pretrain.weights.hic_kl == 20.0 and cfg.early_stopping.patience == 10
+    assert cfg.hic_keep_min == 0.3 and not cfg.encoder_copy and cfg.pretrain.weights.hic_kl == 20.0 and cfg.early_stopping.patience == 10
 
 
 def test_input_pca_reads_the_strata_the_encoder_reads():
@@ -200,7 +201,7 @@ def test_combined_variants_apply_each_of_their_ablations():
     model = bench.ablated_model(template, names)
     assert model == {"latent_dim": 12, "hic_transform": "linear", "hic_diagonal": False, "hic_max_stratum": 3, "hic_pcs": 20}
     assert template["hic_pcs"] == 0  # the template itself untouched
-    assert bench.ablated_train({"seed": 0}, names) == {"seed": 0, "hic_keep_min": 0.3}
+    assert bench.ablated_train({"seed": 0}, names) == {"seed": 0, "hic_keep_min": 0.3, "hic_thinned": "both"}
     assert ModelConfig.from_dict(model).hic_pcs == 20 and TrainConfig.from_dict({"hic_keep_min": 0.3}).hic_keep_min == 0.3
     # the template's Hi-C settings before near_thin: every stratum through log1p, unprojected, unthinned
     before = bench.ablation_names("log1p_all_unthinned")
